@@ -1,0 +1,51 @@
+"""What a decision core hands back to its agent: records addressed to logical topics.
+
+The cores never produce; they return `Output`s (topic, key, record) and `Problem`s (inputs that
+break a protocol rule, for the dead-letter topic). `streams` routes them by the catalogue's
+partitioner rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from schemas.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    topic: str
+    key: str
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """An input that is well-formed but violates the protocol (e.g. Commit of a hold not held)."""
+
+    field: str
+    value: str
+    error: str
+    record: Record
+
+
+class Outbox(Protocol):
+    """Sends outputs grouped per destination partition; the awaitables resolve on broker ack."""
+
+    async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]: ...
+
+
+class Clock(Protocol):
+    def __call__(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """What every agent needs to know of its deployment, handed in by `streams`."""
+
+    partitions: int
+    batch_size: int = 1000
+    batch_within_s: float = 0.01
+    table_name: str = ""

@@ -1,0 +1,77 @@
+"""faust side of the scheduler: the pods/requeue agent and the scheduling loop.
+
+The agent only decodes and enqueues (pods, deletions, requeues); the loop places ready pods
+in micro-batches whenever the queue has work, and wakes on new pods, on cluster events from
+the replica feed, and when a backoff expires. `SchedulerService.on_state_changes` is called
+by the replica feed in `streams` (it reads every `state-changes` partition, no group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import faust
+
+from agents.intake import RawMessage, intake
+from agents.ports import AgentConfig, Outbox, Output
+from agents.scheduler.core import SchedulerCore
+from agents.state.agent_owner import raw_messages
+from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue
+
+
+class SchedulerService:
+    def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Callable[[], float], batch_size: int) -> None:
+        self.core = core
+        self.outbox = outbox
+        self.clock = clock
+        self.batch_size = batch_size
+        self.wake = asyncio.Event()
+
+    async def on_state_changes(self, messages: Iterable[RawMessage]) -> None:
+        got = intake(messages, expect=(NodeStateChange,))
+        self.core.apply_state_changes(r for r in got.records if isinstance(r, NodeStateChange))
+        if got.dead_letters:
+            await self.outbox.send(got.dead_letters)
+        self.wake.set()
+
+    async def on_inputs(self, messages: Iterable[RawMessage]) -> None:
+        got = intake(messages, expect=(Pod, PodDeleted, Requeue))
+        outputs: list[Output] = list(got.dead_letters)
+        for record in got.records:
+            if isinstance(record, Pod):
+                outputs += self.core.add(record)
+            elif isinstance(record, PodDeleted):
+                outputs += self.core.delete(record)
+            elif isinstance(record, Requeue):
+                self.core.requeue(record)
+        if outputs:
+            await self.outbox.send(outputs)
+        self.wake.set()
+
+    async def run(self) -> None:
+        """The scheduling loop; runs until cancelled."""
+        while True:
+            self.wake.clear()
+            outputs = self.core.schedule(self.batch_size)
+            if outputs:
+                await self.outbox.send(outputs)
+                await asyncio.sleep(0)
+                continue
+            wakeup = self.core.next_wakeup()
+            timeout = None if wakeup is None else max(0.0, wakeup - self.clock())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)
+
+
+def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig) -> None:
+    @app.agent(inputs, name="koordstream.scheduler")
+    async def scheduler(stream: faust.StreamT[Any]) -> None:
+        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
+            await service.on_inputs(raw_messages(events))
+
+    @app.task
+    async def scheduling_loop() -> None:
+        await service.run()

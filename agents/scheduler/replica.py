@@ -1,0 +1,90 @@
+"""A scheduler's read replica of the whole cluster, in numpy structure-of-arrays form.
+
+Fed by every partition of `state-changes` (no consumer group): per node, allocatable and used
+(committed + held) as the owner last published them. On top, the replica's own assumptions:
+claims sent but not yet seen in a state change (assume / forget, like kube-scheduler's cache).
+An assumption is forgotten when the owner reports its hold id in any state (held, committed,
+released, rejected) or when the pod comes back on `requeue`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from agents.state.resources import ResourceSpace, Vector
+from schemas.records import NodeStateChange
+
+_FREEING = frozenset({"released", "rejected", "terminated"})
+
+
+class ClusterReplica:
+    def __init__(self, space: ResourceSpace, capacity: int = 1024) -> None:
+        self.space = space
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        width = len(space)
+        self.allocatable = np.zeros((capacity, width), dtype=np.int64)
+        self.used = np.zeros((capacity, width), dtype=np.int64)
+        self.assumed = np.zeros((capacity, width), dtype=np.int64)
+        self.schedulable = np.zeros(capacity, dtype=bool)
+        self.seq = np.zeros(capacity, dtype=np.int64)
+        self.assumptions: dict[str, tuple[int, Vector]] = {}
+
+    @property
+    def size(self) -> int:
+        return len(self.names)
+
+    def _row(self, node: str) -> int:
+        row = self.index.get(node)
+        if row is None:
+            row = len(self.names)
+            if row == self.allocatable.shape[0]:
+                self._grow()
+            self.names.append(node)
+            self.index[node] = row
+        return row
+
+    def _grow(self) -> None:
+        def doubled(a: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+            return np.concatenate([a, np.zeros_like(a)])
+
+        self.allocatable = doubled(self.allocatable)  # type: ignore[assignment]
+        self.used = doubled(self.used)  # type: ignore[assignment]
+        self.assumed = doubled(self.assumed)  # type: ignore[assignment]
+        self.schedulable = doubled(self.schedulable)  # type: ignore[assignment]
+        self.seq = doubled(self.seq)  # type: ignore[assignment]
+
+    def apply(self, change: NodeStateChange) -> bool:
+        """Apply one owner report; True when it may let a waiting pod fit (a cluster event)."""
+        row = self._row(change.node)
+        if change.seq <= self.seq[row]:
+            return False  # an older or replayed report
+        self.seq[row] = change.seq
+        before = self.allocatable[row].copy()
+        was_schedulable = bool(self.schedulable[row])
+        self.allocatable[row] = self.space.allocatable(change.allocatable)
+        self.used[row] = self.space.known(change.used)
+        self.schedulable[row] = not change.deleted and not change.unschedulable
+        freed = False
+        for hid, status in change.holds.items():
+            self.forget(hid)
+            freed |= status in _FREEING
+        grew = bool((self.allocatable[row] > before).any()) or (bool(self.schedulable[row]) and not was_schedulable)
+        return freed or grew
+
+    def assume(self, hold_id: str, row: int, request: Vector) -> None:
+        self.assumptions[hold_id] = (row, request)
+        self.assumed[row] += request
+
+    def forget(self, hold_id: str) -> None:
+        assumption = self.assumptions.pop(hold_id, None)
+        if assumption is not None:
+            row, request = assumption
+            self.assumed[row] -= request
+
+    def free(self) -> npt.NDArray[np.int64]:
+        """Free capacity per node: allocatable - used - assumed."""
+        n = self.size
+        free: npt.NDArray[np.int64] = self.allocatable[:n] - self.used[:n] - self.assumed[:n]
+        return free

@@ -1,0 +1,48 @@
+"""faust agent of the deciders: `holds` in, Commit / Release / Requeue / Binding out.
+
+Per micro-batch: decode, group by decision key, apply `Decider` to each key's ledger entry
+(changelog-backed table keyed like the input), produce `first` (Commits, Releases, Requeues),
+wait for the broker to acknowledge them, and only then produce the Bindings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faust
+
+from agents.intake import intake
+from agents.ports import AgentConfig, Outbox
+from agents.state.agent_owner import raw_messages
+from agents.state.ledger import Decider, Decision, LedgerState
+from schemas.records import Held, PodDeleted, PodTerminated, Record, Rejected
+
+HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated)
+
+
+def key_of(record: Record) -> str:
+    key: str = getattr(record, "decision_key", "") or getattr(record, "uid", "")
+    return key
+
+
+def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
+    table = app.Table(config.table_name, default=None, partitions=config.partitions, use_partitioner=True)
+    decider = Decider()
+
+    @app.agent(holds, name="koordstream.deciders")
+    async def deciders(stream: faust.StreamT[Any]) -> None:
+        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
+            got = intake(raw_messages(events), expect=HOLDS_KINDS)
+            by_key: dict[str, list[Record]] = {}
+            for record in got.records:
+                by_key.setdefault(key_of(record), []).append(record)
+            decision = Decision()
+            for key, records in by_key.items():
+                raw = table.get(key)
+                state = LedgerState.from_json(raw) if raw else LedgerState(key)
+                decider.apply(state, records, decision)
+                table[key] = state.to_json()
+            acks = await outbox.send(decision.first + got.dead_letters + got.problem_letters(decision.problems))
+            await asyncio.gather(*acks)  # Commits are on the broker before any Binding is
+            await outbox.send(decision.after_commit)

@@ -1,0 +1,69 @@
+"""faust agents of the node owners: `nodes` forwarded into `node-inbox`, and the owners.
+
+Thin by design: decode a micro-batch (bad input to the dead-letter topic), group it by node,
+apply `NodeOwner` to each node's table entry (changelog-backed, keyed by node name like its
+input, so a table partition moves with its inbox partition), produce the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import faust
+
+from agents.intake import RawMessage, intake
+from agents.ports import AgentConfig, Outbox, Output
+from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from schemas import topics
+from schemas.records import (
+    Claim,
+    Commit,
+    Node,
+    NodeDeleted,
+    Nomination,
+    NominationCleared,
+    PodTerminated,
+    Record,
+    Release,
+)
+
+INBOX_KINDS = (Claim, Commit, Release, PodTerminated, Node, NodeDeleted, Nomination, NominationCleared)
+
+
+def raw_messages(events: Iterable[Any]) -> list[RawMessage]:
+    return [RawMessage(e.value, e.message.topic, e.message.partition, e.message.offset) for e in events]
+
+
+def node_of(record: Record) -> str:
+    if isinstance(record, (Node, NodeDeleted)):
+        return record.name
+    node: str = record.node  # type: ignore[attr-defined]
+    return node
+
+
+def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
+    table = app.Table(config.table_name, default=None, partitions=config.partitions, use_partitioner=True)
+    owner = NodeOwner()
+
+    @app.agent(nodes, name="koordstream.nodes")
+    async def forward_nodes(stream: faust.StreamT[Any]) -> None:
+        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
+            got = intake(raw_messages(events), expect=(Node, NodeDeleted))
+            forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
+            await outbox.send(forwarded + got.dead_letters)
+
+    @app.agent(inbox, name="koordstream.owners")
+    async def owners(stream: faust.StreamT[Any]) -> None:
+        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
+            got = intake(raw_messages(events), expect=INBOX_KINDS)
+            by_node: dict[str, list[Record]] = {}
+            for record in got.records:
+                by_node.setdefault(node_of(record), []).append(record)
+            result = OwnerResult()
+            for node, records in by_node.items():
+                raw = table.get(node)
+                state = NodeState.from_json(raw) if raw else NodeState(node)
+                owner.apply(state, records, result)
+                table[node] = state.to_json()
+            await outbox.send(result.outputs + got.dead_letters + got.problem_letters(result.problems))

@@ -1,0 +1,243 @@
+"""Node owners: the one writer of a node's capacity, holds and nominations.
+
+Everything that changes a node enters its `node-inbox` partition, so one owner sees one order
+of claims, commit / release decisions, terminations, nominations and node changes. The hold
+state machine lives here:
+
+    claim --fits--> held --Commit--> committed --PodTerminated--> terminated
+                      \\--Release--> released
+    claim --does not fit / node gone / pod terminated--> rejected
+
+Replays re-send, never re-decide: every claim's outcome is recorded by hold id, and a
+redelivered claim gets the recorded answer. A Release of a committed hold is ignored (decisions
+are final); a Commit of a hold that is not held is a `Problem` (dead letter and alarm).
+Terminated pods leave tombstones so that nothing late re-allocates them.
+
+`NodeOwner.apply(state, records)` is pure: it returns the new state, the outputs (Held /
+Rejected to the deciders, PodTerminated for pods of a deleted node) and one `NodeStateChange`
+per batch for the schedulers' replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.ports import Output, Problem
+from agents.state.resources import DEFAULT_MAX_PODS
+from schemas import topics
+from schemas.records import (
+    Claim,
+    Commit,
+    Held,
+    Node,
+    NodeDeleted,
+    NodeStateChange,
+    Nomination,
+    NominationCleared,
+    PodTerminated,
+    Record,
+    Rejected,
+    Release,
+    ResourceList,
+)
+
+HELD, COMMITTED, RELEASED, REJECTED, TERMINATED = "held", "committed", "released", "rejected", "terminated"
+COUNTED = (HELD, COMMITTED)
+
+REASON_NODE_NOT_FOUND = "node not found"
+REASON_NODE_UNSCHEDULABLE = "node is unschedulable"
+REASON_POD_TERMINATED = "pod already terminated"
+REASON_INSUFFICIENT = "Insufficient {}"
+
+
+@dataclass
+class HoldEntry:
+    uid: str
+    attempt: int
+    decision_key: str
+    requests: dict[str, int]
+    priority: int
+    status: str
+    reason: str = ""  # why it was rejected
+    gang_min: int = 0
+    nominated_node: str = ""
+    namespace: str = ""
+    name: str = ""
+
+
+@dataclass
+class NodeState:
+    """One node's state at its owner; the value of the owners' table (keyed by node name)."""
+
+    name: str
+    exists: bool = False
+    allocatable: dict[str, int] = field(default_factory=dict)
+    unschedulable: bool = False
+    holds: dict[str, HoldEntry] = field(default_factory=dict)
+    nominations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tombstones: set[str] = field(default_factory=set)
+    seq: int = 0
+
+    def used(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for hold in self.holds.values():
+            if hold.status in COUNTED:
+                for name, amount in hold.requests.items():
+                    total[name] = total.get(name, 0) + amount
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "exists": self.exists,
+            "allocatable": self.allocatable,
+            "unschedulable": self.unschedulable,
+            "holds": {hid: h.__dict__ for hid, h in self.holds.items()},
+            "nominations": self.nominations,
+            "tombstones": sorted(self.tombstones),
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> NodeState:
+        return cls(
+            name=raw["name"],
+            exists=raw["exists"],
+            allocatable=dict(raw["allocatable"]),
+            unschedulable=raw["unschedulable"],
+            holds={hid: HoldEntry(**h) for hid, h in raw["holds"].items()},
+            nominations=dict(raw["nominations"]),
+            tombstones=set(raw["tombstones"]),
+            seq=raw["seq"],
+        )
+
+
+@dataclass
+class OwnerResult:
+    outputs: list[Output] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+class NodeOwner:
+    """Applies a batch of one node's inbox records to its state (see module docstring)."""
+
+    def apply(self, state: NodeState, records: Iterable[Record], result: OwnerResult) -> NodeState:
+        touched: dict[str, str] = {}
+        changed = False
+        for record in records:
+            changed |= self._apply_one(state, record, result, touched)
+        if changed or touched:
+            state.seq += 1
+            result.outputs.append(Output(topics.STATE_CHANGES, state.name, NodeStateChange(
+                node=state.name,
+                seq=state.seq,
+                allocatable=ResourceList(state.allocatable),
+                used=ResourceList(state.used()),
+                unschedulable=state.unschedulable,
+                deleted=not state.exists,
+                holds=touched,
+            )))
+        return state
+
+    def _apply_one(self, state: NodeState, record: Record, result: OwnerResult, touched: dict[str, str]) -> bool:
+        if isinstance(record, Claim):
+            self._claim(state, record, result, touched)
+            return False
+        if isinstance(record, Commit):
+            hold = state.holds.get(record.hold_id)
+            if hold is not None and hold.status == HELD:
+                hold.status = COMMITTED
+                touched[record.hold_id] = COMMITTED
+            elif hold is None or hold.status not in (COMMITTED, TERMINATED):
+                result.problems.append(Problem(
+                    "hold_id", record.hold_id,
+                    f"Commit for a hold that is not held (state: {hold.status if hold else 'unknown'})", record,
+                ))
+            return False
+        if isinstance(record, Release):
+            hold = state.holds.get(record.hold_id)
+            if hold is not None and hold.status == HELD:
+                hold.status = RELEASED
+                touched[record.hold_id] = RELEASED
+            return False
+        if isinstance(record, PodTerminated):
+            self._terminate(state, record.uid, touched)
+            return False
+        if isinstance(record, Node):
+            state.exists = True
+            state.allocatable = dict(record.allocatable)
+            state.allocatable.setdefault("pods", DEFAULT_MAX_PODS)
+            state.unschedulable = record.unschedulable
+            return True
+        if isinstance(record, NodeDeleted):
+            if not state.exists:
+                return False
+            state.exists = False
+            for hid, hold in list(state.holds.items()):
+                if hold.status == COMMITTED:
+                    self._terminate(state, hold.uid, touched)
+                    result.outputs.append(Output(topics.HOLDS, hold.decision_key, PodTerminated(
+                        uid=hold.uid, node=state.name, decision_key=hold.decision_key, reason="node deleted",
+                    )))
+                    touched[hid] = TERMINATED
+            return True
+        if isinstance(record, Nomination):
+            state.nominations[record.uid] = {"priority": record.priority, "requests": dict(record.requests)}
+            return True
+        if isinstance(record, NominationCleared):
+            return state.nominations.pop(record.uid, None) is not None
+        result.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on node-inbox", record))
+        return False
+
+    def _terminate(self, state: NodeState, uid: str, touched: dict[str, str]) -> None:
+        state.tombstones.add(uid)
+        for hid, hold in state.holds.items():
+            if hold.uid == uid and hold.status == COMMITTED:
+                hold.status = TERMINATED
+                touched[hid] = TERMINATED
+
+    def _claim(self, state: NodeState, claim: Claim, result: OwnerResult, touched: dict[str, str]) -> None:
+        hid = claim.hold_id
+        hold = state.holds.get(hid)
+        if hold is None:
+            reason = self._refusal(state, claim)
+            hold = HoldEntry(
+                uid=claim.uid, attempt=claim.attempt, decision_key=claim.decision_key,
+                requests=dict(claim.requests), priority=claim.priority,
+                status=REJECTED if reason else HELD, reason=reason, gang_min=claim.gang_min,
+                nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
+            )
+            state.holds[hid] = hold
+            touched[hid] = hold.status
+        # A redelivered claim gets its recorded answer again; nothing changes.
+        if hold.status == REJECTED:
+            result.outputs.append(Output(topics.HOLDS, claim.decision_key, Rejected(
+                uid=claim.uid, attempt=claim.attempt, node=claim.node,
+                decision_key=claim.decision_key, reason=hold.reason,
+            )))
+        else:
+            result.outputs.append(Output(topics.HOLDS, claim.decision_key, Held(
+                uid=claim.uid, attempt=claim.attempt, node=claim.node, decision_key=claim.decision_key,
+                namespace=claim.namespace, name=claim.name, gang_min=claim.gang_min,
+                nominated_node=claim.nominated_node,
+            )))
+
+    def _refusal(self, state: NodeState, claim: Claim) -> str:
+        if not state.exists:
+            return REASON_NODE_NOT_FOUND
+        if claim.uid in state.tombstones:
+            return REASON_POD_TERMINATED
+        if state.unschedulable:
+            return REASON_NODE_UNSCHEDULABLE
+        used = state.used()
+        # A preemptor is not blocked by its own nomination; others' count when they outrank it.
+        for uid, nomination in state.nominations.items():
+            if uid != claim.uid and nomination["priority"] >= claim.priority:
+                for name, amount in nomination["requests"].items():
+                    used[name] = used.get(name, 0) + amount
+        for name, amount in claim.requests.items():
+            if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:
+                return REASON_INSUFFICIENT.format(name)
+        return ""

@@ -1,0 +1,1 @@
+"""The `koordstream` command: parses arguments and calls into the packages."""

@@ -1,0 +1,200 @@
+"""`koordstream` subcommands: up, worker, broker, demo, publish, topics, schema.
+
+Only argument parsing and printing live here; every action calls into streams/ or perf/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from streams.settings import Settings, SettingsError, load_settings
+
+console = Console()
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    kafka: dict[str, Any] = {}
+    if getattr(args, "bootstrap", None):
+        kafka["bootstrap"] = args.bootstrap
+    return load_settings(getattr(args, "config", None), kafka=kafka)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from streams.supervisor import run_up
+
+    return run_up(_settings(args), args.config)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from streams.worker import run_worker
+
+    settings = _settings(args)
+    if not settings.kafka.bootstrap:
+        console.print("[red]worker: give --bootstrap HOST:PORT (or KOORDSTREAM_KAFKA_BOOTSTRAP); "
+                      "`koordstream up` starts an embedded broker[/red]")
+        return 2
+    run_worker(settings)
+    return 0
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from streams.broker import EmbeddedBroker, wait_ready
+
+    broker = EmbeddedBroker(args.port)
+    broker.start()
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        asyncio.run(wait_ready(broker.bootstrap))
+        print(f"embedded broker ready at {broker.bootstrap} (pid {broker.pid})", flush=True)
+        while not stopping.is_set() and broker.proc is not None and broker.proc.poll() is None:
+            stopping.wait(0.5)
+    finally:
+        broker.stop()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from perf.demo import DemoConfig, run_demo, succeeded
+
+    settings = _settings(args)
+    cfg = DemoConfig(nodes=args.nodes, pods=args.pods, rate=args.rate, bootstrap=settings.kafka.bootstrap,
+                     seed=args.seed)
+    console.print(f"koordstream demo: {cfg.nodes} nodes, {cfg.pods} pods at {cfg.rate:g} pods/s "
+                  f"({'embedded broker' if not cfg.bootstrap else cfg.bootstrap})")
+    summary = asyncio.run(run_demo(cfg, settings))
+    table = Table(title="koordstream demo (independent checker)")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    lat = summary["queue_latency_ms"]
+    for name, value in [
+        ("pods published", summary["pods_total"]),
+        ("pods bound", summary["pods_bound"]),
+        ("pods unschedulable", summary["pods_unschedulable"]),
+        ("pods bound to two different nodes", summary["pods_double_bound"]),
+        ("nodes over-committed", summary["nodes_overcommitted"]),
+        ("throughput (pods/s)", summary["throughput_pods_per_s"]),
+        ("queueing latency p50 / p90 / p99 (ms)", f"{lat['p50']} / {lat['p90']} / {lat['p99']}"),
+        ("wall time, first pod -> last decision (s)", summary["wall_s"]),
+        ("start-up: broker, topics, group join (s)", summary["startup_s"]),
+    ]:
+        table.add_row(name, str(value))
+    console.print(table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    ok = succeeded(summary)
+    console.print("[green]OK: every pod bound, consistent[/green]" if ok else "[red]FAILED[/red]")
+    return 0 if ok else 1
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from streams.publish import publish_file
+
+    settings = _settings(args)
+    if not settings.kafka.bootstrap:
+        console.print("[red]publish: give --bootstrap HOST:PORT[/red]")
+        return 2
+    try:
+        count = asyncio.run(publish_file(Path(args.file), args.topic, settings, raw=args.raw))
+    except ValueError as exc:
+        console.print(f"[red]publish: {exc}[/red]")
+        return 1
+    console.print(f"published {count} records to {args.topic}")
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from streams.catalogue import catalogue
+    from streams.worker import prepare
+
+    settings = _settings(args)
+    table = Table(title="topic catalogue")
+    for col in ("topic", "key", "partitions", "compacted", "what"):
+        table.add_column(col)
+    for spec in catalogue(settings.kafka.partitions, settings.kafka.app_id).values():
+        table.add_row(spec.name, spec.key, str(spec.partitions), "yes" if spec.compacted else "", spec.doc)
+    console.print(table)
+    if args.create:
+        if not settings.kafka.bootstrap:
+            console.print("[red]topics --create: give --bootstrap HOST:PORT[/red]")
+            return 2
+        created = asyncio.run(prepare(settings))
+        console.print(f"created: {', '.join(created) or 'nothing (all present)'}")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from schemas.jsonschema import write_schemas
+
+    written = write_schemas(args.dir)
+    console.print(f"wrote {len(written)} JSON Schema files to {args.dir}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="koordstream", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT (default: embedded broker where possible)")
+        sp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker)")
+
+    sp = sub.add_parser("up", help="embedded broker (unless --bootstrap), topics, all agents in one worker")
+    common(sp)
+    sp.set_defaults(fn=cmd_up)
+    sp = sub.add_parser("worker", help="the agents only, against --bootstrap")
+    common(sp)
+    sp.set_defaults(fn=cmd_worker)
+    sp = sub.add_parser("broker", help="run the embedded Tansu broker in the foreground")
+    sp.add_argument("--port", type=int, default=0)
+    sp.set_defaults(fn=cmd_broker)
+    sp = sub.add_parser("demo", help="end-to-end run with an independent consistency check")
+    common(sp)
+    sp.add_argument("--nodes", type=int, default=1000)
+    sp.add_argument("--pods", type=int, default=10000)
+    sp.add_argument("--rate", type=float, default=2000.0, help="pods per second")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--json", help="write the summary as JSON to this file")
+    sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")
+    common(sp)
+    sp.add_argument("file")
+    sp.add_argument("--topic", required=True)
+    sp.add_argument("--raw", action="store_true", help="send each line as it is, unvalidated")
+    sp.set_defaults(fn=cmd_publish)
+    sp = sub.add_parser("topics", help="show the topic catalogue; --create creates missing topics")
+    common(sp)
+    sp.add_argument("--create", action="store_true")
+    sp.set_defaults(fn=cmd_topics)
+    sp = sub.add_parser("schema", help="JSON Schemas of the records")
+    ssub = sp.add_subparsers(dest="schema_command", required=True)
+    ex = ssub.add_parser("export", help="write one JSON Schema file per record kind")
+    ex.add_argument("dir")
+    ex.set_defaults(fn=cmd_schema)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.fn(args)
+    except SettingsError as exc:
+        console.print(f"[red]settings: {exc}[/red]")
+        code = 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Reads the agents' outputs back from the topics, with explicit partition assignment (no
+consumer group, so no join delay), from the beginning, into plain lists."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas.codec import decode_message
+from schemas.errors import SchemaError
+from schemas.records import Record
+
+
+class Collector:
+    """`records` holds (broker timestamp in seconds, topic, record) for every record read."""
+
+    def __init__(self, bootstrap: str, topic_names: Iterable[str], partitions: int) -> None:
+        self.bootstrap = bootstrap
+        self.topic_names = list(topic_names)
+        self.partitions = partitions
+        self.records: list[tuple[float, str, Record]] = []
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", fetch_max_wait_ms=20)
+        await consumer.start()
+        consumer.assign([TopicPartition(t, p) for t in self.topic_names for p in range(self.partitions)])
+        await consumer.seek_to_beginning()
+        self._task = asyncio.create_task(self._run(consumer))
+
+    async def _run(self, consumer: AIOKafkaConsumer) -> None:
+        try:
+            while True:
+                batches = await consumer.getmany(timeout_ms=100, max_records=10000)
+                for tp, messages in batches.items():
+                    for m in messages:
+                        for r in decode_message(m.value):
+                            if not isinstance(r, SchemaError):
+                                self.records.append((m.timestamp / 1000.0, tp.topic, r))
+                if batches:
+                    self.changed.set()
+        finally:
+            await consumer.stop()
+
+    def of(self, kind: type[Record]) -> list[tuple[float, Record]]:
+        return [(ts, r) for ts, _, r in self.records if isinstance(r, kind)]
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

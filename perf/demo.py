@@ -1,0 +1,169 @@
+"""The demo run: embedded broker, agents, 1,000 nodes and 10,000 pods, an independent check.
+
+Flow: start the broker (unless a bootstrap is given), create the topics, start a worker
+process, publish the nodes and wait until the owners reported every one on `state-changes`
+(that ends the start-up phase: broker, topics, group join), then publish pods at a steady rate
+while a collector reads Bindings and SchedulingFeedback back from the topics. The summary
+comes from `perf.checker`, which recomputes every count from the published inputs and the
+records on the topics. Queueing latency is each pod's publish time to its Binding's broker
+timestamp; wall time runs from the first pod published to the last decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from perf.checker import Placement, check
+from perf.collector import Collector
+from perf.workload import make_nodes, make_pods
+from schemas import topics
+from schemas.records import Binding, NodeStateChange, SchedulingFeedback
+from streams.broker import EmbeddedBroker
+from streams.process import spawn_tied, stop
+from streams.producer import RecordProducer
+from streams.settings import Settings
+from streams.worker import prepare
+
+
+@dataclass
+class DemoConfig:
+    nodes: int = 1000
+    pods: int = 10000
+    rate: float = 2000.0
+    bootstrap: str = ""
+    seed: int = 0
+    stall_timeout_s: float = 30.0
+    startup_timeout_s: float = 120.0
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+    arr = np.asarray(values)
+    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in (50, 90, 99)}
+
+
+async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
+    started = time.perf_counter()
+    broker = None
+    bootstrap = cfg.bootstrap
+    if not bootstrap:
+        broker = EmbeddedBroker()
+        await broker.__aenter__()
+        bootstrap = broker.bootstrap
+    env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
+           "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions)}
+    worker = None
+    try:
+        from dataclasses import replace
+
+        settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
+        await prepare(settings)
+        worker = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+        return await _drive(cfg, settings, bootstrap, started)
+    finally:
+        if worker is not None:
+            stop(worker, deadline_s=10.0)
+        if broker is not None:
+            broker.stop()
+
+
+async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: float) -> dict[str, Any]:
+    run = uuid.uuid4().hex[:6]
+    partitions = settings.kafka.partitions
+    nodes = make_nodes(cfg.nodes, prefix=f"n{run}")
+    pods = make_pods(cfg.pods, prefix=f"p{run}", seed=cfg.seed, now=time.time())
+    collector = Collector(bootstrap, [topics.STATE_CHANGES, topics.BINDINGS, topics.FEEDBACK], partitions)
+    await collector.start()
+    try:
+        async with RecordProducer(bootstrap, partitions) as producer:
+            await producer.flush(await producer.publish(topics.NODES, nodes))
+            names = {n.name for n in nodes}
+            deadline = time.monotonic() + cfg.startup_timeout_s
+            while {r.node for _, r in collector.of(NodeStateChange)} < names:  # type: ignore[attr-defined]
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the agents did not report every node in time: is the worker running?")
+                await asyncio.sleep(0.05)
+            startup_s = time.perf_counter() - started
+
+            published: dict[str, float] = {}
+            first_publish = time.time()
+            tick = 0.01
+            per_tick = max(1, int(round(cfg.rate * tick)))
+            t_next = time.monotonic()
+            pending: list[Any] = []
+            for start in range(0, len(pods), per_tick):
+                chunk = pods[start:start + per_tick]
+                now = time.time()
+                for p in chunk:
+                    published[p.uid] = now
+                pending += await producer.publish(topics.PODS, chunk)
+                t_next += tick
+                delay = t_next - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await producer.flush(pending)
+
+        uids = set(published)
+        last_progress, seen = time.monotonic(), -1
+        while True:
+            bound = {r.uid for _, r in collector.of(Binding)} & uids  # type: ignore[attr-defined]
+            final = {r.uid for _, r in collector.of(SchedulingFeedback) if r.final} & uids  # type: ignore[attr-defined]
+            decided = len(bound | final)
+            if decided == len(uids):
+                break
+            if decided != seen:
+                seen, last_progress = decided, time.monotonic()
+            elif time.monotonic() - last_progress > cfg.stall_timeout_s:
+                break
+            collector.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(collector.changed.wait(), 0.5)
+    finally:
+        await collector.stop()
+
+    bindings = [(ts, r) for ts, r in collector.of(Binding) if r.uid in uids]  # type: ignore[attr-defined]
+    feedback = [(ts, r) for ts, r in collector.of(SchedulingFeedback) if r.uid in uids]  # type: ignore[attr-defined]
+    first_binding: dict[str, float] = {}
+    for ts, b in bindings:
+        first_binding[b.uid] = min(ts, first_binding.get(b.uid, ts))  # type: ignore[attr-defined]
+    result = check(
+        allocatable={n.name: n.allocatable for n in nodes},
+        requests={p.uid: p.requests for p in pods},
+        bindings=[Placement(ts, b.uid, b.node) for ts, b in bindings],  # type: ignore[attr-defined]
+        unschedulable={f.uid for _, f in feedback},  # type: ignore[attr-defined]
+    )
+    decision_times = [ts for ts, _ in bindings] + [ts for ts, f in feedback if f.final]  # type: ignore[attr-defined]
+    wall = (max(decision_times) - first_publish) if decision_times else 0.0
+    latencies = [(first_binding[u] - published[u]) * 1000.0 for u in first_binding]
+    return {
+        "nodes": cfg.nodes,
+        "rate_pods_per_s": cfg.rate,
+        "pods_total": result.pods_total,
+        "pods_bound": result.pods_bound,
+        "pods_unschedulable": result.pods_unschedulable,
+        "pods_double_bound": result.pods_double_bound,
+        "nodes_overcommitted": result.nodes_overcommitted,
+        "throughput_pods_per_s": round(result.pods_bound / wall, 1) if wall > 0 else 0.0,
+        "queue_latency_ms": percentiles(latencies),
+        "startup_s": round(startup_s, 2),
+        "wall_s": round(wall, 2),
+        "overcommitted": result.overcommitted,
+    }
+
+
+def succeeded(summary: dict[str, Any]) -> bool:
+    return bool(
+        summary["pods_bound"] == summary["pods_total"]
+        and summary["pods_double_bound"] == 0
+        and summary["nodes_overcommitted"] == 0
+    )

@@ -1,0 +1,224 @@
+"""orjson codec for records, with validation that names the failing field and value.
+
+Wire format: a message value is one record (a JSON object with `kind` and
+`schema_version`) or a batch (a JSON array of such objects); the unit of Kafka traffic is a
+batch, the unit of meaning one record. `decode_message` returns, per element, the record or
+the `SchemaError` that rejected it, so one bad element of a batch goes to the dead-letter
+topic while the others are processed.
+
+Decoders are built once per record class from its type hints and cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any, Union
+
+import orjson
+
+from schemas.errors import SchemaError
+from schemas.kube import effective_requests
+from schemas.quantity import format_canonical, to_canonical
+from schemas.records import BY_KIND, SCHEMA_MAJOR, Pod, Record, ResourceList
+
+Decoder = Callable[[Any, str], Any]
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, ResourceList):
+        return {name: format_canonical(name, amount) for name, amount in obj.items()}
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+_OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
+def encode(record: Record) -> bytes:
+    return orjson.dumps(record, default=_default, option=_OPTS)
+
+
+def encode_batch(records: Iterable[Record]) -> bytes:
+    return orjson.dumps(list(records), default=_default, option=_OPTS)
+
+
+def to_json(record: Record) -> dict[str, Any]:
+    """The record as plain JSON types (quantities as strings)."""
+    result: dict[str, Any] = orjson.loads(encode(record))
+    return result
+
+
+# --- decoding -----------------------------------------------------------------------------
+
+
+def _str(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(path, value, "must be a string")
+    return value
+
+
+def _int(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise SchemaError(path, value, "must be an integer")
+    return value
+
+
+def _float(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SchemaError(path, value, "must be a number")
+    return float(value)
+
+
+def _bool(value: Any, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise SchemaError(path, value, "must be true or false")
+    return value
+
+
+def _any(value: Any, path: str) -> Any:
+    return value
+
+
+def _resources(value: Any, path: str) -> ResourceList:
+    if not isinstance(value, dict):
+        raise SchemaError(path, value, "must be a map of resource name to quantity")
+    out = ResourceList()
+    for name, amount in value.items():
+        if not isinstance(name, str) or not name:
+            raise SchemaError(path, name, "resource names must be non-empty strings")
+        out[name] = to_canonical(name, amount, f"{path}.{name}")
+    return out
+
+
+_SCALARS: dict[Any, Decoder] = {str: _str, int: _int, float: _float, bool: _bool, Any: _any}
+
+
+def _decoder_for(tp: Any) -> Decoder:
+    if tp in _SCALARS:
+        return _SCALARS[tp]
+    if tp is ResourceList:
+        return _resources
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _dataclass_decoder(tp)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"unsupported union {tp}")
+        sub = _decoder_for(inner[0])
+        return lambda v, p: None if v is None else sub(v, p)
+    if origin is tuple:
+        item = _decoder_for(args[0])
+
+        def decode_tuple(value: Any, path: str) -> tuple[Any, ...]:
+            if not isinstance(value, list):
+                raise SchemaError(path, value, "must be a list")
+            return tuple(item(v, f"{path}[{i}]") for i, v in enumerate(value))
+
+        return decode_tuple
+    if origin is dict:
+        val = _decoder_for(args[1])
+
+        def decode_dict(value: Any, path: str) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise SchemaError(path, value, "must be a map")
+            return {_str(k, path): val(v, f"{path}.{k}") for k, v in value.items()}
+
+        return decode_dict
+    raise TypeError(f"unsupported field type {tp}")
+
+
+_CACHE: dict[type, Decoder] = {}
+
+
+def _dataclass_decoder(cls: type) -> Decoder:
+    if cls in _CACHE:
+        return _CACHE[cls]
+    hints = typing.get_type_hints(cls)
+    specs: list[tuple[str, Decoder, bool]] = []
+
+    def decode_obj(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            raise SchemaError(path or cls.__name__, value, f"must be an object ({cls.__name__})")
+        kwargs: dict[str, Any] = {}
+        for name, dec, required in specs:
+            if name in value:
+                sub = f"{path}.{name}" if path else name
+                kwargs[name] = dec(value[name], sub)
+            elif required:
+                raise SchemaError(f"{path}.{name}" if path else name, None, "is required")
+        return cls(**kwargs)
+
+    _CACHE[cls] = decode_obj
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name == "schema_version":
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append((f.name, _decoder_for(hints[f.name]), required))
+    return decode_obj
+
+
+def check_version(value: Any) -> None:
+    version = value.get("schema_version", f"{SCHEMA_MAJOR}.0")
+    if not isinstance(version, str):
+        raise SchemaError("schema_version", version, "must be a string 'MAJOR.MINOR'")
+    major = version.split(".", 1)[0]
+    if not major.isdigit():
+        raise SchemaError("schema_version", version, "must look like 'MAJOR.MINOR'")
+    if int(major) != SCHEMA_MAJOR:
+        raise SchemaError("schema_version", version, f"unknown major version (this reader knows {SCHEMA_MAJOR})")
+
+
+def decode_object(value: Any, expect: type[Record] | None = None) -> Record:
+    """One JSON object (already parsed) to a record; `expect` restricts the kind."""
+    if not isinstance(value, dict):
+        raise SchemaError("", value, "a record must be a JSON object")
+    kind = value.get("kind")
+    if kind is None and expect is not None:
+        kind = expect.KIND
+    if not isinstance(kind, str) or kind not in BY_KIND:
+        raise SchemaError("kind", kind, f"unknown record kind (known: {', '.join(sorted(BY_KIND))})")
+    cls = BY_KIND[kind]
+    if expect is not None and cls is not expect:
+        raise SchemaError("kind", kind, f"expected {expect.KIND} here")
+    check_version(value)
+    record: Record = _dataclass_decoder(cls)(value, "")
+    if isinstance(record, Pod) and record.containers:
+        record = dataclasses.replace(
+            record, requests=effective_requests(record.containers, record.init_containers, record.overhead)
+        )
+    return record
+
+
+def decode_message(data: bytes | None) -> list[Record | SchemaError]:
+    """A message value to its records; each element is a record or the error rejecting it."""
+    if data is None:
+        return [SchemaError("", None, "empty message value")]
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        return [SchemaError("", data[:80].decode("utf-8", "replace"), f"not JSON: {exc}")]
+    items = value if isinstance(value, list) else [value]
+    out: list[Record | SchemaError] = []
+    for index, item in enumerate(items):
+        try:
+            out.append(decode_object(item))
+        except SchemaError as exc:
+            out.append(exc.under(f"[{index}]") if isinstance(value, list) else exc)
+    return out
+
+
+def decode(data: bytes) -> Record:
+    """Exactly one record, or raise the error naming the field."""
+    results = decode_message(data)
+    if len(results) != 1:
+        raise SchemaError("", len(results), "expected exactly one record")
+    result = results[0]
+    if isinstance(result, SchemaError):
+        raise result
+    return result

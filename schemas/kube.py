@@ -1,0 +1,239 @@
+"""Plain Kubernetes v1 Pod and Node manifests (JSON or YAML) to koordstream records.
+
+The effective pod request follows Kubernetes (resource helpers, KEP-753 sidecars): for
+each resource, the larger of (sum of app containers + sum of sidecar init containers) and
+(each regular init container + the sidecars started before it), plus the pod overhead.
+A container without a request for cpu or memory gets its limit, as the API server defaults.
+Node devices: `nvidia.com/gpu` allocatable becomes that many whole GPUs (minors 0..N-1, model
+from the `nvidia.com/gpu.product` label); `koordinator.sh/rdma` allocatable becomes one NIC
+with that many virtual functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import yaml
+
+from schemas.errors import SchemaError
+from schemas.quantity import to_canonical
+from schemas.records import (
+    QOS_LABEL,
+    ContainerResources,
+    GpuDevice,
+    Node,
+    NodeCondition,
+    OwnerReference,
+    Pod,
+    RdmaDevice,
+    Record,
+    ResourceList,
+    Taint,
+    Toleration,
+)
+
+_DEFAULTED_FROM_LIMITS = ("cpu", "memory")
+
+
+def effective_requests(
+    containers: Sequence[ContainerResources],
+    init_containers: Sequence[ContainerResources] = (),
+    overhead: dict[str, int] | None = None,
+) -> ResourceList:
+    """The request Kubernetes schedules a pod by (see module docstring)."""
+    apps = ResourceList()
+    for c in containers:
+        apps = apps.plus(c.requests)
+    sidecars = ResourceList()
+    init_peak = ResourceList()
+    for c in init_containers:
+        if c.restart_policy == "Always":
+            sidecars = sidecars.plus(c.requests)
+            candidate = sidecars
+        else:
+            candidate = sidecars.plus(c.requests)
+        for name, amount in candidate.items():
+            init_peak[name] = max(init_peak.get(name, 0), amount)
+    total = apps.plus(sidecars)
+    for name, amount in init_peak.items():
+        total[name] = max(total.get(name, 0), amount)
+    if overhead:
+        total = total.plus(overhead)
+    return ResourceList({k: v for k, v in total.items() if v > 0})
+
+
+def _resource_map(raw: Any, path: str) -> ResourceList:
+    if raw is None:
+        return ResourceList()
+    if not isinstance(raw, dict):
+        raise SchemaError(path, raw, "must be a map of resource name to quantity")
+    return ResourceList({str(k): to_canonical(str(k), v, f"{path}.{k}") for k, v in raw.items()})
+
+
+def _timestamp(raw: Any, path: str) -> float:
+    if raw in (None, ""):
+        return 0.0
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return float(raw)
+    if isinstance(raw, datetime):
+        return raw.timestamp()
+    try:
+        return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
+    except ValueError as exc:
+        raise SchemaError(path, raw, "not an RFC 3339 timestamp") from exc
+
+
+def _container(raw: Any, path: str) -> ContainerResources:
+    if not isinstance(raw, dict):
+        raise SchemaError(path, raw, "a container must be an object")
+    resources = raw.get("resources") or {}
+    requests = _resource_map(resources.get("requests"), f"{path}.resources.requests")
+    limits = _resource_map(resources.get("limits"), f"{path}.resources.limits")
+    for name in _DEFAULTED_FROM_LIMITS:
+        if name not in requests and name in limits:
+            requests[name] = limits[name]
+    return ContainerResources(
+        name=str(raw.get("name", "")),
+        requests=requests,
+        limits=limits,
+        restart_policy=str(raw.get("restartPolicy", "")),
+    )
+
+
+def _str_map(raw: Any, path: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SchemaError(path, raw, "must be a map of strings")
+    return {str(k): str(v) for k, v in raw.items()}
+
+
+def pod_from_manifest(obj: dict[str, Any]) -> Pod:
+    """A v1 Pod manifest (parsed JSON/YAML) to a `Pod` record."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    uid = meta.get("uid") or f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+    if not meta.get("name"):
+        raise SchemaError("metadata.name", meta.get("name"), "is required")
+    containers = tuple(_container(c, f"spec.containers[{i}]") for i, c in enumerate(spec.get("containers") or []))
+    inits = tuple(_container(c, f"spec.initContainers[{i}]") for i, c in enumerate(spec.get("initContainers") or []))
+    overhead = _resource_map(spec.get("overhead"), "spec.overhead")
+    labels = _str_map(meta.get("labels"), "metadata.labels")
+    priority = spec.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise SchemaError("spec.priority", priority, "must be an integer")
+    owners = tuple(
+        OwnerReference(kind=str(o.get("kind", "")), name=str(o.get("name", "")), uid=str(o.get("uid", "")),
+                       controller=bool(o.get("controller", False)))
+        for o in meta.get("ownerReferences") or []
+    )
+    tolerations = tuple(
+        Toleration(key=str(t.get("key", "")), operator=str(t.get("operator", "Equal")), value=str(t.get("value", "")),
+                   effect=str(t.get("effect", "")), toleration_seconds=t.get("tolerationSeconds"))
+        for t in spec.get("tolerations") or []
+    )
+    affinity = spec.get("affinity") or {}
+    if not isinstance(affinity, dict):
+        raise SchemaError("spec.affinity", affinity, "must be an object")
+    return Pod(
+        uid=str(uid),
+        name=str(meta["name"]),
+        namespace=str(meta.get("namespace", "default")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        creation_timestamp=_timestamp(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
+        labels=labels,
+        annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
+        owner_references=owners,
+        scheduler_name=str(spec.get("schedulerName", "default-scheduler")),
+        priority=priority,
+        priority_class_name=str(spec.get("priorityClassName", "")),
+        qos_class=labels.get(QOS_LABEL, ""),
+        containers=containers,
+        init_containers=inits,
+        overhead=overhead,
+        requests=effective_requests(containers, inits, overhead),
+        runtime_class_name=str(spec.get("runtimeClassName") or ""),
+        node_selector=_str_map(spec.get("nodeSelector"), "spec.nodeSelector"),
+        affinity=affinity,
+        tolerations=tolerations,
+        node_name=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase", "Pending")),
+        deletion_timestamp=_timestamp(meta["deletionTimestamp"], "metadata.deletionTimestamp")
+        if meta.get("deletionTimestamp") else None,
+    )
+
+
+def node_from_manifest(obj: dict[str, Any]) -> Node:
+    """A v1 Node manifest to a `Node` record (devices: see module docstring)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if not meta.get("name"):
+        raise SchemaError("metadata.name", meta.get("name"), "is required")
+    labels = _str_map(meta.get("labels"), "metadata.labels")
+    capacity = _resource_map(status.get("capacity"), "status.capacity")
+    allocatable = _resource_map(status.get("allocatable"), "status.allocatable") or ResourceList(capacity)
+    gpus = tuple(
+        GpuDevice(minor=i, model=labels.get("nvidia.com/gpu.product", ""))
+        for i in range(allocatable.get("nvidia.com/gpu", 0))
+    )
+    rdma_vfs = allocatable.get("koordinator.sh/rdma", 0)
+    rdma = (RdmaDevice(name="rdma0", minor=0, vfs=rdma_vfs),) if rdma_vfs else ()
+    taints = tuple(
+        Taint(key=str(t.get("key", "")), value=str(t.get("value", "")), effect=str(t.get("effect", "NoSchedule")))
+        for t in spec.get("taints") or []
+    )
+    conditions = tuple(
+        NodeCondition(type=str(c.get("type", "")), status=str(c.get("status", "")))
+        for c in status.get("conditions") or []
+    )
+    return Node(
+        name=str(meta["name"]),
+        resource_version=str(meta.get("resourceVersion", "")),
+        labels=labels,
+        annotations=_str_map(meta.get("annotations"), "metadata.annotations"),
+        taints=taints,
+        capacity=capacity,
+        allocatable=allocatable,
+        unschedulable=bool(spec.get("unschedulable", False)),
+        conditions=conditions,
+        gpus=gpus,
+        rdma=rdma,
+    )
+
+
+def from_manifest(obj: Any) -> list[Record]:
+    """One parsed manifest (a Pod, a Node, or a List of them) to records."""
+    if not isinstance(obj, dict):
+        raise SchemaError("", obj, "a manifest must be an object")
+    kind = obj.get("kind")
+    if kind == "Pod":
+        return [pod_from_manifest(obj)]
+    if kind == "Node":
+        return [node_from_manifest(obj)]
+    if kind == "List" or (isinstance(kind, str) and kind.endswith("List")):
+        out: list[Record] = []
+        for i, item in enumerate(obj.get("items") or []):
+            try:
+                out.extend(from_manifest(item))
+            except SchemaError as exc:
+                raise exc.under(f"items[{i}]") from exc
+        return out
+    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List")
+
+
+def load_manifests(text: str) -> list[Record]:
+    """JSON or (multi-document) YAML text of Kubernetes manifests to records."""
+    docs: Iterable[Any] = yaml.safe_load_all(text)
+    out: list[Record] = []
+    for doc in docs:
+        if doc is not None:
+            out.extend(from_manifest(doc))
+    return out
+
+
+def is_manifest(obj: Any) -> bool:
+    return isinstance(obj, dict) and "apiVersion" in obj and "metadata" in obj

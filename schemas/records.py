@@ -1,0 +1,483 @@
+"""koordstream's records: immutable, versioned events and commands (DESIGN.md, "Records").
+
+Every record is a frozen dataclass with two trailing fields, `kind` (the discriminator on the
+wire) and `schema_version` ("MAJOR.MINOR"). Readers ignore unknown fields within a major
+version and reject an unknown major version. Resource amounts are `ResourceList`s of canonical
+integers (cpu in millicores, everything else in base units); on the wire they are Kubernetes
+quantities. Change a record with `dataclasses.replace`.
+
+Keys (DESIGN.md, "Topics and keys"): `Pod`/`PodDeleted` by uid on `pods`; `Node`/`NodeDeleted`
+by name on `nodes` and `node-inbox`; `Claim`, `Commit`, `Release`, `PodTerminated`,
+`Nomination`, `NominationCleared` by node on `node-inbox`; `Held`, `Rejected` and forwarded
+deletions by decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
+`EvictionCommand` by uid; `NodeStateChange` by node on `state-changes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+SCHEMA_MAJOR = 1
+SCHEMA_VERSION = "1.0"
+
+GANG_NAME_ANNOTATION = "gang.scheduling.koordinator.sh/name"
+GANG_MIN_AVAILABLE_ANNOTATION = "gang.scheduling.koordinator.sh/min-available"
+POD_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io"
+QOS_LABEL = "koordinator.sh/qosClass"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+class ResourceList(dict[str, int]):
+    """Resource name -> canonical amount. Written as Kubernetes quantities on the wire."""
+
+    def plus(self, other: dict[str, int]) -> ResourceList:
+        out = ResourceList(self)
+        for name, amount in other.items():
+            out[name] = out.get(name, 0) + amount
+        return out
+
+
+def _resources() -> ResourceList:
+    return ResourceList()
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Base of every record: `KIND` names it on the wire."""
+
+    KIND: ClassVar[str] = ""
+
+
+# --- building blocks of Pod and Node ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerReference:
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerResources:
+    name: str
+    requests: ResourceList = field(default_factory=_resources)
+    limits: ResourceList = field(default_factory=_resources)
+    restart_policy: str = ""  # "Always" marks a sidecar init container
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    type: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    minor: int
+    model: str = ""
+    memory: int = 0  # bytes
+    core: int = 100  # koordinator.sh/gpu-core capacity of this GPU
+    memory_ratio: int = 100  # koordinator.sh/gpu-memory-ratio capacity of this GPU
+
+
+@dataclass(frozen=True, slots=True)
+class RdmaDevice:
+    name: str
+    minor: int = 0
+    vfs: int = 0  # virtual functions this NIC offers
+
+
+@dataclass(frozen=True, slots=True)
+class NumaCell:
+    id: int
+    cpus: tuple[int, ...] = ()
+    memory: int = 0  # bytes
+
+
+# --- inputs from the cluster -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pod(Record):
+    """A pod as the scheduler sees it. `requests` is the effective request (see `kube`)."""
+
+    KIND: ClassVar[str] = "Pod"
+    uid: str
+    name: str
+    namespace: str = "default"
+    resource_version: str = ""
+    creation_timestamp: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    owner_references: tuple[OwnerReference, ...] = ()
+    scheduler_name: str = DEFAULT_SCHEDULER
+    priority: int = 0
+    priority_class_name: str = ""
+    qos_class: str = ""
+    containers: tuple[ContainerResources, ...] = ()
+    init_containers: tuple[ContainerResources, ...] = ()
+    overhead: ResourceList = field(default_factory=_resources)
+    requests: ResourceList = field(default_factory=_resources)
+    runtime_class_name: str = ""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    node_name: str = ""
+    phase: str = "Pending"
+    deletion_timestamp: float | None = None
+    kind: str = field(default="Pod", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PodDeleted(Record):
+    """The pod is gone from the cluster. Labels and annotations locate its gang."""
+
+    KIND: ClassVar[str] = "PodDeleted"
+    uid: str
+    name: str = ""
+    namespace: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    decision_key: str = ""
+    kind: str = field(default="PodDeleted", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Node(Record):
+    KIND: ClassVar[str] = "Node"
+    name: str
+    resource_version: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    capacity: ResourceList = field(default_factory=_resources)
+    allocatable: ResourceList = field(default_factory=_resources)
+    unschedulable: bool = False
+    conditions: tuple[NodeCondition, ...] = ()
+    gpus: tuple[GpuDevice, ...] = ()
+    rdma: tuple[RdmaDevice, ...] = ()
+    numa: tuple[NumaCell, ...] = ()
+    kind: str = field(default="Node", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDeleted(Record):
+    KIND: ClassVar[str] = "NodeDeleted"
+    name: str
+    kind: str = field(default="NodeDeleted", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDownEvent(Record):
+    """A workload asks to lose `replicas` pods; the rebalancer picks which."""
+
+    KIND: ClassVar[str] = "ScaleDownEvent"
+    workload: str
+    namespace: str = "default"
+    replicas: int = 1
+    kind: str = field(default="ScaleDownEvent", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+# --- the commit protocol ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Claim(Record):
+    """A scheduler asks a node's owner to hold capacity for one attempt of one pod."""
+
+    KIND: ClassVar[str] = "Claim"
+    uid: str
+    attempt: int
+    node: str
+    decision_key: str
+    requests: ResourceList
+    priority: int = 0
+    namespace: str = "default"
+    name: str = ""
+    creation_timestamp: float = 0.0
+    devices: tuple[str, ...] = ()  # GPU minors / RDMA VFs claimed
+    numa_cells: tuple[int, ...] = ()
+    gang_min: int = 0  # min-available of the pod's gang; 0 when it has none
+    nominated_node: str = ""  # where the pod was nominated, cleared on accept
+    kind: str = field(default="Claim", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def hold_id(self) -> str:
+        return hold_id(self.uid, self.attempt, self.node)
+
+
+@dataclass(frozen=True, slots=True)
+class Held(Record):
+    """The owner holds the claim's capacity; the decider will accept or release it."""
+
+    KIND: ClassVar[str] = "Held"
+    uid: str
+    attempt: int
+    node: str
+    decision_key: str
+    namespace: str = "default"
+    name: str = ""
+    gang_min: int = 0
+    nominated_node: str = ""
+    kind: str = field(default="Held", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def hold_id(self) -> str:
+        return hold_id(self.uid, self.attempt, self.node)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected(Record):
+    KIND: ClassVar[str] = "Rejected"
+    uid: str
+    attempt: int
+    node: str
+    decision_key: str
+    reason: str
+    kind: str = field(default="Rejected", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def hold_id(self) -> str:
+        return hold_id(self.uid, self.attempt, self.node)
+
+
+@dataclass(frozen=True, slots=True)
+class Commit(Record):
+    KIND: ClassVar[str] = "Commit"
+    uid: str
+    attempt: int
+    node: str
+    decision_key: str
+    kind: str = field(default="Commit", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def hold_id(self) -> str:
+        return hold_id(self.uid, self.attempt, self.node)
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Record):
+    KIND: ClassVar[str] = "Release"
+    uid: str
+    attempt: int
+    node: str
+    decision_key: str
+    reason: str = ""
+    kind: str = field(default="Release", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def hold_id(self) -> str:
+        return hold_id(self.uid, self.attempt, self.node)
+
+
+@dataclass(frozen=True, slots=True)
+class PodTerminated(Record):
+    """A bound pod is gone (finished, deleted, evicted, or its node deleted): free it."""
+
+    KIND: ClassVar[str] = "PodTerminated"
+    uid: str
+    node: str
+    decision_key: str = ""
+    reason: str = ""
+    kind: str = field(default="PodTerminated", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination(Record):
+    """A preemptor is promised capacity on `node`, with its full claim."""
+
+    KIND: ClassVar[str] = "Nomination"
+    uid: str
+    node: str
+    priority: int
+    requests: ResourceList
+    devices: tuple[str, ...] = ()
+    numa_cells: tuple[int, ...] = ()
+    kind: str = field(default="Nomination", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NominationCleared(Record):
+    KIND: ClassVar[str] = "NominationCleared"
+    uid: str
+    node: str
+    kind: str = field(default="NominationCleared", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Binding(Record):
+    """The decider's final word: the pod runs on `node`. Written once per pod."""
+
+    KIND: ClassVar[str] = "Binding"
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    attempt: int
+    decision_key: str
+    annotations: dict[str, str] = field(default_factory=dict)  # device / NUMA results
+    kind: str = field(default="Binding", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def hold_id(self) -> str:
+        return hold_id(self.uid, self.attempt, self.node)
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue(Record):
+    """The decider sends a pod back to its scheduler for attempt `attempt`."""
+
+    KIND: ClassVar[str] = "Requeue"
+    uid: str
+    attempt: int
+    decision_key: str
+    reason: str = ""
+    kind: str = field(default="Requeue", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingFeedback(Record):
+    """Why a pod could not be placed: reasons with the number of nodes that gave each."""
+
+    KIND: ClassVar[str] = "SchedulingFeedback"
+    uid: str
+    namespace: str
+    name: str
+    attempt: int
+    message: str
+    reasons: dict[str, int] = field(default_factory=dict)
+    final: bool = False  # the pod will not be retried without a cluster change
+    kind: str = field(default="SchedulingFeedback", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionCommand(Record):
+    KIND: ClassVar[str] = "EvictionCommand"
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    reason: str
+    preemptor_uid: str = ""
+    kind: str = field(default="EvictionCommand", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationEvent(Record):
+    """A `scheduling.koordinator.sh/v1alpha1` Reservation changed phase."""
+
+    KIND: ClassVar[str] = "ReservationEvent"
+    name: str
+    uid: str
+    phase: str
+    node: str = ""
+    requests: ResourceList = field(default_factory=_resources)
+    owners: tuple[dict[str, Any], ...] = ()
+    ttl_seconds: int | None = None
+    allocate_once: bool = True
+    kind: str = field(default="ReservationEvent", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStateChange(Record):
+    """An owner's view of one node after a batch: totals plus the holds that changed.
+
+    `used` counts committed and held capacity. `holds` maps each hold id touched by the
+    batch to its state (held, committed, released, rejected, terminated), so schedulers can
+    forget their assumptions. `seq` grows with every change of the node.
+    """
+
+    KIND: ClassVar[str] = "NodeStateChange"
+    node: str
+    seq: int
+    allocatable: ResourceList = field(default_factory=_resources)
+    used: ResourceList = field(default_factory=_resources)
+    unschedulable: bool = False
+    deleted: bool = False
+    holds: dict[str, str] = field(default_factory=dict)
+    kind: str = field(default="NodeStateChange", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(Record):
+    """An input that could not be accepted, with where it came from and its original bytes."""
+
+    KIND: ClassVar[str] = "DeadLetter"
+    error: str
+    field: str
+    value: str
+    topic: str
+    partition: int
+    offset: int
+    original: str  # base64 of the original message value
+    kind: str = "DeadLetter"
+    schema_version: str = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingSample(Record):
+    KIND: ClassVar[str] = "ProfilingSample"
+    profile: str
+    plugin: str
+    extension_point: str
+    duration_ns: int
+    pods: int = 1
+    kind: str = field(default="ProfilingSample", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+RECORD_TYPES: tuple[type[Record], ...] = (
+    Pod, PodDeleted, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, Commit, Release,
+    PodTerminated, Nomination, NominationCleared, Binding, Requeue, SchedulingFeedback,
+    EvictionCommand, ReservationEvent, NodeStateChange, DeadLetter, ProfilingSample,
+)
+BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
+
+
+def hold_id(uid: str, attempt: int, node: str) -> str:
+    """The identity of one claim: a pod's attempt on a node."""
+    return f"{uid}/{attempt}/{node}"
+
+
+def decision_key(namespace: str, labels: dict[str, str], annotations: dict[str, str], uid: str) -> str:
+    """The gang (namespace/name) a pod belongs to, else its uid (DESIGN.md, "Topics and keys")."""
+    gang = annotations.get(GANG_NAME_ANNOTATION) or labels.get(POD_GROUP_LABEL)
+    return f"{namespace}/{gang}" if gang else uid

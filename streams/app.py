@@ -1,0 +1,116 @@
+"""The faust app factory and the wiring of every agent into one worker.
+
+`build_app(settings)` makes the faust App (memory store with changelog-backed tables, our own
+topic creation, no web server), declares the channels with raw serializers (the agents decode
+themselves, so bad input reaches the dead-letter topic), and registers the agents: node
+forwarder and owners, deciders, scheduler (agent, loop, and the replica feed that reads every
+`state-changes` partition with an aiokafka consumer outside any group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+
+import faust
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents.intake import RawMessage
+from agents.ports import AgentConfig
+from agents.scheduler import agent as scheduler_agent
+from agents.scheduler.core import SchedulerCore
+from agents.scheduler.replica import ClusterReplica
+from agents.state import agent_ledger, agent_owner
+from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
+from schemas import topics
+from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
+from streams.outbox import PartitionedOutbox
+from streams.settings import Settings
+
+log = logging.getLogger("koordstream.app")
+
+
+def build_app(settings: Settings) -> faust.App:
+    k = settings.kafka
+    if not k.bootstrap:
+        raise ValueError("kafka.bootstrap: the worker needs a broker address (`koordstream up` starts one)")
+    app = faust.App(
+        k.app_id,
+        broker=f"kafka://{k.bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=k.partitions,
+        topic_allow_declare=False,  # streams.admin creates every topic explicitly
+        topic_disable_leader=True,
+        broker_rebalance_timeout=k.rebalance_timeout_s,
+        broker_session_timeout=k.session_timeout_s,
+        broker_heartbeat_interval=1.0,
+        broker_commit_every=1000,
+        broker_commit_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        producer_linger_ms=2,
+        producer_max_request_size=4 * 1024 * 1024,
+        stream_wait_empty=False,
+        table_cleanup_interval=3600.0,
+    )
+    wire(app, settings)
+    return app
+
+
+def _channel(app: faust.App, *names: str, partitions: int) -> faust.TopicT:
+    return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw",
+                     value_serializer="raw", partitions=partitions)
+
+
+def wire(app: faust.App, settings: Settings) -> SchedulerService:
+    p = settings.kafka.partitions
+    s = settings.scheduling
+
+    async def send(topic: str, key: bytes | None, value: bytes, partition: int) -> Awaitable[object]:
+        fut: Awaitable[object] = await app.producer.send(topic, key, value, partition, None, None)
+        return fut
+
+    outbox = PartitionedOutbox(send, p)
+
+    def config(table: str = "") -> AgentConfig:
+        return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table)
+
+    agent_owner.register(app, _channel(app, topics.NODES, partitions=p), _channel(app, topics.NODE_INBOX, partitions=p),
+                         outbox, config(TABLE_NODE_STATE))
+    agent_ledger.register(app, _channel(app, topics.HOLDS, partitions=p), outbox, config(TABLE_POD_LEDGER))
+
+    space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in s.resources if r not in DEFAULT_RESOURCES))
+    core = SchedulerCore(space, ClusterReplica(space), time.monotonic,
+                         backoff_initial_s=s.backoff_initial_s, backoff_max_s=s.backoff_max_s)
+    service = scheduler_agent.SchedulerService(core, outbox, time.monotonic, s.batch_size)
+    scheduler_agent.register(app, _channel(app, topics.PODS, topics.REQUEUE, partitions=p), service, config())
+
+    @app.task
+    async def replica_feed() -> None:
+        await feed_state_changes(settings.kafka.bootstrap, p, service)
+
+    return service
+
+
+SchedulerService = scheduler_agent.SchedulerService
+
+
+async def feed_state_changes(bootstrap: str, partitions: int, service: SchedulerService) -> None:
+    """Read every `state-changes` partition from the start (no group) into the replica."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", group_id=None, fetch_max_wait_ms=20)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topics.STATE_CHANGES, i) for i in range(partitions)])
+        await consumer.seek_to_beginning()
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=5000)
+            messages = [RawMessage(m.value, m.topic, m.partition, m.offset) for msgs in batches.values() for m in msgs]
+            if messages:
+                await service.on_state_changes(messages)
+    except asyncio.CancelledError:
+        raise
+    finally:
+        await consumer.stop()

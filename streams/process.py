@@ -1,0 +1,36 @@
+"""Child processes tied to their parent: they die when the parent dies (PR_SET_PDEATHSIG),
+and are stopped with a deadline (SIGTERM, then SIGKILL)."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn_tied(cmd: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start `cmd`; the kernel kills it with SIGKILL if this process dies first."""
+    return subprocess.Popen(list(cmd), preexec_fn=_die_with_parent, **kwargs)  # noqa: PLW1509
+
+
+def stop(proc: subprocess.Popen[bytes], deadline_s: float = 8.0) -> int:
+    """SIGTERM, wait up to `deadline_s`, then SIGKILL. Returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

@@ -1,0 +1,77 @@
+"""The producer API for publishers outside the agents (CLI `publish`, the demo, the perf
+harness): records in, batch messages out, routed by the catalogue's partitioner rule."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable, Sequence
+from types import TracebackType
+
+from aiokafka import AIOKafkaProducer
+
+from agents.ports import Output
+from schemas import topics
+from schemas.records import (
+    Binding,
+    Claim,
+    Commit,
+    Held,
+    Node,
+    NodeDeleted,
+    NodeStateChange,
+    Pod,
+    PodDeleted,
+    PodTerminated,
+    Record,
+    Rejected,
+    Release,
+)
+from streams.outbox import PartitionedOutbox
+
+
+def key_of(topic: str, record: Record) -> str:
+    """The catalogue's key for `record` on `topic`."""
+    if isinstance(record, (Node, NodeDeleted)):
+        return record.name
+    if topic == topics.NODE_INBOX and isinstance(record, (Claim, Commit, Release, PodTerminated)):
+        return record.node
+    if topic == topics.HOLDS and isinstance(record, (Held, Rejected, PodDeleted, PodTerminated)):
+        return record.decision_key or record.uid
+    if isinstance(record, NodeStateChange):
+        return record.node
+    if isinstance(record, (Pod, PodDeleted, Binding)):
+        return record.uid
+    uid = getattr(record, "uid", None) or getattr(record, "name", None) or getattr(record, "workload", "")
+    return str(uid)
+
+
+class RecordProducer:
+    """`async with RecordProducer(bootstrap, partitions) as p: await p.publish(topic, records)`."""
+
+    def __init__(self, bootstrap: str, partitions: int, linger_ms: int = 2) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms,
+                                          max_request_size=4 * 1024 * 1024)
+        self.outbox = PartitionedOutbox(self._send, partitions)
+
+    async def _send(self, topic: str, key: bytes | None, value: bytes, partition: int) -> Awaitable[object]:
+        fut: Awaitable[object] = await self._producer.send(topic, value, key=key, partition=partition)
+        return fut
+
+    async def publish(self, topic: str, records: Iterable[Record]) -> list[Awaitable[object]]:
+        """Send records to `topic` (not waiting for acknowledgement; see `flush`)."""
+        return await self.outbox.send([Output(topic, key_of(topic, r), r) for r in records])
+
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None, partition: int = 0) -> None:
+        """Send bytes as they are (tests of bad input, tools)."""
+        await (await self._producer.send(topic, value, key=key, partition=partition))
+
+    async def flush(self, futures: Sequence[Awaitable[object]] = ()) -> None:
+        await self._producer.flush()
+        for fut in futures:
+            await fut
+
+    async def __aenter__(self) -> RecordProducer:
+        await self._producer.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self._producer.stop()

@@ -1,0 +1,129 @@
+"""One root settings object, built from grouped sections, validated once at start-up.
+
+Sources, later wins: defaults, an optional YAML file (sections as top-level keys), then
+environment variables `KOORDSTREAM_<SECTION>_<FIELD>` (e.g. `KOORDSTREAM_KAFKA_BOOTSTRAP`).
+Errors name the source, the field and the value, and say what is expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class SettingsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap: str = ""
+    """host:port of a Kafka-protocol broker; empty starts the embedded Tansu broker."""
+    app_id: str = "koordstream"
+    """Consumer-group and table prefix of the agents."""
+    partitions: int = 4
+    """Partitions of every topic (fixed at creation; co-partitioned topics must agree)."""
+    rebalance_timeout_s: float = 10.0
+    """Group rebalance timeout; low, because the embedded broker delays the first join."""
+    session_timeout_s: float = 30.0
+    """Consumer session timeout; a batch must finish well within it."""
+
+
+@dataclass(frozen=True)
+class SchedulingSettings:
+    batch_size: int = 1000
+    """Most records an agent takes from its stream in one micro-batch."""
+    batch_within_s: float = 0.01
+    """Longest an agent waits to fill a micro-batch."""
+    backoff_initial_s: float = 0.01
+    """First retry delay of a requeued pod; doubles per attempt."""
+    backoff_max_s: float = 1.0
+    """Longest retry delay of a requeued pod."""
+    resources: tuple[str, ...] = ()
+    """Extra extended resource names the scheduler indexes, beyond the built-in ones."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    loglevel: str = "warn"
+    """faust log level: crit, error, warn, info or debug."""
+    shutdown_deadline_s: float = 8.0
+    """After SIGTERM/SIGINT the worker process exits at the latest after this long."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+
+    def validate(self) -> Settings:
+        if self.kafka.partitions < 1:
+            raise SettingsError(f"kafka.partitions: must be at least 1, got {self.kafka.partitions}")
+        if self.scheduling.batch_size < 1:
+            raise SettingsError(f"scheduling.batch_size: must be at least 1, got {self.scheduling.batch_size}")
+        if self.worker.loglevel not in ("crit", "error", "warn", "info", "debug"):
+            raise SettingsError(f"worker.loglevel: must be crit, error, warn, info or debug, got {self.worker.loglevel!r}")
+        return self
+
+
+def _coerce(section: str, name: str, current: Any, raw: Any, source: str) -> Any:
+    try:
+        if isinstance(current, bool):
+            if isinstance(raw, str):
+                if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(raw)
+                return raw.lower() in ("1", "true", "yes")
+            return bool(raw)
+        if isinstance(current, tuple):
+            return tuple(raw.split(",")) if isinstance(raw, str) else tuple(raw)
+        return type(current)(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(
+            f"{source}: {section}.{name} = {raw!r} is not a valid {type(current).__name__}"
+        ) from exc
+
+
+def _apply(settings: Settings, overrides: Mapping[str, Mapping[str, Any]], source: str) -> Settings:
+    sections: dict[str, Any] = {}
+    for section_name, values in overrides.items():
+        section = getattr(settings, section_name, None)
+        if section is None or not dataclasses.is_dataclass(section):
+            known = ", ".join(f.name for f in dataclasses.fields(settings))
+            raise SettingsError(f"{source}: unknown section {section_name!r} (known: {known})")
+        if not isinstance(values, Mapping):
+            raise SettingsError(f"{source}: section {section_name!r} must be a mapping")
+        changes = {}
+        names = {f.name for f in dataclasses.fields(section)}
+        for name, raw in values.items():
+            if name not in names:
+                raise SettingsError(f"{source}: unknown field {section_name}.{name} (known: {', '.join(sorted(names))})")
+            changes[name] = _coerce(section_name, name, getattr(section, name), raw, source)
+        sections[section_name] = dataclasses.replace(section, **changes)  # type: ignore[type-var]
+    return dataclasses.replace(settings, **sections)
+
+
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                  **overrides: Mapping[str, Any]) -> Settings:
+    settings = Settings()
+    if path:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(raw, dict):
+            raise SettingsError(f"{path}: the settings file must be a mapping of sections")
+        settings = _apply(settings, raw, str(path))
+    env = os.environ if env is None else env
+    from_env: dict[str, dict[str, str]] = {}
+    for f in dataclasses.fields(settings):
+        for g in dataclasses.fields(getattr(settings, f.name)):
+            value = env.get(f"KOORDSTREAM_{f.name}_{g.name}".upper())
+            if value is not None:
+                from_env.setdefault(f.name, {})[g.name] = value
+    settings = _apply(settings, from_env, "environment")
+    settings = _apply(settings, {k: v for k, v in overrides.items() if v}, "arguments")
+    return settings.validate()

@@ -1,0 +1,50 @@
+"""`koordstream up`: embedded broker (unless a bootstrap is given), topics, one worker process.
+
+The supervisor owns the children: both are tied to it (they die if it is killed outright), and
+on SIGINT/SIGTERM it stops the worker (SIGTERM, then SIGKILL after the deadline) and then the
+broker, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+from dataclasses import replace
+
+from streams.broker import EmbeddedBroker, wait_ready
+from streams.process import spawn_tied, stop
+from streams.settings import Settings
+from streams.worker import prepare
+
+
+def run_up(settings: Settings, config_path: str | None = None) -> int:
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    broker = None
+    bootstrap = settings.kafka.bootstrap
+    if not bootstrap:
+        broker = EmbeddedBroker()
+        broker.start()
+        bootstrap = broker.bootstrap
+    worker = None
+    try:
+        asyncio.run(wait_ready(bootstrap))
+        settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
+        asyncio.run(prepare(settings))
+        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap}
+        cmd = [sys.executable, "-m", "cli.main", "worker"] + (["--config", config_path] if config_path else [])
+        worker = spawn_tied(cmd, env=env)
+        broker_pid = broker.pid if broker else "external"
+        print(f"koordstream up: bootstrap={bootstrap} broker_pid={broker_pid} worker_pid={worker.pid}", flush=True)
+        while not stopping.is_set() and worker.poll() is None:
+            stopping.wait(0.2)
+        return 0 if stopping.is_set() else (worker.returncode or 1)
+    finally:
+        if worker is not None:
+            stop(worker, deadline_s=settings.worker.shutdown_deadline_s)
+        if broker is not None:
+            broker.stop()

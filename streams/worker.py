@@ -1,0 +1,56 @@
+"""Running the agents: topics first, then one faust worker with every agent.
+
+The worker exits at the latest `worker.shutdown_deadline_s` after SIGTERM or SIGINT: a faust
+worker sometimes did not exit on SIGTERM against the embedded broker, so a timer thread ends
+the process if the orderly shutdown hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any
+
+import faust
+
+from streams.admin import ensure_topics
+from streams.app import build_app
+from streams.catalogue import catalogue
+from streams.settings import Settings
+
+
+class DeadlineWorker(faust.Worker):  # type: ignore[misc]
+    deadline_s: float = 8.0
+
+    def _arm_deadline(self) -> None:
+        timer = threading.Timer(self.deadline_s, os._exit, args=(0,))
+        timer.daemon = True
+        timer.start()
+
+    def _on_sigterm(self) -> None:
+        self._arm_deadline()
+        super()._on_sigterm()
+
+    def _on_sigint(self) -> None:
+        self._arm_deadline()
+        super()._on_sigint()
+
+
+async def prepare(settings: Settings) -> list[str]:
+    """Create every topic of the catalogue that is missing."""
+    specs = catalogue(settings.kafka.partitions, settings.kafka.app_id).values()
+    return await ensure_topics(settings.kafka.bootstrap, specs)
+
+
+def run_worker(settings: Settings) -> None:
+    asyncio.run(prepare(settings))
+    app = build_app(settings)
+    worker = DeadlineWorker(app, loglevel=settings.worker.loglevel, quiet=True, override_logging=True)
+    worker.deadline_s = settings.worker.shutdown_deadline_s
+    _silence_banner(worker)
+    worker.execute_from_commandline()
+
+
+def _silence_banner(worker: Any) -> None:
+    worker.say = lambda *a, **k: None
