@@ -37,6 +37,16 @@ class Outbox(Protocol):
     async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]: ...
 
 
+async def deliver(outbox: Outbox, outputs: Sequence[Output]) -> None:
+    """Send and wait until the broker acknowledged every output.
+
+    Agents deliver a batch's outputs before the batch ends, so an input offset is only
+    committed once what it caused is on the broker (replays then re-send, never lose).
+    """
+    for ack in await outbox.send(outputs):
+        await ack
+
+
 class Clock(Protocol):
     def __call__(self) -> float: ...
 

@@ -16,7 +16,7 @@ from typing import Any
 import faust
 
 from agents.intake import RawMessage, intake
-from agents.ports import AgentConfig, Outbox, Output
+from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
 from agents.state.agent_owner import raw_messages
 from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue
@@ -34,7 +34,7 @@ class SchedulerService:
         got = intake(messages, expect=(NodeStateChange,))
         self.core.apply_state_changes(r for r in got.records if isinstance(r, NodeStateChange))
         if got.dead_letters:
-            await self.outbox.send(got.dead_letters)
+            await deliver(self.outbox, got.dead_letters)
         self.wake.set()
 
     async def on_inputs(self, messages: Iterable[RawMessage]) -> None:
@@ -48,7 +48,7 @@ class SchedulerService:
             elif isinstance(record, Requeue):
                 self.core.requeue(record)
         if outputs:
-            await self.outbox.send(outputs)
+            await deliver(self.outbox, outputs)
         self.wake.set()
 
     async def run(self) -> None:

@@ -7,13 +7,12 @@ wait for the broker to acknowledge them, and only then produce the Bindings.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import faust
 
 from agents.intake import intake
-from agents.ports import AgentConfig, Outbox
+from agents.ports import AgentConfig, Outbox, deliver
 from agents.state.agent_owner import raw_messages
 from agents.state.ledger import Decider, Decision, LedgerState
 from schemas.records import Held, PodDeleted, PodTerminated, Record, Rejected
@@ -43,6 +42,6 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
                 state = LedgerState.from_json(raw) if raw else LedgerState(key)
                 decider.apply(state, records, decision)
                 table[key] = state.to_json()
-            acks = await outbox.send(decision.first + got.dead_letters + got.problem_letters(decision.problems))
-            await asyncio.gather(*acks)  # Commits are on the broker before any Binding is
-            await outbox.send(decision.after_commit)
+            # Commits are acknowledged by the broker before any Binding is sent.
+            await deliver(outbox, decision.first + got.dead_letters + got.problem_letters(decision.problems))
+            await deliver(outbox, decision.after_commit)

@@ -13,7 +13,7 @@ from typing import Any
 import faust
 
 from agents.intake import RawMessage, intake
-from agents.ports import AgentConfig, Outbox, Output
+from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas import topics
 from schemas.records import (
@@ -51,7 +51,7 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
         async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
             got = intake(raw_messages(events), expect=(Node, NodeDeleted))
             forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
-            await outbox.send(forwarded + got.dead_letters)
+            await deliver(outbox, forwarded + got.dead_letters)
 
     @app.agent(inbox, name="koordstream.owners")
     async def owners(stream: faust.StreamT[Any]) -> None:
@@ -66,4 +66,4 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
                 state = NodeState.from_json(raw) if raw else NodeState(node)
                 owner.apply(state, records, result)
                 table[node] = state.to_json()
-            await outbox.send(result.outputs + got.dead_letters + got.problem_letters(result.problems))
+            await deliver(outbox, result.outputs + got.dead_letters + got.problem_letters(result.problems))

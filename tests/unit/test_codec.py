@@ -1,0 +1,72 @@
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.codec import decode, decode_message, encode, encode_batch
+from schemas.errors import SchemaError
+from schemas.records import RECORD_TYPES, Binding, Claim, Pod, ResourceList
+from tests.builders import make_claim, make_node, make_pod
+
+
+def test_round_trips_every_kind_of_record() -> None:
+    pod = make_pod(labels={"a": "b"}, priority=7)
+    for record in (pod, make_node(), make_claim(),
+                   Binding(uid="u", namespace="ns", name="n", node="n1", attempt=0, decision_key="u")):
+        assert decode(encode(record)) == record
+
+
+def test_batch_message_decodes_each_record_and_reports_bad_ones_by_index() -> None:
+    good = orjson.loads(encode(make_pod("ok")))
+    bad = {**good, "uid": 5}
+    results = decode_message(orjson.dumps([good, bad]))
+    assert isinstance(results[0], Pod)
+    assert isinstance(results[1], SchemaError)
+    assert results[1].field == "[1].uid" and results[1].value == 5
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "value"),
+    [
+        (b"not json", "", "not json"),
+        (b'{"kind": "Pod", "uid": "u", "name": "n", "schema_version": "2.0"}', "schema_version", "2.0"),
+        (b'{"kind": "Pod", "name": "n"}', "uid", None),
+        (b'{"kind": "Pod", "uid": "u", "name": "n", "priority": "high"}', "priority", "high"),
+        (b'{"kind": "Pod", "uid": "u", "name": "n", "requests": {"cpu": "lots"}}', "requests.cpu", "lots"),
+        (b'{"kind": "Pod", "uid": "u", "name": "n", "requests": {"memory": "-1Gi"}}', "requests.memory", "-1Gi"),
+        (b'{"kind": "Spaceship"}', "kind", "Spaceship"),
+    ],
+    ids=["not-json", "major-version", "missing-field", "ill-typed", "unparsable-quantity", "negative", "kind"],
+)
+def test_bad_input_names_field_and_value(raw: bytes, field: str, value: object) -> None:
+    [result] = decode_message(raw)
+    assert isinstance(result, SchemaError)
+    assert result.field == field
+    assert result.value == value
+
+
+def test_unknown_fields_and_minor_versions_are_accepted() -> None:
+    raw = orjson.loads(encode(make_pod()))
+    raw.update({"schema_version": "1.7", "from_the_future": {"x": 1}})
+    assert decode(orjson.dumps(raw)) == make_pod()
+
+
+def test_pod_with_containers_gets_its_effective_request_computed() -> None:
+    raw = {"kind": "Pod", "uid": "u", "name": "n",
+           "containers": [{"name": "a", "requests": {"cpu": "250m"}}, {"name": "b", "requests": {"cpu": "250m"}}],
+           "init_containers": [{"name": "i", "requests": {"cpu": "1"}}]}
+    assert decode(orjson.dumps(raw)).requests == {"cpu": 1000}  # type: ignore[attr-defined]
+
+
+def test_every_record_type_has_a_kind_and_version() -> None:
+    for cls in RECORD_TYPES:
+        assert cls.KIND
+
+
+@given(st.dictionaries(st.sampled_from(["cpu", "memory", "pods", "example.com/foo"]),
+                       st.integers(min_value=0, max_value=2**50)),
+       st.integers(min_value=0, max_value=10**6))
+def test_claims_round_trip_exactly(requests: dict[str, int], attempt: int) -> None:
+    claim = Claim(uid="u", attempt=attempt, node="n", decision_key="u", requests=ResourceList(requests))
+    assert decode(encode(claim)) == claim
+    assert decode_message(encode_batch([claim, claim])) == [claim, claim]

@@ -1,0 +1,81 @@
+import pytest
+
+from schemas.errors import SchemaError
+from schemas.kube import load_manifests, node_from_manifest, pod_from_manifest
+from schemas.records import Node, Pod
+
+POD_YAML = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: shop
+  uid: 0b1c
+  creationTimestamp: "2026-01-02T03:04:05Z"
+  labels: {koordinator.sh/qosClass: LS}
+  annotations: {gang.scheduling.koordinator.sh/name: g1}
+  ownerReferences: [{kind: ReplicaSet, name: web-1, uid: rs1, controller: true}]
+spec:
+  schedulerName: koordstream
+  priority: 9000
+  priorityClassName: koord-prod
+  runtimeClassName: gvisor
+  overhead: {cpu: 100m, memory: 64Mi}
+  nodeSelector: {zone: a}
+  tolerations: [{key: gpu, operator: Exists, effect: NoSchedule}]
+  initContainers:
+  - name: init
+    resources: {requests: {cpu: "2", memory: 1Gi}}
+  - name: sidecar
+    restartPolicy: Always
+    resources: {requests: {cpu: 200m, memory: 128Mi}}
+  containers:
+  - name: app
+    resources: {requests: {cpu: 500m, memory: 256Mi}}
+  - name: limits-only
+    resources: {limits: {cpu: "1", memory: 512Mi}}
+"""
+
+
+def test_pod_manifest_converts_with_kubernetes_effective_request() -> None:
+    [pod] = load_manifests(POD_YAML)
+    assert isinstance(pod, Pod)
+    # apps 1.5 cpu + sidecar 0.2 = 1.7 < init 2 (started before the sidecar) -> 2, + overhead 0.1
+    assert pod.requests["cpu"] == 2100
+    # memory: apps 768Mi + sidecar 128Mi = 896Mi < init 1Gi -> 1Gi, + 64Mi overhead
+    assert pod.requests["memory"] == (1024 + 64) * 2**20
+    assert pod.priority == 9000 and pod.qos_class == "LS" and pod.scheduler_name == "koordstream"
+    assert pod.owner_references[0].controller and pod.tolerations[0].operator == "Exists"
+    assert pod.creation_timestamp == pytest.approx(1767323045.0)
+
+
+def test_sidecar_started_before_init_counts_with_it() -> None:
+    pod = pod_from_manifest({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {
+        "initContainers": [{"name": "s", "restartPolicy": "Always", "resources": {"requests": {"cpu": "1"}}},
+                           {"name": "i", "resources": {"requests": {"cpu": "2"}}}],
+        "containers": [{"name": "a", "resources": {"requests": {"cpu": "100m"}}}]}})
+    assert pod.requests["cpu"] == 3000
+
+
+def test_node_manifest_converts_with_devices() -> None:
+    node = node_from_manifest({"apiVersion": "v1", "kind": "Node",
+                               "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.product": "A100"}},
+                               "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
+                               "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
+                                                          "nvidia.com/gpu": "8", "koordinator.sh/rdma": "8"},
+                                          "conditions": [{"type": "Ready", "status": "True"}]}})
+    assert isinstance(node, Node)
+    assert node.allocatable["cpu"] == 64000 and len(node.gpus) == 8 and node.gpus[0].model == "A100"
+    assert node.rdma[0].vfs == 8 and node.taints[0].key == "gpu"
+
+
+def test_json_list_of_manifests() -> None:
+    text = '{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}]}'
+    assert [r.name for r in load_manifests(text)] == ["a"]  # type: ignore[attr-defined]
+
+
+def test_bad_manifest_names_the_field() -> None:
+    with pytest.raises(SchemaError) as err:
+        load_manifests("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
+                       "  - name: a\n    resources: {requests: {cpu: -2}}\n")
+    assert err.value.field == "spec.containers[0].resources.requests.cpu"

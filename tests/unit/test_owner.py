@@ -1,0 +1,109 @@
+"""The node owner's hold state machine, table-driven."""
+
+import pytest
+
+from agents.state.owner import (
+    COMMITTED,
+    HELD,
+    REASON_NODE_NOT_FOUND,
+    REASON_POD_TERMINATED,
+    RELEASED,
+    TERMINATED,
+    NodeOwner,
+    NodeState,
+    OwnerResult,
+)
+from schemas.records import (
+    Commit,
+    Held,
+    NodeDeleted,
+    NodeStateChange,
+    Nomination,
+    NominationCleared,
+    PodTerminated,
+    Rejected,
+    Release,
+    ResourceList,
+)
+from tests.builders import make_claim, make_node
+
+
+def run(records: list, state: NodeState | None = None) -> tuple[NodeState, OwnerResult]:
+    state = state or NodeState("n1")
+    result = OwnerResult()
+    NodeOwner().apply(state, records, result)
+    return state, result
+
+
+def answers(result: OwnerResult) -> list:
+    return [o.record for o in result.outputs if isinstance(o.record, (Held, Rejected))]
+
+
+NODE = make_node("n1", cpu=1000)
+
+
+@pytest.mark.parametrize(
+    ("records", "expected"),
+    [
+        ([NODE, make_claim("a", cpu=600)], ["Held"]),
+        ([NODE, make_claim("a", cpu=600), make_claim("b", cpu=600)], ["Held", "Rejected"]),
+        ([make_claim("a")], ["Rejected"]),  # node never seen: a normal rejection
+        ([NODE, NodeDeleted("n1"), make_claim("a")], ["Rejected"]),
+        ([NODE, make_claim("a", cpu=600), make_claim("a", cpu=600)], ["Held", "Held"]),  # redelivery
+        ([NODE, make_claim("a", cpu=600), Release("a", 0, "n1", "a"), make_claim("b", cpu=600)], ["Held", "Held"]),
+        ([NODE, Nomination("x", "n1", 100, ResourceList(cpu=600)), make_claim("a", cpu=600)], ["Rejected"]),
+        ([NODE, Nomination("x", "n1", 100, ResourceList(cpu=600)), make_claim("a", cpu=600, priority=100)], ["Rejected"]),
+        ([NODE, Nomination("x", "n1", 100, ResourceList(cpu=600)), make_claim("a", cpu=600, priority=101)], ["Held"]),
+        ([NODE, Nomination("a", "n1", 100, ResourceList(cpu=600)), make_claim("a", cpu=600)], ["Held"]),  # own
+        ([NODE, Nomination("x", "n1", 100, ResourceList(cpu=600)), NominationCleared("x", "n1"),
+          make_claim("a", cpu=600)], ["Held"]),
+        ([NODE, PodTerminated("a", "n1"), make_claim("a")], ["Rejected"]),  # tombstone
+    ],
+    ids=["fits", "second-does-not-fit", "unknown-node", "deleted-node", "redelivered-claim",
+         "released-capacity-reused", "higher-nomination-blocks", "equal-nomination-blocks",
+         "lower-nomination-ignored", "own-nomination", "cleared-nomination", "terminated-pod"],
+)
+def test_claim_outcomes(records: list, expected: list[str]) -> None:
+    _, result = run(records)
+    assert [a.KIND for a in answers(result)] == expected
+
+
+def test_commit_release_and_termination_follow_the_state_machine() -> None:
+    state, _ = run([NODE, make_claim("a", cpu=600)])
+    hid = "a/0/n1"
+    assert state.holds[hid].status == HELD
+    run([Commit("a", 0, "n1", "a")], state)
+    assert state.holds[hid].status == COMMITTED
+    run([Release("a", 0, "n1", "a")], state)  # a Release never undoes a commit
+    assert state.holds[hid].status == COMMITTED
+    _, result = run([PodTerminated("a", "n1")], state)
+    assert state.holds[hid].status == TERMINATED and state.used().get("cpu", 0) == 0
+    change = [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)][0]
+    assert change.holds == {hid: TERMINATED}
+    _, result = run([make_claim("a", cpu=600)], state)  # redelivered: the recorded answer
+    assert [a.KIND for a in answers(result)] == ["Held"] and state.holds[hid].status == TERMINATED
+
+
+def test_commit_of_a_hold_not_held_is_a_problem() -> None:
+    state, _ = run([NODE, make_claim("a", cpu=600), Release("a", 0, "n1", "a")])
+    assert state.holds["a/0/n1"].status == RELEASED
+    _, result = run([Commit("a", 0, "n1", "a"), Commit("zz", 0, "n1", "zz")], state)
+    assert [p.value for p in result.problems] == ["a/0/n1", "zz/0/n1"]
+    assert state.holds["a/0/n1"].status == RELEASED
+
+
+def test_node_delete_terminates_committed_pods_and_keeps_open_holds() -> None:
+    state, _ = run([NODE, make_claim("a", cpu=300), make_claim("b", cpu=300), Commit("a", 0, "n1", "a")])
+    _, result = run([NodeDeleted("n1")], state)
+    terminated = [o for o in result.outputs if isinstance(o.record, PodTerminated)]
+    assert [(o.topic, o.record.uid) for o in terminated] == [("holds", "a")]
+    assert state.holds["b/0/n1"].status == HELD  # its decider decides it
+    _, result = run([make_claim("c", cpu=1)], state)
+    assert answers(result)[0].reason == REASON_NODE_NOT_FOUND
+
+
+def test_state_round_trips_through_json() -> None:
+    state, _ = run([NODE, make_claim("a", cpu=300), PodTerminated("z", "n1"),
+                    Nomination("x", "n1", 5, ResourceList(cpu=1))])
+    assert NodeState.from_json(state.to_json()) == state
+    assert REASON_POD_TERMINATED

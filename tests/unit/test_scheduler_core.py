@@ -1,0 +1,102 @@
+"""The first scheduler: fit, least-allocated, assume / forget, requeue with backoff, parking."""
+
+from agents.scheduler.core import SchedulerCore
+from agents.scheduler.replica import ClusterReplica
+from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from agents.state.resources import ResourceSpace
+from schemas.records import Claim, NodeStateChange, PodDeleted, Requeue, ResourceList, SchedulingFeedback
+from tests.builders import make_node, make_pod
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def changes_for(*nodes) -> list[NodeStateChange]:
+    out = []
+    for node in nodes:
+        result = OwnerResult()
+        NodeOwner().apply(NodeState(node.name), [node], result)
+        out += [o.record for o in result.outputs]
+    return out
+
+
+def make_core(*nodes) -> tuple[SchedulerCore, FakeClock]:
+    clock = FakeClock()
+    space = ResourceSpace()
+    core = SchedulerCore(space, ClusterReplica(space, capacity=2), clock)
+    core.apply_state_changes(changes_for(*nodes))
+    return core, clock
+
+
+def claims(outputs) -> list[Claim]:
+    return [o.record for o in outputs if isinstance(o.record, Claim)]
+
+
+def test_least_allocated_spreads_and_assumptions_count() -> None:
+    core, _ = make_core(make_node("a", cpu=2000), make_node("b", cpu=2000), make_node("c", cpu=4000))
+    for i in range(4):
+        core.add(make_pod(f"p{i}", cpu=1000, memory=0))
+    placed = [c.node for c in claims(core.schedule())]
+    assert placed == ["c", "a", "b", "c"]  # the emptiest node first; ties by node index
+
+
+def test_pod_that_fits_nowhere_gets_feedback_and_returns_on_a_cluster_event() -> None:
+    core, _ = make_core(make_node("a", cpu=1000))
+    core.add(make_pod("big", cpu=3000))
+    [out] = core.schedule()
+    assert isinstance(out.record, SchedulingFeedback)
+    assert out.record.reasons == {"Insufficient cpu": 1} and not out.record.final
+    assert core.schedule() == []
+    core.apply_state_changes(changes_for(make_node("b", cpu=4000)))
+    assert [c.node for c in claims(core.schedule())] == ["b"]
+
+
+def test_unknown_resource_is_final_feedback_not_a_retry_loop() -> None:
+    core, _ = make_core(make_node("a"))
+    out = core.add(make_pod("x").__class__(uid="x", name="x", requests=ResourceList({"example.com/foo": 1})))
+    assert out[0].record.final and "example.com/foo" in out[0].record.message
+    assert core.schedule() == []
+
+
+def test_requeue_forgets_the_assumption_and_backs_off_on_the_clock() -> None:
+    core, clock = make_core(make_node("a", cpu=1000))
+    core.add(make_pod("p", cpu=1000))
+    [claim] = claims(core.schedule())
+    assert core.replica.assumed[0][0] == 1000
+    core.requeue(Requeue(uid="p", attempt=1, decision_key="p"))
+    assert core.replica.assumed[0][0] == 0
+    assert core.schedule() == []  # still backing off
+    clock.now += 1.0
+    [retry] = claims(core.schedule())
+    assert (retry.attempt, retry.node) == (1, "a")
+    core.requeue(Requeue(uid="p", attempt=1, decision_key="p"))  # replayed: ignored
+    assert core.pending == 0
+
+
+def test_state_change_forgets_assumption_and_commit_drops_the_pod() -> None:
+    clock = FakeClock()
+    space = ResourceSpace()
+    core = SchedulerCore(space, ClusterReplica(space), clock)
+    state, owner = NodeState("a"), NodeOwner()
+    result = OwnerResult()
+    owner.apply(state, [make_node("a", cpu=1000)], result)
+    core.apply_state_changes(o.record for o in result.outputs)
+    core.add(make_pod("p", cpu=600))
+    [claim] = claims(core.schedule())
+    result = OwnerResult()
+    owner.apply(state, [claim], result)
+    core.apply_state_changes([o.record for o in result.outputs if isinstance(o.record, NodeStateChange)])
+    assert core.replica.assumptions == {} and core.replica.used[0][0] == 600
+    assert "p" in core.pods
+
+
+def test_deletion_is_forwarded_with_the_first_versions_decision_key() -> None:
+    core, _ = make_core(make_node("a"))
+    core.add(make_pod("p", namespace="ns", annotations={"gang.scheduling.koordinator.sh/name": "g"}))
+    [out] = core.delete(PodDeleted(uid="p"))
+    assert (out.topic, out.key) == ("holds", "ns/g")
