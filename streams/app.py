@@ -25,6 +25,7 @@ from agents.scheduler.replica import ClusterReplica
 from agents.state import agent_ledger, agent_owner
 from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas import topics
+from streams import transport
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
 from streams.outbox import PartitionedOutbox
 from streams.settings import Settings
@@ -36,9 +37,10 @@ def build_app(settings: Settings) -> faust.App:
     k = settings.kafka
     if not k.bootstrap:
         raise ValueError("kafka.bootstrap: the worker needs a broker address (`koordstream up` starts one)")
+    transport.FETCH_MAX_WAIT_MS = k.fetch_max_wait_ms
     app = faust.App(
         k.app_id,
-        broker=f"kafka://{k.bootstrap}",
+        broker=f"{transport.SCHEME}://{k.bootstrap}",
         store="memory://",
         web_enabled=False,
         topic_partitions=k.partitions,

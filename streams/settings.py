@@ -33,6 +33,8 @@ class KafkaSettings:
     """Group rebalance timeout; low, because the embedded broker delays the first join."""
     session_timeout_s: float = 30.0
     """Consumer session timeout; a batch must finish well within it."""
+    fetch_max_wait_ms: int = 20
+    """Longest a consumer fetch waits for data (the embedded broker always waits this long)."""
 
 
 @dataclass(frozen=True)

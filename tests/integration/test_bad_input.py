@@ -1,0 +1,83 @@
+"""Bad input goes to the dead-letter topic with field, value, source and original bytes; the
+agents keep running and process the next valid record."""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+import pytest
+
+from schemas import topics
+from schemas.codec import encode
+from schemas.records import Binding, DeadLetter, Pod, ResourceList
+from tests.integration.harness import Harness
+
+pytestmark = pytest.mark.integration
+
+
+def pod_json(uid: str, **fields: object) -> bytes:
+    raw = orjson.loads(encode(Pod(uid=uid, name=uid, requests=ResourceList(cpu=100))))
+    raw.update(fields)
+    return orjson.dumps(raw)
+
+
+CASES = [
+    ("not-json", lambda u: b"{this is not json " + u.encode(), ""),
+    ("unknown-major", lambda u: pod_json(u, schema_version="9.0"), "schema_version"),
+    ("missing-field", lambda u: orjson.dumps({"kind": "Pod", "name": u}), "uid"),
+    ("ill-typed", lambda u: pod_json(u, priority="urgent"), "priority"),
+    ("unparsable-quantity", lambda u: pod_json(u, requests={"cpu": "two"}), "requests.cpu"),
+    ("negative-quantity", lambda u: pod_json(u, requests={"memory": "-1Gi"}), "requests.memory"),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "field"), CASES, ids=[c[0] for c in CASES])
+async def test_bad_pod_record_is_dead_lettered_and_the_next_one_bound(
+        harness: Harness, run_id: str, case: str, make, field: str) -> None:
+    uid = f"bad-{case}-{run_id}"
+    raw = make(uid)
+    await harness.producer.send_raw(topics.PODS, raw, key=uid.encode(), partition=1)
+    good = Pod(uid=f"good-{case}-{run_id}", name="good", requests=ResourceList(cpu=100))
+    await harness.producer.send_raw(topics.PODS, encode(good), key=good.uid.encode(), partition=1)
+    [letter] = await harness.wait_for(DeadLetter, lambda d: base64.b64decode(d.original) == raw)
+    assert letter.topic == topics.PODS and letter.partition == 1 and letter.offset >= 0
+    assert letter.field == field
+    if field:
+        assert field in letter.error
+    await harness.wait_for(Binding, lambda b: b.uid == good.uid)
+
+
+@pytest.mark.parametrize("topic", [topics.NODES, topics.NODE_INBOX, topics.HOLDS])
+async def test_every_agent_dead_letters_garbage_and_keeps_going(harness: Harness, run_id: str, topic: str) -> None:
+    raw = f"garbage for {topic} {run_id}".encode()
+    await harness.producer.send_raw(topic, raw, partition=0)
+    [letter] = await harness.wait_for(DeadLetter, lambda d: base64.b64decode(d.original) == raw)
+    assert letter.topic == topic and "not JSON" in letter.error
+
+
+async def test_record_of_the_wrong_kind_is_dead_lettered(harness: Harness, run_id: str) -> None:
+    misplaced = Binding(uid=f"misplaced-{run_id}", namespace="ns", name="x", node="n", attempt=0, decision_key="x")
+    await harness.producer.send_raw(topics.PODS, encode(misplaced), partition=2)
+    [letter] = await harness.wait_for(DeadLetter, lambda d: misplaced.uid in base64.b64decode(d.original).decode())
+    assert letter.field == "kind" and letter.value == "Binding"
+
+
+async def test_one_bad_element_of_a_batch_spares_the_rest(harness: Harness, run_id: str) -> None:
+    good = orjson.loads(encode(Pod(uid=f"batch-ok-{run_id}", name="ok", requests=ResourceList(cpu=100))))
+    bad = {**good, "uid": f"batch-bad-{run_id}", "requests": {"cpu": "-5"}}
+    await harness.producer.send_raw(topics.PODS, orjson.dumps([bad, good]), partition=3)
+    [letter] = await harness.wait_for(DeadLetter, lambda d: d.field == "[0].requests.cpu" and run_id in base64.b64decode(d.original).decode())
+    assert letter.value == "-5"
+    await harness.wait_for(Binding, lambda b: b.uid == good["uid"])
+
+
+async def test_commit_of_a_hold_never_held_raises_an_alarm(harness: Harness, run_id: str) -> None:
+    from schemas.records import Commit, Node, NodeStateChange
+
+    node = Node(name=f"alarm-{run_id}", allocatable=ResourceList(cpu=1000))
+    await harness.publish(topics.NODES, [node])
+    await harness.wait_for(NodeStateChange, lambda c: c.node == node.name)
+    await harness.publish(topics.NODE_INBOX, [Commit(uid=f"nobody-{run_id}", attempt=0, node=node.name, decision_key="x")])
+    [letter] = await harness.wait_for(DeadLetter, lambda d: d.value == f"nobody-{run_id}/0/{node.name}")
+    assert letter.field == "hold_id" and "not held" in letter.error and letter.topic == topics.NODE_INBOX
