@@ -72,7 +72,7 @@ async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
         return await _drive(cfg, settings, bootstrap, started)
     finally:
         if worker is not None:
-            stop(worker, deadline_s=10.0)
+            stop(worker, deadline_s=settings.worker.shutdown_deadline_s + 1.0)
         if broker is not None:
             broker.stop()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+from aiokafka.errors import KafkaConnectionError
 
 from schemas.codec import decode_object
 from schemas.errors import SchemaError
@@ -39,12 +40,14 @@ def read_records(path: Path) -> list[Record]:
 
 
 async def publish_file(path: Path, topic: str, settings: Settings, raw: bool = False) -> int:
-    async with RecordProducer(settings.kafka.bootstrap, settings.kafka.partitions) as producer:
-        if raw:
-            lines = [line.encode() for line in path.read_text().splitlines() if line.strip()]
+    """Validate the whole file first (nothing is sent if a line is bad), then publish it."""
+    lines = [line.encode() for line in path.read_text().splitlines() if line.strip()] if raw else []
+    records = [] if raw else read_records(path)
+    try:
+        async with RecordProducer(settings.kafka.bootstrap, settings.kafka.partitions) as producer:
             for line in lines:
                 await producer.send_raw(topic, line)
-            return len(lines)
-        records = read_records(path)
-        await producer.flush(await producer.publish(topic, records))
-        return len(records)
+            await producer.flush(await producer.publish(topic, records))
+    except KafkaConnectionError as exc:
+        raise ValueError(f"cannot reach the broker at {settings.kafka.bootstrap}: {exc}") from exc
+    return len(lines) + len(records)

@@ -45,6 +45,6 @@ def run_up(settings: Settings, config_path: str | None = None) -> int:
         return 0 if stopping.is_set() else (worker.returncode or 1)
     finally:
         if worker is not None:
-            stop(worker, deadline_s=settings.worker.shutdown_deadline_s)
+            stop(worker, deadline_s=settings.worker.shutdown_deadline_s + 1.0)
         if broker is not None:
             broker.stop()

@@ -21,7 +21,7 @@ from streams.settings import Settings
 
 
 class DeadlineWorker(faust.Worker):  # type: ignore[misc]
-    deadline_s: float = 8.0
+    deadline_s: float = 4.0
 
     def _arm_deadline(self) -> None:
         timer = threading.Timer(self.deadline_s, os._exit, args=(0,))

@@ -15,10 +15,10 @@ from typing import Any
 
 import faust
 
+from agents.agent_batches import micro_batches
 from agents.intake import RawMessage, intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
-from agents.state.agent_owner import raw_messages
 from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue
 
 
@@ -69,9 +69,9 @@ class SchedulerService:
 def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig) -> None:
     @app.agent(inputs, name="koordstream.scheduler")
     async def scheduler(stream: faust.StreamT[Any]) -> None:
-        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
-            await service.on_inputs(raw_messages(events))
+        async for messages in micro_batches(stream, config):
+            await service.on_inputs(messages)
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]
     async def scheduling_loop() -> None:
         await service.run()

@@ -77,7 +77,7 @@ class SchedulerCore:
         self._last_flush = clock()
         self._seq = 0
         cpu, mem = space.index.get("cpu"), space.index.get("memory")
-        self._score_columns = [c for c in (cpu, mem) if c is not None]
+        self._score_columns = np.asarray([c for c in (cpu, mem) if c is not None], dtype=np.intp)
 
     # -- inputs -------------------------------------------------------------------------------
 

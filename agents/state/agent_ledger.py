@@ -11,9 +11,9 @@ from typing import Any
 
 import faust
 
+from agents.agent_batches import micro_batches
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, deliver
-from agents.state.agent_owner import raw_messages
 from agents.state.ledger import Decider, Decision, LedgerState
 from schemas.records import Held, PodDeleted, PodTerminated, Record, Rejected
 
@@ -31,8 +31,8 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
 
     @app.agent(holds, name="koordstream.deciders")
     async def deciders(stream: faust.StreamT[Any]) -> None:
-        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
-            got = intake(raw_messages(events), expect=HOLDS_KINDS)
+        async for messages in micro_batches(stream, config):
+            got = intake(messages, expect=HOLDS_KINDS)
             by_key: dict[str, list[Record]] = {}
             for record in got.records:
                 by_key.setdefault(key_of(record), []).append(record)

@@ -7,12 +7,12 @@ input, so a table partition moves with its inbox partition), produce the outputs
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import faust
 
-from agents.intake import RawMessage, intake
+from agents.agent_batches import micro_batches
+from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas import topics
@@ -31,10 +31,6 @@ from schemas.records import (
 INBOX_KINDS = (Claim, Commit, Release, PodTerminated, Node, NodeDeleted, Nomination, NominationCleared)
 
 
-def raw_messages(events: Iterable[Any]) -> list[RawMessage]:
-    return [RawMessage(e.value, e.message.topic, e.message.partition, e.message.offset) for e in events]
-
-
 def node_of(record: Record) -> str:
     if isinstance(record, (Node, NodeDeleted)):
         return record.name
@@ -48,15 +44,15 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
 
     @app.agent(nodes, name="koordstream.nodes")
     async def forward_nodes(stream: faust.StreamT[Any]) -> None:
-        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
-            got = intake(raw_messages(events), expect=(Node, NodeDeleted))
+        async for messages in micro_batches(stream, config):
+            got = intake(messages, expect=(Node, NodeDeleted))
             forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
             await deliver(outbox, forwarded + got.dead_letters)
 
     @app.agent(inbox, name="koordstream.owners")
     async def owners(stream: faust.StreamT[Any]) -> None:
-        async for events in stream.take_events(config.batch_size, within=config.batch_within_s):
-            got = intake(raw_messages(events), expect=INBOX_KINDS)
+        async for messages in micro_batches(stream, config):
+            got = intake(messages, expect=INBOX_KINDS)
             by_node: dict[str, list[Record]] = {}
             for record in got.records:
                 by_node.setdefault(node_of(record), []).append(record)

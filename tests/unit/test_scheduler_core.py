@@ -4,7 +4,14 @@ from agents.scheduler.core import SchedulerCore
 from agents.scheduler.replica import ClusterReplica
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from agents.state.resources import ResourceSpace
-from schemas.records import Claim, NodeStateChange, PodDeleted, Requeue, ResourceList, SchedulingFeedback
+from schemas.records import (
+    Claim,
+    NodeStateChange,
+    PodDeleted,
+    Requeue,
+    ResourceList,
+    SchedulingFeedback,
+)
 from tests.builders import make_node, make_pod
 
 

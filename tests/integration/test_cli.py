@@ -1,0 +1,74 @@
+"""The `koordstream` command against the session's broker: publish (JSON lines and
+Kubernetes manifests), topics, schema export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from schemas import topics
+from schemas.codec import encode
+from schemas.records import Binding, NodeStateChange
+from tests.builders import make_pod
+from tests.integration.harness import Harness
+
+pytestmark = pytest.mark.integration
+
+
+def koordstream(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=60)
+
+
+async def test_publish_manifests_and_jsonl_then_pods_bind(harness: Harness, run_id: str, tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(f"""
+apiVersion: v1
+kind: Node
+metadata: {{name: cli-{run_id}}}
+status: {{allocatable: {{cpu: "8", memory: 32Gi, pods: "110"}}}}
+""")
+    done = koordstream("publish", str(nodes), "--topic", topics.NODES, "--bootstrap", harness.bootstrap)
+    assert done.returncode == 0, done.stderr + done.stdout
+    await harness.wait_for(NodeStateChange, lambda c: c.node == f"cli-{run_id}")
+    pods = tmp_path / "pods.jsonl"
+    manifest = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m", "uid": f"cli-m-{run_id}"},
+                "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "250m"}}}]}}
+    pods.write_text(encode(make_pod(f"cli-r-{run_id}")).decode() + "\n" + json.dumps(manifest) + "\n")
+    done = koordstream("publish", str(pods), "--topic", topics.PODS, "--bootstrap", harness.bootstrap)
+    assert done.returncode == 0, done.stderr + done.stdout
+    await harness.wait_for(Binding, lambda b: b.uid in {f"cli-r-{run_id}", f"cli-m-{run_id}"}, count=2)
+
+
+def test_publish_refuses_a_bad_line_naming_line_field_and_value(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    good = orjson.loads(encode(make_pod("x")))
+    bad.write_text(json.dumps(good) + "\n" + json.dumps({**good, "requests": {"cpu": "-1"}}) + "\n")
+    done = koordstream("publish", str(bad), "--topic", topics.PODS, "--bootstrap", "127.0.0.1:1")
+    assert done.returncode == 1
+    assert "bad.jsonl:2" in done.stdout and "requests.cpu" in done.stdout and "-1" in done.stdout
+
+
+def test_schema_export_writes_a_schema_per_record(tmp_path: Path) -> None:
+    done = koordstream("schema", "export", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    pod = json.loads((tmp_path / "Pod.schema.json").read_text())
+    assert pod["properties"]["kind"] == {"const": "Pod"} and "uid" in pod["required"]
+    assert len(list(tmp_path.glob("*.schema.json"))) >= 20
+
+
+def test_topics_lists_the_catalogue() -> None:
+    done = koordstream("topics")
+    assert done.returncode == 0
+    for name in (topics.NODE_INBOX, topics.HOLDS, topics.STATE_CHANGES, topics.DEAD_LETTER):
+        assert name in done.stdout
+
+
+def test_bad_settings_are_refused_naming_the_field() -> None:
+    done = subprocess.run([sys.executable, "-m", "cli.main", "topics"], capture_output=True, text=True,
+                          env={"KOORDSTREAM_KAFKA_PARTITIONS": "lots", "PATH": ""}, timeout=60)
+    assert done.returncode == 2 and "kafka.partitions" in done.stdout

@@ -1,0 +1,30 @@
+from pathlib import Path
+
+import pytest
+
+from streams.settings import SettingsError, load_settings
+
+
+def test_defaults_file_then_environment(tmp_path: Path) -> None:
+    f = tmp_path / "k.yaml"
+    f.write_text("kafka: {partitions: 8, bootstrap: 'a:1'}\nscheduling: {batch_size: 64}\n")
+    s = load_settings(f, env={"KOORDSTREAM_KAFKA_BOOTSTRAP": "b:2"})
+    assert (s.kafka.partitions, s.kafka.bootstrap, s.scheduling.batch_size) == (8, "b:2", 64)
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ("kafka: {partitionz: 3}\n", {}, "unknown field kafka.partitionz"),
+        ("kafcka: {}\n", {}, "unknown section 'kafcka'"),
+        ("", {"KOORDSTREAM_KAFKA_PARTITIONS": "many"}, "kafka.partitions = 'many'"),
+        ("kafka: {partitions: 0}\n", {}, "kafka.partitions: must be at least 1"),
+        ("worker: {loglevel: loud}\n", {}, "worker.loglevel"),
+    ],
+    ids=["unknown-field", "unknown-section", "bad-env-value", "out-of-range", "bad-choice"],
+)
+def test_bad_settings_name_the_field(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
+    f = tmp_path / "k.yaml"
+    f.write_text(text)
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_settings(f, env=env)
