@@ -70,7 +70,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     cfg = DemoConfig(nodes=args.nodes, pods=args.pods, rate=args.rate, bootstrap=settings.kafka.bootstrap,
-                     seed=args.seed)
+                     workers=args.workers, seed=args.seed)
     console.print(f"koordstream demo: {cfg.nodes} nodes, {cfg.pods} pods at {cfg.rate:g} pods/s "
                   f"({'embedded broker' if not cfg.bootstrap else cfg.bootstrap})")
     summary = asyncio.run(run_demo(cfg, settings))
@@ -166,6 +166,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--pods", type=int, default=10000)
     sp.add_argument("--rate", type=float, default=2000.0, help="pods per second")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--workers", type=int, default=1, help="worker processes (scheduler replicas)")
     sp.add_argument("--json", help="write the summary as JSON to this file")
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")

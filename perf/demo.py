@@ -40,6 +40,7 @@ class DemoConfig:
     pods: int = 10000
     rate: float = 2000.0
     bootstrap: str = ""
+    workers: int = 1
     seed: int = 0
     stall_timeout_s: float = 30.0
     startup_timeout_s: float = 120.0
@@ -62,16 +63,16 @@ async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
         bootstrap = broker.bootstrap
     env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
            "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions)}
-    worker = None
+    workers: list[Any] = []
     try:
         from dataclasses import replace
 
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         await prepare(settings)
-        worker = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+        workers = [spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env) for _ in range(cfg.workers)]
         return await _drive(cfg, settings, bootstrap, started)
     finally:
-        if worker is not None:
+        for worker in workers:
             stop(worker, deadline_s=settings.worker.shutdown_deadline_s + 1.0)
         if broker is not None:
             broker.stop()
@@ -112,6 +113,7 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
                 if delay > 0:
                     await asyncio.sleep(delay)
             await producer.flush(pending)
+            publish_s = time.time() - first_publish
 
         uids = set(published)
         last_progress, seen = time.monotonic(), -1
@@ -157,6 +159,7 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
         "queue_latency_ms": percentiles(latencies),
         "startup_s": round(startup_s, 2),
         "wall_s": round(wall, 2),
+        "publish_s": round(publish_s, 2),
         "overcommitted": result.overcommitted,
     }
 

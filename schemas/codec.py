@@ -21,7 +21,7 @@ import orjson
 
 from schemas.errors import SchemaError
 from schemas.kube import effective_requests
-from schemas.quantity import format_canonical, to_canonical
+from schemas.quantity import MILLI_RESOURCES, format_canonical, to_canonical
 from schemas.records import BY_KIND, SCHEMA_MAJOR, Pod, Record, ResourceList
 
 Decoder = Callable[[Any, str], Any]
@@ -90,7 +90,14 @@ def _resources(value: Any, path: str) -> ResourceList:
     for name, amount in value.items():
         if not isinstance(name, str) or not name:
             raise SchemaError(path, name, "resource names must be non-empty strings")
-        out[name] = to_canonical(name, amount, f"{path}.{name}")
+        # Fast path for the canonical spellings this codec writes ("1500m", "1073741824").
+        if isinstance(amount, str) and amount.isdigit() and len(amount) < 19:
+            out[name] = int(amount) * 1000 if name in MILLI_RESOURCES else int(amount)
+        elif name in MILLI_RESOURCES and isinstance(amount, str) and amount[-1:] == "m" and amount[:-1].isdigit() \
+                and len(amount) < 19:
+            out[name] = int(amount[:-1])
+        else:
+            out[name] = to_canonical(name, amount, f"{path}.{name}")
     return out
 
 

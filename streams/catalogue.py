@@ -9,6 +9,7 @@ and Kafka clients in other languages.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from schemas import topics
 
@@ -77,6 +78,7 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+@lru_cache(maxsize=1 << 17)
 def partition_for(key: str, partitions: int) -> int:
-    """The partition of `key` under Kafka's default partitioner."""
+    """The partition of `key` under Kafka's default partitioner (memoised: keys repeat)."""
     return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % partitions

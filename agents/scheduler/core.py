@@ -190,8 +190,11 @@ class SchedulerCore:
         replica = self.replica
         n = replica.size
         free = replica.free()
-        allocatable = replica.allocatable[:n]
         schedulable = replica.schedulable[:n]
+        cols = self._score_columns
+        # LeastAllocated divides by allocatable; nodes without cpu/memory score 0 on it.
+        alloc = replica.allocatable[:n][:, cols].astype(np.float64)
+        inverse = np.divide(1.0, alloc, out=np.zeros_like(alloc), where=alloc > 0) / max(len(cols), 1)
         outputs: list[Output] = []
         for queued in batch:
             request = queued.request
@@ -201,7 +204,7 @@ class SchedulerCore:
             if not fits.any():
                 outputs.append(self._unschedulable(queued, free, columns, schedulable))
                 continue
-            row = self._best(fits, free, allocatable, request)
+            row = self._best(fits, free, inverse, request)
             node = replica.names[row]
             pod = queued.pod
             free[row] -= request
@@ -216,16 +219,17 @@ class SchedulerCore:
             )))
         return outputs
 
-    def _best(self, fits: np.ndarray, free: np.ndarray, allocatable: np.ndarray, request: Vector) -> int:
-        """LeastAllocated: mean over cpu and memory of (free - request) / allocatable."""
-        candidates = np.flatnonzero(fits)
+    def _best(self, fits: np.ndarray, free: np.ndarray, inverse: np.ndarray, request: Vector) -> int:
+        """LeastAllocated: score = floor(100 x mean over cpu, memory of (free - request) / allocatable).
+
+        Scores are integers as in kube-scheduler, so equal scores tie and the lowest node
+        index wins (argmax returns the first maximum).
+        """
         cols = self._score_columns
-        alloc = allocatable[np.ix_(candidates, cols)].astype(np.float64)
-        left = (free[np.ix_(candidates, cols)] - request[cols]).astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(alloc > 0, left / alloc, 0.0)
-        scores = np.floor(share.mean(axis=1) * 100)
-        return int(candidates[int(np.argmax(scores))])
+        left = (free[:, cols] - request[cols]) * inverse
+        scores = np.floor(left.sum(axis=1) * 100.0)
+        scores[~fits] = -np.inf
+        return int(np.argmax(scores))
 
     def _unschedulable(self, queued: QueuedPod, free: np.ndarray, columns: np.ndarray, schedulable: np.ndarray) -> Output:
         reasons: dict[str, int] = {}

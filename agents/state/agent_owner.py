@@ -41,6 +41,9 @@ def node_of(record: Record) -> str:
 def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
     table = app.Table(config.table_name, default=None, partitions=config.partitions, use_partitioner=True)
     owner = NodeOwner()
+    # Decoded states, valid while the table still holds the very dict we wrote (a restore
+    # from the changelog after a rebalance puts other objects there, and we decode again).
+    decoded: dict[str, tuple[object, NodeState]] = {}
 
     @app.agent(nodes, name="koordstream.nodes")
     async def forward_nodes(stream: faust.StreamT[Any]) -> None:
@@ -59,7 +62,13 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
             result = OwnerResult()
             for node, records in by_node.items():
                 raw = table.get(node)
-                state = NodeState.from_json(raw) if raw else NodeState(node)
+                cached = decoded.get(node)
+                if cached is not None and cached[0] is raw:
+                    state = cached[1]
+                else:
+                    state = NodeState.from_json(raw) if raw else NodeState(node)
                 owner.apply(state, records, result)
-                table[node] = state.to_json()
+                written = state.to_json()
+                table[node] = written
+                decoded[node] = (table.get(node), state)
             await deliver(outbox, result.outputs + got.dead_letters + got.problem_letters(result.problems))

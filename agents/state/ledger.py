@@ -60,7 +60,7 @@ class LedgerState:
     def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key,
-            "pods": {uid: p.__dict__ for uid, p in self.pods.items()},
+            "pods": {uid: dict(p.__dict__) for uid, p in self.pods.items()},
             "decisions": self.decisions,
             "waiting": self.waiting,
         }

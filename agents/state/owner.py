@@ -94,7 +94,7 @@ class NodeState:
             "exists": self.exists,
             "allocatable": self.allocatable,
             "unschedulable": self.unschedulable,
-            "holds": {hid: h.__dict__ for hid, h in self.holds.items()},
+            "holds": {hid: dict(h.__dict__) for hid, h in self.holds.items()},
             "nominations": self.nominations,
             "tombstones": sorted(self.tombstones),
             "seq": self.seq,
