@@ -71,6 +71,7 @@ class SchedulerCore:
         self.park_flush_s = park_flush_s
         self.pods: dict[str, QueuedPod] = {}
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
+        self.bound: set[str] = set()  # uids whose commit the replica has seen
         self._active: list[tuple[int, int, str]] = []
         self._backoff: list[tuple[float, int, str]] = []
         self._parked: set[str] = set()
@@ -83,7 +84,7 @@ class SchedulerCore:
 
     def add(self, pod: Pod) -> list[Output]:
         """A new or updated pod. Returns feedback for pods that can never be placed."""
-        if pod.scheduler_name not in self.scheduler_names or pod.node_name:
+        if pod.scheduler_name not in self.scheduler_names or pod.node_name or pod.uid in self.bound:
             return []
         key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
         queued = self.pods.get(pod.uid)
@@ -105,6 +106,7 @@ class SchedulerCore:
         """Forget the pod and forward the deletion to its decider (by the first version's key)."""
         key = self.decision_keys.get(deleted.uid) or deleted.decision_key or decision_key(
             deleted.namespace, deleted.labels, deleted.annotations, deleted.uid)
+        self.bound.discard(deleted.uid)
         queued = self.pods.pop(deleted.uid, None)
         if queued is not None and queued.state == CLAIMED:
             self.replica.forget(hold_id(deleted.uid, queued.attempt, queued.claimed_node))
@@ -132,6 +134,7 @@ class SchedulerCore:
             for hid, status in change.holds.items():
                 if status == "committed":
                     uid = hid.split("/", 1)[0]
+                    self.bound.add(uid)
                     queued = self.pods.get(uid)
                     if queued is not None and queued.state == CLAIMED:
                         del self.pods[uid]

@@ -6,6 +6,7 @@ from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from agents.state.resources import ResourceSpace
 from schemas.records import (
     Claim,
+    Commit,
     NodeStateChange,
     PodDeleted,
     Requeue,
@@ -100,6 +101,11 @@ def test_state_change_forgets_assumption_and_commit_drops_the_pod() -> None:
     core.apply_state_changes([o.record for o in result.outputs if isinstance(o.record, NodeStateChange)])
     assert core.replica.assumptions == {} and core.replica.used[0][0] == 600
     assert "p" in core.pods
+    result = OwnerResult()
+    owner.apply(state, [Commit(uid="p", attempt=0, node="a", decision_key="p")], result)
+    core.apply_state_changes(o.record for o in result.outputs)
+    assert "p" not in core.pods
+    assert core.add(make_pod("p", cpu=600)) == [] and core.schedule() == []  # an update of a bound pod
 
 
 def test_deletion_is_forwarded_with_the_first_versions_decision_key() -> None:
