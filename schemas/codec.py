@@ -44,12 +44,6 @@ def encode_batch(records: Iterable[Record]) -> bytes:
     return orjson.dumps(list(records), default=_default, option=_OPTS)
 
 
-def to_json(record: Record) -> dict[str, Any]:
-    """The record as plain JSON types (quantities as strings)."""
-    result: dict[str, Any] = orjson.loads(encode(record))
-    return result
-
-
 # --- decoding -----------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from agents.intake import RawMessage
 from agents.ports import AgentConfig
 from agents.scheduler import agent as scheduler_agent
+from agents.scheduler.agent import SchedulerService
 from agents.scheduler.core import SchedulerCore
 from agents.scheduler.replica import ClusterReplica
 from agents.state import agent_ledger, agent_owner
@@ -86,7 +87,7 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService:
     space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in s.resources if r not in DEFAULT_RESOURCES))
     core = SchedulerCore(space, ClusterReplica(space), time.monotonic,
                          backoff_initial_s=s.backoff_initial_s, backoff_max_s=s.backoff_max_s)
-    service = scheduler_agent.SchedulerService(core, outbox, time.monotonic, s.batch_size)
+    service = SchedulerService(core, outbox, time.monotonic, s.batch_size)
     scheduler_agent.register(app, _channel(app, topics.PODS, topics.REQUEUE, partitions=p), service, config())
 
     @app.task
@@ -94,9 +95,6 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService:
         await feed_state_changes(settings.kafka.bootstrap, p, service)
 
     return service
-
-
-SchedulerService = scheduler_agent.SchedulerService
 
 
 async def feed_state_changes(bootstrap: str, partitions: int, service: SchedulerService) -> None:

@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import faust
 
 from agents.agent_batches import micro_batches
 from agents.intake import RawMessage, intake
-from agents.ports import AgentConfig, Outbox, Output, deliver
+from agents.ports import AgentConfig, Clock, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
 from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue
 
 
 class SchedulerService:
-    def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Callable[[], float], batch_size: int) -> None:
+    def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Clock, batch_size: int) -> None:
         self.core = core
         self.outbox = outbox
         self.clock = clock

@@ -12,12 +12,12 @@ move back on a cluster event that could make them fit. Deletions are forwarded t
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from agents.ports import Output
+from agents.ports import Clock, Output
 from agents.scheduler.replica import ClusterReplica
 from agents.state.resources import ResourceSpace, UnknownResource, Vector
 from schemas import topics
@@ -55,7 +55,7 @@ class SchedulerCore:
         self,
         space: ResourceSpace,
         replica: ClusterReplica,
-        clock: Callable[[], float],
+        clock: Clock,
         *,
         scheduler_names: frozenset[str] = SCHEDULER_NAMES,
         backoff_initial_s: float = 0.01,

@@ -48,6 +48,13 @@ class Actor:
     saved_pos: int = 0
     outgoing: list[Output] = field(default_factory=list)  # produced, not yet on the broker
 
+    def take(self) -> Record | None:
+        """The next input record, if any."""
+        if self.pos >= len(self.log):
+            return None
+        self.pos += 1
+        return self.log[self.pos - 1]
+
     def persist_state(self) -> None:
         """The table's changelog caught up; the input offset may still lag behind."""
         self.saved_state = copy.deepcopy(self.state)
@@ -99,10 +106,9 @@ class World:
 
     def step_owner(self, node: str) -> None:
         actor = self.owners[node]
-        if actor.pos >= len(actor.log):
+        record = actor.take()
+        if record is None:
             return
-        record = actor.log[actor.pos]
-        actor.pos += 1
         result = OwnerResult()
         state = actor.state
         assert isinstance(state, NodeState)
@@ -116,10 +122,9 @@ class World:
 
     def step_decider(self, key: str) -> None:
         actor = self.deciders[key]
-        if actor.pos >= len(actor.log):
+        record = actor.take()
+        if record is None:
             return
-        record = actor.log[actor.pos]
-        actor.pos += 1
         decision = Decision()
         state = actor.state
         assert isinstance(state, LedgerState)
