@@ -32,6 +32,7 @@ from streams.outbox import PartitionedOutbox
 from streams.settings import Settings
 
 log = logging.getLogger("koordstream.app")
+CHANGELOG_BUFFER = 10_000
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -58,6 +59,9 @@ def build_app(settings: Settings) -> faust.App:
         stream_wait_empty=False,
         table_cleanup_interval=3600.0,
     )
+    # Table writes queue changelog records in faust's producer buffer, which stalls every
+    # stream once 100 are pending; a micro-batch touches hundreds of keys at once.
+    app.producer.buffer.max_messages = CHANGELOG_BUFFER
     wire(app, settings)
     return app
 
