@@ -9,8 +9,6 @@ forwarder and owners, deciders, scheduler (agent, loop, and the replica feed tha
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from collections.abc import Awaitable
 
@@ -31,7 +29,6 @@ from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
 from streams.outbox import PartitionedOutbox
 from streams.settings import Settings
 
-log = logging.getLogger("koordstream.app")
 CHANGELOG_BUFFER = 10_000
 
 
@@ -96,25 +93,29 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService:
 
     @app.task
     async def replica_feed() -> None:
-        await feed_state_changes(settings.kafka.bootstrap, p, service)
+        await feed_state_changes(settings, service)
 
     return service
 
 
-async def feed_state_changes(bootstrap: str, partitions: int, service: SchedulerService) -> None:
+async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:
     """Read every `state-changes` partition from the start (no group) into the replica."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", group_id=None, fetch_max_wait_ms=20)
+    k = settings.kafka
+    consumer = AIOKafkaConsumer(bootstrap_servers=k.bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", group_id=None, fetch_max_wait_ms=k.fetch_max_wait_ms)
     await consumer.start()
     try:
-        consumer.assign([TopicPartition(topics.STATE_CHANGES, i) for i in range(partitions)])
+        partitions = [TopicPartition(topics.STATE_CHANGES, i) for i in range(k.partitions)]
+        consumer.assign(partitions)
         await consumer.seek_to_beginning()
+        history = await consumer.end_offsets(partitions)
         while True:
+            if history and all([await consumer.position(tp) >= end for tp, end in history.items()]):
+                history = {}
+                service.mark_replica_ready()
             batches = await consumer.getmany(timeout_ms=200, max_records=5000)
             messages = [RawMessage(m.value, m.topic, m.partition, m.offset) for msgs in batches.values() for m in msgs]
             if messages:
                 await service.on_state_changes(messages)
-    except asyncio.CancelledError:
-        raise
     finally:
         await consumer.stop()

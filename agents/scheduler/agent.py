@@ -29,6 +29,12 @@ class SchedulerService:
         self.clock = clock
         self.batch_size = batch_size
         self.wake = asyncio.Event()
+        self.replica_ready = asyncio.Event()  # set once the replica caught up with history
+
+    def mark_replica_ready(self) -> None:
+        """The feed has read `state-changes` up to where it stood at start-up."""
+        self.replica_ready.set()
+        self.wake.set()
 
     async def on_state_changes(self, messages: Iterable[RawMessage]) -> None:
         got = intake(messages, expect=(NodeStateChange,))
@@ -52,7 +58,12 @@ class SchedulerService:
         self.wake.set()
 
     async def run(self) -> None:
-        """The scheduling loop; runs until cancelled."""
+        """The scheduling loop; runs until cancelled.
+
+        It starts placing pods only once the replica has caught up with the state-changes
+        history, so a restarted worker does not place pods on a cluster it has not read yet.
+        """
+        await self.replica_ready.wait()
         while True:
             self.wake.clear()
             outputs = self.core.schedule(self.batch_size)

@@ -133,11 +133,13 @@ class SchedulerCore:
             event |= self.replica.apply(change)
             for hid, status in change.holds.items():
                 if status == "committed":
+                    # Bound, and decisions are final: whatever this scheduler still has queued
+                    # for the pod (a replay of `pods` after a restart, a second claim) is moot.
                     uid = hid.split("/", 1)[0]
                     self.bound.add(uid)
-                    queued = self.pods.get(uid)
+                    queued = self.pods.pop(uid, None)
                     if queued is not None and queued.state == CLAIMED:
-                        del self.pods[uid]
+                        self.replica.forget(hold_id(uid, queued.attempt, queued.claimed_node))
         if event:
             self._unpark()
 

@@ -1,7 +1,7 @@
 """A scheduler's read replica of the whole cluster, in numpy structure-of-arrays form.
 
 Fed by every partition of `state-changes` (no consumer group): per node, allocatable and used
-(committed + held) as the owner last published them. On top, the replica's own assumptions:
+(committed + held) as the owner last published them, applied in arrival order. On top, the replica's own assumptions:
 claims sent but not yet seen in a state change (assume / forget, like kube-scheduler's cache).
 An assumption is forgotten when the owner reports its hold id in any state (held, committed,
 released, rejected) or when the pod comes back on `requeue`.
@@ -57,9 +57,11 @@ class ClusterReplica:
 
     def apply(self, change: NodeStateChange) -> bool:
         """Apply one owner report; True when it may let a waiting pod fit (a cluster event)."""
+        # Reports of one node arrive in the order its owner wrote them (one partition). A
+        # replacement owner may restore a table that lags what its predecessor published and
+        # repeat sequence numbers; its reports are still the truth from then on, so the
+        # replica applies reports in arrival order rather than by `seq`.
         row = self._row(change.node)
-        if change.seq <= self.seq[row]:
-            return False  # an older or replayed report
         self.seq[row] = change.seq
         before = self.allocatable[row].copy()
         was_schedulable = bool(self.schedulable[row])

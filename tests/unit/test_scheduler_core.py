@@ -113,3 +113,23 @@ def test_deletion_is_forwarded_with_the_first_versions_decision_key() -> None:
     core.add(make_pod("p", namespace="ns", annotations={"gang.scheduling.koordinator.sh/name": "g"}))
     [out] = core.delete(PodDeleted(uid="p"))
     assert (out.topic, out.key) == ("holds", "ns/g")
+
+
+def test_reports_apply_in_arrival_order_even_when_a_restarted_owner_repeats_seq() -> None:
+    core, _ = make_core(make_node("a", cpu=1000))
+    core.add(make_pod("p", cpu=600))
+    [claim] = claims(core.schedule())
+    restarted = NodeState("a")  # a table restored behind what was published: seq starts over
+    result = OwnerResult()
+    NodeOwner().apply(restarted, [make_node("a", cpu=1000), claim], result)
+    core.apply_state_changes(o.record for o in result.outputs if isinstance(o.record, NodeStateChange))
+    assert core.replica.assumptions == {}  # forgotten although its seq is not new
+    assert core.replica.used[0][0] == 600
+
+
+def test_commit_seen_drops_a_queued_copy_of_the_pod() -> None:
+    core, _ = make_core(make_node("a", cpu=1000))
+    core.add(make_pod("p", cpu=600))  # e.g. re-read from `pods` after a restart
+    core.apply_state_changes([NodeStateChange(node="a", seq=9, allocatable=ResourceList(cpu=1000),
+                                              used=ResourceList(cpu=600), holds={"p/0/b": "committed"})])
+    assert core.schedule() == [] and "p" not in core.pods

@@ -1,0 +1,60 @@
+"""A worker killed outright is replaced by a new one that recovers the owners' and deciders'
+tables from their changelogs: capacity committed before the crash stays committed, so the
+cluster is not over-committed afterwards, and no pod is bound twice. The replacement also
+re-reads pods whose offsets the first worker had not committed yet; they are already bound,
+and must neither be bound again nor hold capacity the new pods need."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+from perf.checker import Placement, check
+from schemas import topics
+from schemas.records import Binding, Node, NodeStateChange, Pod, ResourceList, SchedulingFeedback
+from streams.broker import EmbeddedBroker
+from streams.process import spawn_tied, stop
+from streams.settings import load_settings
+from streams.worker import prepare
+from tests.integration.harness import PARTITIONS, Harness
+
+pytestmark = pytest.mark.integration
+
+
+async def test_replacement_worker_recovers_committed_capacity() -> None:
+    async with EmbeddedBroker() as broker:
+        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": broker.bootstrap,
+               "KOORDSTREAM_KAFKA_PARTITIONS": str(PARTITIONS)}
+        await prepare(load_settings(env=env))
+        first = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+        second = None
+        try:
+            async with Harness(broker.bootstrap) as h:
+                nodes = [Node(name=f"r{i}", allocatable=ResourceList(cpu=4000, memory=2**34)) for i in range(4)]
+                await h.publish(topics.NODES, nodes)
+                await h.wait_for(NodeStateChange, lambda c: True, count=4, timeout=90)
+                before = [Pod(uid=f"before-{i}", name=f"b{i}", requests=ResourceList(cpu=1000)) for i in range(12)]
+                await h.publish(topics.PODS, before)
+                await h.wait_for(Binding, lambda b: b.uid.startswith("before-"), count=12)
+
+                first.send_signal(signal.SIGKILL)
+                first.wait()
+                second = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+
+                after = [Pod(uid=f"after-{i}", name=f"a{i}", requests=ResourceList(cpu=1000)) for i in range(8)]
+                await h.publish(topics.PODS, after)
+                await h.wait_for(Binding, lambda b: b.uid.startswith("after-"), count=4, timeout=60)
+                await h.wait_for(SchedulingFeedback, lambda f: f.uid.startswith("after-"), count=4, timeout=30)
+
+                bindings = h.seen(Binding)
+                result = check({n.name: n.allocatable for n in nodes}, {p.uid: p.requests for p in before + after},
+                               [Placement(i, b.uid, b.node) for i, b in enumerate(bindings)])
+                assert result.pods_double_bound == 0 and result.nodes_overcommitted == 0, result.overcommitted
+                assert result.pods_bound == 16  # 12 before the crash, and the 4 that still fit
+        finally:
+            for proc in (first, second):
+                if proc is not None:
+                    stop(proc, 5)
