@@ -1,4 +1,4 @@
-"""`koordstream` subcommands: up, worker, broker, demo, publish, topics, schema.
+"""`koordstream` subcommands: up, worker, broker, demo, publish, read, topics, schema.
 
 Only argument parsing and printing live here; every action calls into streams/ or perf/.
 """
@@ -115,6 +115,17 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_read(args: argparse.Namespace) -> int:
+    from streams.reader import run_read
+
+    settings = _settings(args)
+    if not settings.kafka.bootstrap:
+        console.print("[red]read: give --bootstrap HOST:PORT[/red]")
+        return 2
+    run_read(settings, args.topic, args.from_beginning, args.limit, args.idle)
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     from streams.catalogue import catalogue
     from streams.worker import prepare
@@ -175,6 +186,13 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--topic", required=True)
     sp.add_argument("--raw", action="store_true", help="send each line as it is, unvalidated")
     sp.set_defaults(fn=cmd_publish)
+    sp = sub.add_parser("read", help="print a topic's records as JSON lines")
+    common(sp)
+    sp.add_argument("topic")
+    sp.add_argument("--from-beginning", action="store_true")
+    sp.add_argument("--limit", type=int, default=None, help="stop after this many records")
+    sp.add_argument("--idle", type=float, default=5.0, help="stop after this many seconds without a record")
+    sp.set_defaults(fn=cmd_read)
     sp = sub.add_parser("topics", help="show the topic catalogue; --create creates missing topics")
     common(sp)
     sp.add_argument("--create", action="store_true")

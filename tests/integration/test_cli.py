@@ -42,6 +42,10 @@ status: {{allocatable: {{cpu: "8", memory: 32Gi, pods: "110"}}}}
     done = koordstream("publish", str(pods), "--topic", topics.PODS, "--bootstrap", harness.bootstrap)
     assert done.returncode == 0, done.stderr + done.stdout
     await harness.wait_for(Binding, lambda b: b.uid in {f"cli-r-{run_id}", f"cli-m-{run_id}"}, count=2)
+    read = koordstream("read", topics.BINDINGS, "--from-beginning", "--idle", "1", "--bootstrap", harness.bootstrap)
+    assert read.returncode == 0
+    bound = [json.loads(line) for line in read.stdout.splitlines() if f"cli-m-{run_id}" in line]
+    assert len(bound) == 1 and bound[0]["kind"] == "Binding" and bound[0]["node"]
 
 
 def test_publish_refuses_a_bad_line_naming_line_field_and_value(tmp_path: Path) -> None:
