@@ -22,9 +22,9 @@ def test_small_demo_binds_every_pod_and_writes_the_summary(tmp_path: Path) -> No
                            "--rate", "1000", "--json", str(out)], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     summary = json.loads(out.read_text())
-    assert KEYS <= set(summary)
+    assert set(summary) >= KEYS
     assert summary["pods_total"] == summary["pods_bound"] == 500
     assert summary["pods_double_bound"] == summary["nodes_overcommitted"] == summary["pods_unschedulable"] == 0
     assert set(summary["queue_latency_ms"]) == {"p50", "p90", "p99"}
-    assert 0 < summary["wall_s"] and 0 < summary["startup_s"]
+    assert summary["wall_s"] > 0 and summary["startup_s"] > 0
     assert "pods bound to two different nodes" in done.stdout
