@@ -24,3 +24,15 @@ def test_every_module_has_a_docstring() -> None:
             if not ast.get_docstring(ast.parse(path.read_text())):
                 missing.append(str(path.relative_to(ROOT)))
     assert missing == []
+
+
+def test_ruff_clean() -> None:
+    done = subprocess.run([str(Path(sys.executable).parent / "ruff"), "check", "."], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout
+
+
+def test_mypy_clean_on_schemas_and_agents() -> None:
+    done = subprocess.run([sys.executable, "-m", "mypy", "schemas", "agents"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout
