@@ -24,9 +24,12 @@ console = Console()
 
 def _settings(args: argparse.Namespace) -> Settings:
     kafka: dict[str, Any] = {}
+    worker: dict[str, Any] = {}
     if getattr(args, "bootstrap", None):
         kafka["bootstrap"] = args.bootstrap
-    return load_settings(getattr(args, "config", None), kafka=kafka)
+    if getattr(args, "roles", None):
+        worker["roles"] = args.roles
+    return load_settings(getattr(args, "config", None), kafka=kafka, worker=worker)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -70,7 +73,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     cfg = DemoConfig(nodes=args.nodes, pods=args.pods, rate=args.rate, bootstrap=settings.kafka.bootstrap,
-                     workers=args.workers, seed=args.seed)
+                     layout=args.layout, seed=args.seed)
     console.print(f"koordstream demo: {cfg.nodes} nodes, {cfg.pods} pods at {cfg.rate:g} pods/s "
                   f"({'embedded broker' if not cfg.bootstrap else cfg.bootstrap})")
     summary = asyncio.run(run_demo(cfg, settings))
@@ -167,6 +170,7 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_up)
     sp = sub.add_parser("worker", help="the agents only, against --bootstrap")
     common(sp)
+    sp.add_argument("--roles", help="comma-separated: scheduler, state (default: both)")
     sp.set_defaults(fn=cmd_worker)
     sp = sub.add_parser("broker", help="run the embedded Tansu broker in the foreground")
     sp.add_argument("--port", type=int, default=0)
@@ -177,7 +181,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--pods", type=int, default=10000)
     sp.add_argument("--rate", type=float, default=2000.0, help="pods per second")
     sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--workers", type=int, default=1, help="worker processes (scheduler replicas)")
+    sp.add_argument("--layout", choices=("split", "single"), default="split",
+                    help="split: a scheduler process and a state-agents process (default); single: one worker")
     sp.add_argument("--json", help="write the summary as JSON to this file")
     sp.set_defaults(fn=cmd_demo)
     sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")

@@ -42,7 +42,10 @@ def check(
     bindings: Iterable[Placement],
     terminations: Iterable[Placement] = (),
     unschedulable: Iterable[str] = (),
+    counted: Iterable[str] | None = None,
 ) -> CheckResult:
+    """`counted` limits the pod counts (total, bound, unschedulable) to those uids; the
+    consistency checks always cover every binding."""
     bound_to: dict[str, set[str]] = {}
     events: list[tuple[float, int, Placement]] = []
     for b in bindings:
@@ -74,10 +77,11 @@ def check(
             for name, amount in request.items():
                 node_used[name] -= amount
     bound = {uid for uid, nodes in bound_to.items() if nodes}
+    pods = set(requests) if counted is None else set(counted)
     return CheckResult(
-        pods_total=len(requests),
-        pods_bound=len(bound & set(requests)),
-        pods_unschedulable=len(set(unschedulable) - bound),
+        pods_total=len(pods),
+        pods_bound=len(bound & pods),
+        pods_unschedulable=len((set(unschedulable) & pods) - bound),
         pods_double_bound=sum(1 for nodes in bound_to.values() if len(nodes) > 1),
         nodes_overcommitted=len(overcommitted),
         overcommitted=overcommitted,

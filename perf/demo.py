@@ -1,8 +1,10 @@
 """The demo run: embedded broker, agents, 1,000 nodes and 10,000 pods, an independent check.
 
-Flow: start the broker (unless a bootstrap is given), create the topics, start a worker
-process, publish the nodes and wait until the owners reported every one on `state-changes`
-(that ends the start-up phase: broker, topics, group join), then publish pods at a steady rate
+Flow: start the broker (unless a bootstrap is given), create the topics, start the workers
+(by default one process for the scheduler and one for the state agents, so both cores work),
+publish the nodes, wait until the owners reported every one on `state-changes` and a probe
+pod is bound (that ends the start-up phase: broker, topics, every group joined), then publish
+pods at a steady rate
 while a collector reads Bindings and SchedulingFeedback back from the topics. The summary
 comes from `perf.checker`, which recomputes every count from the published inputs and the
 records on the topics. Queueing latency is each pod's publish time to its Binding's broker
@@ -40,7 +42,7 @@ class DemoConfig:
     pods: int = 10000
     rate: float = 2000.0
     bootstrap: str = ""
-    workers: int = 1
+    layout: str = "split"  # split: a scheduler process and a state process; single: one process
     seed: int = 0
     stall_timeout_s: float = 30.0
     startup_timeout_s: float = 120.0
@@ -69,7 +71,10 @@ async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
 
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         await prepare(settings)
-        workers = [spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env) for _ in range(cfg.workers)]
+        worker = [sys.executable, "-m", "cli.main", "worker"]
+        commands = ([worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if cfg.layout == "split"
+                    else [worker])
+        workers = [spawn_tied(cmd, env=env) for cmd in commands]
         return await _drive(cfg, settings, bootstrap, started)
     finally:
         for worker in workers:
@@ -83,6 +88,7 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
     partitions = settings.kafka.partitions
     nodes = make_nodes(cfg.nodes, prefix=f"n{run}")
     pods = make_pods(cfg.pods, prefix=f"p{run}", seed=cfg.seed, now=time.time())
+    [probe] = make_pods(1, prefix=f"probe{run}", seed=cfg.seed)
     collector = Collector(bootstrap, [topics.STATE_CHANGES, topics.BINDINGS, topics.FEEDBACK], partitions)
     await collector.start()
     try:
@@ -94,6 +100,12 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
                 if time.monotonic() > deadline:
                     raise TimeoutError("the agents did not report every node in time: is the worker running?")
                 await asyncio.sleep(0.05)
+            # Start-up ends when the whole pipeline has placed one probe pod (every group joined).
+            await producer.flush(await producer.publish(topics.PODS, [probe]))
+            while not any(r.uid == probe.uid for _, r in collector.of(Binding)):  # type: ignore[attr-defined]
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the probe pod was not bound in time: is the scheduler running?")
+                await asyncio.sleep(0.02)
             startup_s = time.perf_counter() - started
 
             published: dict[str, float] = {}
@@ -138,11 +150,13 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
     first_binding: dict[str, float] = {}
     for ts, b in bindings:
         first_binding[b.uid] = min(ts, first_binding.get(b.uid, ts))  # type: ignore[attr-defined]
+    probe_bindings = [(ts, b) for ts, b in collector.of(Binding) if b.uid == probe.uid]  # type: ignore[attr-defined]
     result = check(
         allocatable={n.name: n.allocatable for n in nodes},
-        requests={p.uid: p.requests for p in pods},
-        bindings=[Placement(ts, b.uid, b.node) for ts, b in bindings],  # type: ignore[attr-defined]
+        requests={p.uid: p.requests for p in [*pods, probe]},
+        bindings=[Placement(ts, b.uid, b.node) for ts, b in bindings + probe_bindings],  # type: ignore[attr-defined]
         unschedulable={f.uid for _, f in feedback},  # type: ignore[attr-defined]
+        counted=uids,
     )
     decision_times = [ts for ts, _ in bindings] + [ts for ts, f in feedback if f.final]  # type: ignore[attr-defined]
     wall = (max(decision_times) - first_publish) if decision_times else 0.0

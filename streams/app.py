@@ -38,7 +38,7 @@ def build_app(settings: Settings) -> faust.App:
         raise ValueError("kafka.bootstrap: the worker needs a broker address (`koordstream up` starts one)")
     transport.FETCH_MAX_WAIT_MS = k.fetch_max_wait_ms
     app = faust.App(
-        k.app_id,
+        group_id(settings),
         broker=f"{transport.SCHEME}://{k.bootstrap}",
         store="memory://",
         web_enabled=False,
@@ -63,12 +63,23 @@ def build_app(settings: Settings) -> faust.App:
     return app
 
 
+def group_id(settings: Settings) -> str:
+    """The consumer group (and faust app id) of a worker.
+
+    Workers that run the `state` role share `kafka.app_id`, which also names the tables'
+    changelogs; scheduler-only workers form their own group, `<app_id>-scheduler`, since they
+    consume other topics and keep no tables.
+    """
+    roles = settings.worker.roles
+    return settings.kafka.app_id if "state" in roles else f"{settings.kafka.app_id}-scheduler"
+
+
 def _channel(app: faust.App, *names: str, partitions: int) -> faust.TopicT:
     return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw",
                      value_serializer="raw", partitions=partitions)
 
 
-def wire(app: faust.App, settings: Settings) -> SchedulerService:
+def wire(app: faust.App, settings: Settings) -> SchedulerService | None:
     p = settings.kafka.partitions
     s = settings.scheduling
 
@@ -81,9 +92,12 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService:
     def config(table: str = "") -> AgentConfig:
         return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table)
 
-    agent_owner.register(app, _channel(app, topics.NODES, partitions=p), _channel(app, topics.NODE_INBOX, partitions=p),
-                         outbox, config(TABLE_NODE_STATE))
-    agent_ledger.register(app, _channel(app, topics.HOLDS, partitions=p), outbox, config(TABLE_POD_LEDGER))
+    if "state" in settings.worker.roles:
+        agent_owner.register(app, _channel(app, topics.NODES, partitions=p),
+                             _channel(app, topics.NODE_INBOX, partitions=p), outbox, config(TABLE_NODE_STATE))
+        agent_ledger.register(app, _channel(app, topics.HOLDS, partitions=p), outbox, config(TABLE_POD_LEDGER))
+    if "scheduler" not in settings.worker.roles:
+        return None
 
     space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in s.resources if r not in DEFAULT_RESOURCES))
     core = SchedulerCore(space, ClusterReplica(space), time.monotonic,

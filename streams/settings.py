@@ -21,6 +21,9 @@ class SettingsError(ValueError):
     pass
 
 
+ROLES = ("scheduler", "state")
+
+
 @dataclass(frozen=True)
 class KafkaSettings:
     bootstrap: str = ""
@@ -55,6 +58,9 @@ class SchedulingSettings:
 
 @dataclass(frozen=True)
 class WorkerSettings:
+    roles: tuple[str, ...] = ("scheduler", "state")
+    """Agents this worker runs: `scheduler` (queue, placement, replica) and/or `state` (node
+    owners and deciders, with their tables). Run them apart to use more cores."""
     loglevel: str = "warn"
     """faust log level: crit, error, warn, info or debug."""
     shutdown_deadline_s: float = 4.0
@@ -76,6 +82,9 @@ class Settings:
             raise SettingsError(f"kafka.partitions: must be at least 1, got {self.kafka.partitions}")
         if self.scheduling.batch_size < 1:
             raise SettingsError(f"scheduling.batch_size: must be at least 1, got {self.scheduling.batch_size}")
+        unknown = set(self.worker.roles) - set(ROLES)
+        if unknown or not self.worker.roles:
+            raise SettingsError(f"worker.roles: choose from {', '.join(ROLES)}, got {list(self.worker.roles)!r}")
         if self.worker.loglevel not in ("crit", "error", "warn", "info", "debug"):
             raise SettingsError(f"worker.loglevel: must be crit, error, warn, info or debug, got {self.worker.loglevel!r}")
         return self

@@ -32,3 +32,8 @@ def test_checker(bindings, terminations, double, over) -> None:
 def test_counts_bound_and_unschedulable() -> None:
     result = check(ALLOC, REQ, [Placement(1, "a", "n1")], unschedulable=["b", "a"])
     assert (result.pods_total, result.pods_bound, result.pods_unschedulable) == (3, 1, 1)
+
+
+def test_counted_limits_the_counts_but_not_the_consistency_check() -> None:
+    result = check(ALLOC, REQ, [Placement(1, "a", "n1"), Placement(2, "b", "n1")], counted=["a"])
+    assert (result.pods_total, result.pods_bound, result.nodes_overcommitted) == (1, 1, 1)

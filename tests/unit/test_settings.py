@@ -28,3 +28,13 @@ def test_bad_settings_name_the_field(tmp_path: Path, text: str, env: dict[str, s
     f.write_text(text)
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_settings(f, env=env)
+
+
+def test_roles_choose_the_consumer_group() -> None:
+    from streams.app import group_id
+
+    assert group_id(load_settings(env={})) == "koordstream"
+    assert group_id(load_settings(env={"KOORDSTREAM_WORKER_ROLES": "scheduler"})) == "koordstream-scheduler"
+    assert group_id(load_settings(env={"KOORDSTREAM_WORKER_ROLES": "state"})) == "koordstream"
+    with pytest.raises(SettingsError, match="worker.roles"):
+        load_settings(env={"KOORDSTREAM_WORKER_ROLES": "scheduler,owner"})
