@@ -70,3 +70,24 @@ def test_claims_round_trip_exactly(requests: dict[str, int], attempt: int) -> No
     claim = Claim(uid="u", attempt=attempt, node="n", decision_key="u", requests=ResourceList(requests))
     assert decode(encode(claim)) == claim
     assert decode_message(encode_batch([claim, claim])) == [claim, claim]
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.binary(max_size=200))
+def test_decoding_arbitrary_bytes_never_raises(data: bytes) -> None:
+    for result in decode_message(data):
+        assert isinstance(result, (SchemaError, *RECORD_TYPES))
+
+
+@given(st.sampled_from(["Pod", "Node", "Claim", "Held", "Binding", "NodeStateChange"]),
+       st.dictionaries(st.sampled_from(["uid", "name", "node", "attempt", "requests", "allocatable", "labels",
+                                        "containers", "priority", "decision_key", "holds", "seq"]), JSON))
+def test_decoding_arbitrary_objects_never_raises(kind: str, fields: dict) -> None:
+    for result in decode_message(orjson.dumps({"kind": kind, **fields})):
+        assert isinstance(result, (SchemaError, *RECORD_TYPES))

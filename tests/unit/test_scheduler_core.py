@@ -133,3 +133,24 @@ def test_commit_seen_drops_a_queued_copy_of_the_pod() -> None:
     core.apply_state_changes([NodeStateChange(node="a", seq=9, allocatable=ResourceList(cpu=1000),
                                               used=ResourceList(cpu=600), holds={"p/0/b": "committed"})])
     assert core.schedule() == [] and "p" not in core.pods
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 8000), min_size=1, max_size=12),
+       st.lists(st.tuples(st.integers(1, 4000), st.integers(0, 3)), min_size=1, max_size=60))
+def test_claims_never_exceed_what_the_replica_has_free(node_cpus: list[int], pods: list[tuple[int, int]]) -> None:
+    core, _ = make_core(*[make_node(f"n{i}", cpu=c) for i, c in enumerate(node_cpus)])
+    for i, (cpu, priority) in enumerate(pods):
+        core.add(make_pod(f"p{i}", cpu=cpu, memory=0, priority=priority))
+    claimed: dict[str, int] = {}
+    for claim in claims(core.schedule(limit=7) + core.schedule(limit=1000)):
+        claimed[claim.node] = claimed.get(claim.node, 0) + claim.requests["cpu"]
+    for i, cpu in enumerate(node_cpus):
+        assert claimed.get(f"n{i}", 0) <= cpu
+    # A pod that got no claim fits on no node given what was claimed.
+    placed = {c for c in core.replica.assumptions}
+    assert len(placed) == sum(1 for q in core.pods.values() if q.state == "claimed")
