@@ -23,15 +23,18 @@ from tests.integration.harness import PARTITIONS, Harness
 
 
 def docker_reachable() -> bool:
+    """A Docker engine answers on DOCKER_HOST (unix or tcp), or on the default socket."""
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if not host.startswith("unix://"):
-        return True
     try:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(1.0)
-            s.connect(host[len("unix://"):])
+        if host.startswith("unix://"):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(1.0)
+                s.connect(host[len("unix://"):])
+        else:
+            address = host.split("://", 1)[-1].rsplit(":", 1)
+            socket.create_connection((address[0], int(address[1]) if len(address) > 1 else 2375), 1.0).close()
         return True
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
