@@ -22,7 +22,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy schemas agents
+	$(BIN)/mypy schemas agents streams perf cli
 	$(BIN)/lint-imports
 
 clean:

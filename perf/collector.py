@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from schemas.codec import decode_message
 from schemas.errors import SchemaError
 from schemas.records import Record
+
+R = TypeVar("R", bound=Record)
 
 
 class Collector:
@@ -47,7 +50,7 @@ class Collector:
         finally:
             await consumer.stop()
 
-    def of(self, kind: type[Record]) -> list[tuple[float, Record]]:
+    def of(self, kind: type[R]) -> list[tuple[float, R]]:
         return [(ts, r) for ts, _, r in self.records if isinstance(r, kind)]
 
     async def stop(self) -> None:

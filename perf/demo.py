@@ -19,7 +19,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from perf.collector import Collector
 from perf.workload import make_nodes, make_pods
 from schemas import topics
 from schemas.records import Binding, NodeStateChange, SchedulingFeedback
-from streams.broker import EmbeddedBroker
+from streams.broker import EmbeddedBroker, wait_ready
 from streams.process import spawn_tied, stop
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -61,14 +61,13 @@ async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
     bootstrap = cfg.bootstrap
     if not bootstrap:
         broker = EmbeddedBroker()
-        await broker.__aenter__()
+        broker.start()
         bootstrap = broker.bootstrap
     env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
            "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions)}
     workers: list[Any] = []
     try:
-        from dataclasses import replace
-
+        await wait_ready(bootstrap)
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         await prepare(settings)
         worker = [sys.executable, "-m", "cli.main", "worker"]
@@ -96,13 +95,13 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
             await producer.flush(await producer.publish(topics.NODES, nodes))
             names = {n.name for n in nodes}
             deadline = time.monotonic() + cfg.startup_timeout_s
-            while {r.node for _, r in collector.of(NodeStateChange)} < names:  # type: ignore[attr-defined]
+            while {r.node for _, r in collector.of(NodeStateChange)} < names:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the agents did not report every node in time: is the worker running?")
                 await asyncio.sleep(0.05)
             # Start-up ends when the whole pipeline has placed one probe pod (every group joined).
             await producer.flush(await producer.publish(topics.PODS, [probe]))
-            while not any(r.uid == probe.uid for _, r in collector.of(Binding)):  # type: ignore[attr-defined]
+            while not any(r.uid == probe.uid for _, r in collector.of(Binding)):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the probe pod was not bound in time: is the scheduler running?")
                 await asyncio.sleep(0.02)
@@ -130,8 +129,8 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
         uids = set(published)
         last_progress, seen = time.monotonic(), -1
         while True:
-            bound = {r.uid for _, r in collector.of(Binding)} & uids  # type: ignore[attr-defined]
-            final = {r.uid for _, r in collector.of(SchedulingFeedback) if r.final} & uids  # type: ignore[attr-defined]
+            bound = {r.uid for _, r in collector.of(Binding)} & uids
+            final = {r.uid for _, r in collector.of(SchedulingFeedback) if r.final} & uids
             decided = len(bound | final)
             if decided == len(uids):
                 break
@@ -145,20 +144,20 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
     finally:
         await collector.stop()
 
-    bindings = [(ts, r) for ts, r in collector.of(Binding) if r.uid in uids]  # type: ignore[attr-defined]
-    feedback = [(ts, r) for ts, r in collector.of(SchedulingFeedback) if r.uid in uids]  # type: ignore[attr-defined]
+    bindings = [(ts, r) for ts, r in collector.of(Binding) if r.uid in uids]
+    feedback = [(ts, r) for ts, r in collector.of(SchedulingFeedback) if r.uid in uids]
     first_binding: dict[str, float] = {}
     for ts, b in bindings:
-        first_binding[b.uid] = min(ts, first_binding.get(b.uid, ts))  # type: ignore[attr-defined]
-    probe_bindings = [(ts, b) for ts, b in collector.of(Binding) if b.uid == probe.uid]  # type: ignore[attr-defined]
+        first_binding[b.uid] = min(ts, first_binding.get(b.uid, ts))
+    probe_bindings = [(ts, b) for ts, b in collector.of(Binding) if b.uid == probe.uid]
     result = check(
         allocatable={n.name: n.allocatable for n in nodes},
         requests={p.uid: p.requests for p in [*pods, probe]},
-        bindings=[Placement(ts, b.uid, b.node) for ts, b in bindings + probe_bindings],  # type: ignore[attr-defined]
-        unschedulable={f.uid for _, f in feedback},  # type: ignore[attr-defined]
+        bindings=[Placement(ts, b.uid, b.node) for ts, b in bindings + probe_bindings],
+        unschedulable={f.uid for _, f in feedback},
         counted=uids,
     )
-    decision_times = [ts for ts, _ in bindings] + [ts for ts, f in feedback if f.final]  # type: ignore[attr-defined]
+    decision_times = [ts for ts, _ in bindings] + [ts for ts, f in feedback if f.final]
     wall = (max(decision_times) - first_publish) if decision_times else 0.0
     latencies = [(first_binding[u] - published[u]) * 1000.0 for u in first_binding]
     return {

@@ -105,7 +105,7 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService | None:
     service = SchedulerService(core, outbox, time.monotonic, s.batch_size)
     scheduler_agent.register(app, _channel(app, topics.PODS, topics.REQUEUE, partitions=p), service, config())
 
-    @app.task
+    @app.task  # type: ignore[untyped-decorator]
     async def replica_feed() -> None:
         await feed_state_changes(settings, service)
 

@@ -32,7 +32,7 @@ def test_ruff_clean() -> None:
     assert done.returncode == 0, done.stdout
 
 
-def test_mypy_clean_on_schemas_and_agents() -> None:
-    done = subprocess.run([sys.executable, "-m", "mypy", "schemas", "agents"], cwd=ROOT,
+def test_mypy_clean() -> None:
+    done = subprocess.run([sys.executable, "-m", "mypy", "schemas", "agents", "streams", "perf", "cli"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout
