@@ -12,6 +12,7 @@ from typing import Any
 import faust
 
 from agents.agent_batches import micro_batches
+from agents.agent_tables import VersionedState
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, deliver
 from agents.state.ledger import Decider, Decision, LedgerState
@@ -26,7 +27,7 @@ def key_of(record: Record) -> str:
 
 
 def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
-    table = app.Table(config.table_name, default=None, partitions=config.partitions, use_partitioner=True)
+    table = VersionedState(app, config.table_name, config.partitions)
     decider = Decider()
 
     @app.agent(holds, name="koordstream.deciders")
@@ -41,7 +42,7 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
                 raw = table.get(key)
                 state = LedgerState.from_json(raw) if raw else LedgerState(key)
                 decider.apply(state, records, decision)
-                table[key] = state.to_json()
+                table.put(key, state.to_json())
             # Commits are acknowledged by the broker before any Binding is sent.
             await deliver(outbox, decision.first + got.dead_letters + got.problem_letters(decision.problems))
             await deliver(outbox, decision.after_commit)

@@ -12,6 +12,7 @@ from typing import Any
 import faust
 
 from agents.agent_batches import micro_batches
+from agents.agent_tables import VersionedState
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
@@ -39,9 +40,9 @@ def node_of(record: Record) -> str:
 
 
 def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
-    table = app.Table(config.table_name, default=None, partitions=config.partitions, use_partitioner=True)
+    table = VersionedState(app, config.table_name, config.partitions)
     owner = NodeOwner()
-    # Decoded states, valid while the table still holds the very dict we wrote (a restore
+    # Decoded states, valid while the table still holds the very value we wrote (a restore
     # from the changelog after a rebalance puts other objects there, and we decode again).
     decoded: dict[str, tuple[object, NodeState]] = {}
 
@@ -61,14 +62,13 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
                 by_node.setdefault(node_of(record), []).append(record)
             result = OwnerResult()
             for node, records in by_node.items():
-                raw = table.get(node)
                 cached = decoded.get(node)
-                if cached is not None and cached[0] is raw:
+                if cached is not None and cached[0] is table.raw(node):
                     state = cached[1]
                 else:
+                    raw = table.get(node)
                     state = NodeState.from_json(raw) if raw else NodeState(node)
                 owner.apply(state, records, result)
-                written = state.to_json()
-                table[node] = written
-                decoded[node] = (table.get(node), state)
+                table.put(node, state.to_json())
+                decoded[node] = (table.raw(node), state)
             await deliver(outbox, result.outputs + got.dead_letters + got.problem_letters(result.problems))

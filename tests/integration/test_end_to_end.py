@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from perf.checker import Placement, check
 from perf.workload import make_nodes, make_pods
@@ -21,7 +22,9 @@ from schemas.records import (
     ResourceList,
     SchedulingFeedback,
 )
-from tests.integration.harness import Harness
+from streams.catalogue import TABLE_NODE_STATE, partition_for
+from streams.settings import load_settings
+from tests.integration.harness import PARTITIONS, Harness
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +42,26 @@ async def test_every_pod_bound_once_and_no_node_overcommitted(harness: Harness, 
     result = check(harness.allocatable(), {p.uid: p.requests for p in pods},
                    [Placement(i, b.uid, b.node) for i, b in enumerate(bindings)])
     assert result.pods_bound == 300 and result.consistent, result.overcommitted
+
+
+async def test_table_changelogs_are_co_partitioned_with_their_inputs(harness: Harness, run_id: str) -> None:
+    """A node's changelog record sits in the partition number of its node-inbox records, so
+    the two move together on a rebalance (DESIGN.md, safety rule 3)."""
+    node = Node(name=f"copart-{run_id}", allocatable=ResourceList(cpu=1000))
+    await harness.publish(topics.NODES, [node])
+    await harness.wait_for(NodeStateChange, lambda c: c.node == node.name)
+    changelog = f"{load_settings(env={}).kafka.app_id}-{TABLE_NODE_STATE}-changelog"
+    consumer = AIOKafkaConsumer(bootstrap_servers=harness.bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(changelog, p) for p in range(PARTITIONS)])
+        await consumer.seek_to_beginning()
+        batches = await consumer.getmany(timeout_ms=2000, max_records=100000)
+    finally:
+        await consumer.stop()
+    mine = [m.partition for msgs in batches.values() for m in msgs if m.key == node.name.encode()]
+    assert mine, "the owner wrote no changelog record for the node"
+    assert set(mine) == {partition_for(node.name, PARTITIONS)}
 
 
 async def test_pods_beyond_capacity_get_feedback_and_fit_once_room_appears(harness: Harness, run_id: str) -> None:

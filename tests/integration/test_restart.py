@@ -2,20 +2,24 @@
 tables from their changelogs: capacity committed before the crash stays committed, so the
 cluster is not over-committed afterwards, and no pod is bound twice. The replacement also
 re-reads pods whose offsets the first worker had not committed yet; they are already bound,
-and must neither be bound again nor hold capacity the new pods need."""
+and must neither be bound again nor hold capacity the new pods need. A zombie's late write to
+the changelog (an older generation) must not win the restore."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
 
+import orjson
 import pytest
 
 from perf.checker import Placement, check
 from schemas import topics
 from schemas.records import Binding, Node, NodeStateChange, Pod, ResourceList, SchedulingFeedback
 from streams.broker import EmbeddedBroker
+from streams.catalogue import TABLE_NODE_STATE, partition_for
 from streams.process import spawn_tied, stop
 from streams.settings import load_settings
 from streams.worker import prepare
@@ -40,6 +44,15 @@ async def test_replacement_worker_recovers_committed_capacity() -> None:
                 await h.publish(topics.PODS, before)
                 await h.wait_for(Binding, lambda b: b.uid.startswith("before-"), count=12)
 
+                # A zombie's late write: an older generation, a high sequence number, and a state
+                # in which r0 does not exist. The replacement's restore must drop it. (First let
+                # the worker's own buffered changelog writes reach the broker.)
+                await asyncio.sleep(2.0)
+                stale = {"gen": -1, "seq": 10**6, "state": {
+                    "name": "r0", "exists": False, "allocatable": {}, "unschedulable": False, "holds": {},
+                    "nominations": {}, "tombstones": [], "seq": 10**6}}
+                await h.producer.send_raw(f"koordstream-{TABLE_NODE_STATE}-changelog", orjson.dumps(stale),
+                                          key=b"r0", partition=partition_for("r0", PARTITIONS))
                 first.send_signal(signal.SIGKILL)
                 first.wait()
                 second = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
