@@ -1,11 +1,14 @@
 """Versioned faust tables, so that a restore cannot resurrect a zombie's stale state.
 
-Every value the agents write is wrapped as `{"gen": G, "seq": S, "state": ...}`: G is the
-consumer-group generation under which the writer owned the partition, S counts the writes of
-the key. A worker that lost its partitions but still finished a batch (a zombie) writes an
-older generation; restoring from the changelog keeps, per key, the value with the highest
-(G, S), so such a late write is dropped instead of replacing newer state (DESIGN.md, safety
-rule 4, for restorers). `newest_first` is the pure rule; `VersionedTable` applies it.
+Every value the agents write is wrapped as `{"epoch": E, "seq": S, "state": ...}`. E is the
+writer's epoch for the key's partition: the larger of its consumer-group generation and one
+more than the highest epoch it restored for that partition, so epochs grow with every new
+owner even if the group's generations start over. S counts the writes of the key. A worker
+that lost its partitions but still finished a batch (a zombie) writes an older epoch, and a
+restore keeps, per key, the value with the highest (E, S), so such a late write is dropped
+instead of replacing newer state (DESIGN.md, safety rule 4, for restorers). The same epoch
+stamps the agents' outputs, so readers can drop a zombie's records too (`EpochFence`).
+`supersedes` is the pure rule; `VersionedTable` applies it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from typing import Any
 import faust
 from faust.tables.table import Table
 
+from agents.intake import RawMessage
+from agents.ports import Origin
+
 log = logging.getLogger("koordstream.tables")
 
 
@@ -24,11 +30,16 @@ def supersedes(incoming: Mapping[str, Any] | None, current: Mapping[str, Any] | 
     """True when `incoming` may replace `current` (deletes and first writes always may)."""
     if incoming is None or current is None:
         return True
-    return (incoming["gen"], incoming["seq"]) >= (current["gen"], current["seq"])
+    return (incoming["epoch"], incoming["seq"]) >= (current["epoch"], current["seq"])
 
 
 class VersionedTable(Table[bytes, Any]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.restored_epochs: dict[int, int] = {}  # partition -> the highest epoch a restore applied
+        super().__init__(*args, **kwargs)
+
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        restored = self.restored_epochs
         newest: dict[Any, Any] = {}
         kept = []
         for event in batch:
@@ -37,9 +48,12 @@ class VersionedTable(Table[bytes, Any]):
             if supersedes(value, current):
                 newest[key] = value
                 kept.append(event)
+                if value is not None:
+                    partition = event.message.partition
+                    restored[partition] = max(restored.get(partition, -1), value["epoch"])
             else:
-                log.warning("restore of %s dropped a stale write of %r (%s < %s)", self.name, key,
-                            (value["gen"], value["seq"]), (current and (current["gen"], current["seq"])))
+                log.warning("restore of %s dropped a stale write of %r (epoch %s, seq %s)", self.name, key,
+                            value["epoch"], value["seq"])  # type: ignore[index]
         super().apply_changelog_batch(kept)
 
 
@@ -62,7 +76,16 @@ class VersionedState:
         wrapped = self.raw(key)
         return None if wrapped is None else wrapped["state"]  # type: ignore[no-any-return]
 
-    def put(self, key: str, state: dict[str, Any]) -> None:
+    def epoch(self, partition: int) -> int:
+        """This worker's epoch for `partition` (see module docstring)."""
+        restored = self.table.restored_epochs.get(partition, -1)
+        return max(int(self.app.consumer_generation_id), restored + 1)
+
+    def origin(self, message: RawMessage) -> Origin:
+        """The origin stamped on what is decided from `message`: its partition and our epoch."""
+        return Origin(f"{message.topic}/{message.partition}", self.epoch(message.partition))
+
+    def put(self, key: str, state: dict[str, Any], partition: int) -> None:
         previous = self.raw(key)
-        self.table[key.encode()] = {"gen": self.app.consumer_generation_id, "seq": previous["seq"] + 1 if previous else 1,
-                           "state": state}
+        self.table[key.encode()] = {"epoch": self.epoch(partition), "seq": previous["seq"] + 1 if previous else 1,
+                                    "state": state}

@@ -3,17 +3,18 @@
 A message that does not decode (not JSON, unknown major version, a missing or ill-typed field,
 a bad quantity), or a record that breaks the protocol, becomes a `DeadLetter` envelope with the
 error, the field, the value, the source topic, partition and offset, and the original bytes.
-The rest of the batch goes on.
+The rest of the batch goes on. Messages a zombie produced (an older epoch of an origin
+than one already seen) are dropped by a `EpochFence`.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from agents.ports import Output, Problem
+from agents.ports import Origin, Output, Problem
 from schemas import topics
 from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
@@ -22,12 +23,59 @@ from schemas.records import DeadLetter, Record
 log = logging.getLogger("koordstream.deadletter")
 
 
+ORIGIN_HEADER = "koordstream-origin"
+EPOCH_HEADER = "koordstream-epoch"
+
+
 @dataclass(frozen=True, slots=True)
 class RawMessage:
     value: bytes | None
     topic: str
     partition: int
     offset: int
+    origin: Origin | None = None  # the producer's, from the headers
+
+
+def origin_headers(origin: Origin) -> list[tuple[str, bytes]]:
+    return [(ORIGIN_HEADER, origin.source.encode()), (EPOCH_HEADER, str(origin.epoch).encode())]
+
+
+def origin_from_headers(headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None) -> Origin | None:
+    """The producer's origin, or None for a message without (or with malformed) headers."""
+    if not headers:
+        return None
+    found = dict(headers.items() if isinstance(headers, Mapping) else headers)
+    source, epoch = found.get(ORIGIN_HEADER), found.get(EPOCH_HEADER)
+    try:
+        return Origin(source.decode(), int(epoch)) if source and epoch else None
+    except ValueError:
+        return None
+
+
+class EpochFence:
+    """Drops records that a zombie produced (DESIGN.md, safety rule 4).
+
+    Per origin (an input partition of some deciding agent), the newest epoch seen so far (see
+    `agents.agent_tables`); a record from an older epoch of the same origin was produced by a
+    worker that had already lost that partition, and the new owner re-sends whatever it
+    should have sent.
+    """
+
+    def __init__(self) -> None:
+        self.newest: dict[str, int] = {}
+        self.dropped = 0
+
+    def admit(self, origin: Origin | None) -> bool:
+        if origin is None:
+            return True
+        newest = self.newest.get(origin.source)
+        if newest is not None and origin.epoch < newest:
+            self.dropped += 1
+            log.warning("dropped a record of %s epoch %s (newest %s): a zombie's", origin.source,
+                        origin.epoch, newest)
+            return False
+        self.newest[origin.source] = origin.epoch
+        return True
 
 
 @dataclass
@@ -55,10 +103,14 @@ def _letter(error: str, field: str, value: object, topic: str, partition: int, o
     ))
 
 
-def intake(messages: Iterable[RawMessage], expect: tuple[type[Record], ...] | None = None) -> Intake:
-    """Decode messages; records of a kind outside `expect` are dead letters too."""
+def intake(messages: Iterable[RawMessage], expect: tuple[type[Record], ...] | None = None,
+           fence: EpochFence | None = None) -> Intake:
+    """Decode messages; records of a kind outside `expect` are dead letters too; messages the
+    fence does not admit are dropped."""
     out = Intake([], {}, [])
     for msg in messages:
+        if fence is not None and not fence.admit(msg.origin):
+            continue
         for result in decode_message(msg.value):
             if isinstance(result, SchemaError):
                 out.dead_letters.append(_letter(str(result), result.field, result.value, msg.topic,

@@ -2,16 +2,25 @@
 
 The cores never produce; they return `Output`s (topic, key, record) and `Problem`s (inputs that
 break a protocol rule, for the dead-letter topic). `streams` routes them by the catalogue's
-partitioner rule.
+partitioner rule and writes each output's `Origin` into the message headers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from schemas.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a decision came from: its input partition ("node-inbox/3") and the deciding agent's
+    epoch for that partition (see `agents.agent_tables`; DESIGN.md, safety rule 4)."""
+
+    source: str
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +28,12 @@ class Output:
     topic: str
     key: str
     record: Record
+    origin: Origin | None = None  # set on the outputs of owners and deciders
+
+
+def stamp(outputs: list[Output], start: int, origin: Origin) -> None:
+    """Stamp the outputs from index `start` on with the origin they were decided from."""
+    outputs[start:] = [replace(o, origin=origin) for o in outputs[start:]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.intake import RawMessage
+from agents.intake import RawMessage, origin_from_headers
 from agents.ports import AgentConfig
 from agents.scheduler import agent as scheduler_agent
 from agents.scheduler.agent import SchedulerService
@@ -83,8 +83,9 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService | None:
     p = settings.kafka.partitions
     s = settings.scheduling
 
-    async def send(topic: str, key: bytes | None, value: bytes, partition: int) -> Awaitable[object]:
-        fut: Awaitable[object] = await app.producer.send(topic, key, value, partition, None, None)
+    async def send(topic: str, key: bytes | None, value: bytes, partition: int,
+                   headers: list[tuple[str, bytes]] | None) -> Awaitable[object]:
+        fut: Awaitable[object] = await app.producer.send(topic, key, value, partition, None, headers)
         return fut
 
     outbox = PartitionedOutbox(send, p)
@@ -128,7 +129,8 @@ async def feed_state_changes(settings: Settings, service: SchedulerService) -> N
                 history = {}
                 service.mark_replica_ready()
             batches = await consumer.getmany(timeout_ms=200, max_records=5000)
-            messages = [RawMessage(m.value, m.topic, m.partition, m.offset) for msgs in batches.values() for m in msgs]
+            messages = [RawMessage(m.value, m.topic, m.partition, m.offset, origin=origin_from_headers(m.headers))
+                        for msgs in batches.values() for m in msgs]
             if messages:
                 await service.on_state_changes(messages)
     finally:

@@ -52,17 +52,19 @@ class RecordProducer:
                                           max_request_size=4 * 1024 * 1024)
         self.outbox = PartitionedOutbox(self._send, partitions)
 
-    async def _send(self, topic: str, key: bytes | None, value: bytes, partition: int) -> Awaitable[object]:
-        fut: Awaitable[object] = await self._producer.send(topic, value, key=key, partition=partition)
+    async def _send(self, topic: str, key: bytes | None, value: bytes, partition: int,
+                    headers: list[tuple[str, bytes]] | None) -> Awaitable[object]:
+        fut: Awaitable[object] = await self._producer.send(topic, value, key=key, partition=partition, headers=headers)
         return fut
 
     async def publish(self, topic: str, records: Iterable[Record]) -> list[Awaitable[object]]:
         """Send records to `topic` (not waiting for acknowledgement; see `flush`)."""
         return await self.outbox.send([Output(topic, key_of(topic, r), r) for r in records])
 
-    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None, partition: int = 0) -> None:
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None, partition: int = 0,
+                       headers: list[tuple[str, bytes]] | None = None) -> None:
         """Send bytes as they are (tests of bad input, tools)."""
-        await (await self._producer.send(topic, value, key=key, partition=partition))
+        await (await self._producer.send(topic, value, key=key, partition=partition, headers=headers))
 
     async def flush(self, futures: Sequence[Awaitable[object]] = ()) -> None:
         await self._producer.flush()

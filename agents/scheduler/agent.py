@@ -16,7 +16,7 @@ from typing import Any
 import faust
 
 from agents.agent_batches import micro_batches
-from agents.intake import RawMessage, intake
+from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import AgentConfig, Clock, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
 from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue
@@ -30,6 +30,7 @@ class SchedulerService:
         self.batch_size = batch_size
         self.wake = asyncio.Event()
         self.replica_ready = asyncio.Event()  # set once the replica caught up with history
+        self.fence = EpochFence()  # drops state changes a zombie owner published
 
     def mark_replica_ready(self) -> None:
         """The feed has read `state-changes` up to where it stood at start-up."""
@@ -37,7 +38,7 @@ class SchedulerService:
         self.wake.set()
 
     async def on_state_changes(self, messages: Iterable[RawMessage]) -> None:
-        got = intake(messages, expect=(NodeStateChange,))
+        got = intake(messages, expect=(NodeStateChange,), fence=self.fence)
         self.core.apply_state_changes(r for r in got.records if isinstance(r, NodeStateChange))
         if got.dead_letters:
             await deliver(self.outbox, got.dead_letters)

@@ -13,8 +13,8 @@ import faust
 
 from agents.agent_batches import micro_batches
 from agents.agent_tables import VersionedState
-from agents.intake import intake
-from agents.ports import AgentConfig, Outbox, deliver
+from agents.intake import EpochFence, intake
+from agents.ports import AgentConfig, Outbox, deliver, stamp
 from agents.state.ledger import Decider, Decision, LedgerState
 from schemas.records import Held, PodDeleted, PodTerminated, Record, Rejected
 
@@ -29,11 +29,12 @@ def key_of(record: Record) -> str:
 def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
     table = VersionedState(app, config.table_name, config.partitions)
     decider = Decider()
+    fence = EpochFence()
 
     @app.agent(holds, name="koordstream.deciders")
     async def deciders(stream: faust.StreamT[Any]) -> None:
         async for messages in micro_batches(stream, config):
-            got = intake(messages, expect=HOLDS_KINDS)
+            got = intake(messages, expect=HOLDS_KINDS, fence=fence)
             by_key: dict[str, list[Record]] = {}
             for record in got.records:
                 by_key.setdefault(key_of(record), []).append(record)
@@ -41,8 +42,13 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
             for key, records in by_key.items():
                 raw = table.get(key)
                 state = LedgerState.from_json(raw) if raw else LedgerState(key)
+                first, after = len(decision.first), len(decision.after_commit)
                 decider.apply(state, records, decision)
-                table.put(key, state.to_json())
+                source = got.sources[id(records[0])]
+                table.put(key, state.to_json(), source.partition)
+                origin = table.origin(source)
+                stamp(decision.first, first, origin)
+                stamp(decision.after_commit, after, origin)
             # Commits are acknowledged by the broker before any Binding is sent.
             await deliver(outbox, decision.first + got.dead_letters + got.problem_letters(decision.problems))
             await deliver(outbox, decision.after_commit)

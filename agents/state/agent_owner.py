@@ -1,8 +1,9 @@
 """faust agents of the node owners: `nodes` forwarded into `node-inbox`, and the owners.
 
-Thin by design: decode a micro-batch (bad input to the dead-letter topic), group it by node,
-apply `NodeOwner` to each node's table entry (changelog-backed, keyed by node name like its
-input, so a table partition moves with its inbox partition), produce the outputs.
+Thin by design: decode a micro-batch (bad input to the dead-letter topic, a zombie's records
+dropped), group it by node, apply `NodeOwner` to each node's table entry (changelog-backed,
+keyed by node name like its input, so a table partition moves with its inbox partition), and
+produce the outputs stamped with their origin (inbox partition, group generation).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import faust
 
 from agents.agent_batches import micro_batches
 from agents.agent_tables import VersionedState
-from agents.intake import intake
-from agents.ports import AgentConfig, Outbox, Output, deliver
+from agents.intake import EpochFence, intake
+from agents.ports import AgentConfig, Outbox, Output, deliver, stamp
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas import topics
 from schemas.records import (
@@ -45,6 +46,7 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
     # Decoded states, valid while the table still holds the very value we wrote (a restore
     # from the changelog after a rebalance puts other objects there, and we decode again).
     decoded: dict[str, tuple[object, NodeState]] = {}
+    fence = EpochFence()
 
     @app.agent(nodes, name="koordstream.nodes")
     async def forward_nodes(stream: faust.StreamT[Any]) -> None:
@@ -56,12 +58,13 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
     @app.agent(inbox, name="koordstream.owners")
     async def owners(stream: faust.StreamT[Any]) -> None:
         async for messages in micro_batches(stream, config):
-            got = intake(messages, expect=INBOX_KINDS)
+            got = intake(messages, expect=INBOX_KINDS, fence=fence)
             by_node: dict[str, list[Record]] = {}
             for record in got.records:
                 by_node.setdefault(node_of(record), []).append(record)
             result = OwnerResult()
             for node, records in by_node.items():
+                first_output = len(result.outputs)
                 cached = decoded.get(node)
                 if cached is not None and cached[0] is table.raw(node):
                     state = cached[1]
@@ -69,6 +72,8 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
                     raw = table.get(node)
                     state = NodeState.from_json(raw) if raw else NodeState(node)
                 owner.apply(state, records, result)
-                table.put(node, state.to_json())
+                source = got.sources[id(records[0])]
+                table.put(node, state.to_json(), source.partition)
                 decoded[node] = (table.raw(node), state)
+                stamp(result.outputs, first_output, table.origin(source))
             await deliver(outbox, result.outputs + got.dead_letters + got.problem_letters(result.problems))

@@ -81,3 +81,24 @@ async def test_commit_of_a_hold_never_held_raises_an_alarm(harness: Harness, run
     await harness.publish(topics.NODE_INBOX, [Commit(uid=f"nobody-{run_id}", attempt=0, node=node.name, decision_key="x")])
     [letter] = await harness.wait_for(DeadLetter, lambda d: d.value == f"nobody-{run_id}/0/{node.name}")
     assert letter.field == "hold_id" and "not held" in letter.error and letter.topic == topics.NODE_INBOX
+
+
+async def test_deciders_drop_a_zombies_records(harness: Harness, run_id: str) -> None:
+    """Held records stamped with an older epoch of an origin already seen are a zombie's:
+    the decider ignores them (DESIGN.md, safety rule 4)."""
+    from agents.intake import origin_headers
+    from agents.ports import Origin
+    from schemas.records import Held
+
+    origin = f"test-origin-{run_id}/0"
+
+    async def held(uid: str, epoch: int) -> None:
+        record = Held(uid=uid, attempt=0, node=f"fence-{run_id}", decision_key=uid, name=uid)
+        await harness.producer.send_raw(topics.HOLDS, encode(record), partition=0,
+                                        headers=origin_headers(Origin(origin, epoch)))
+
+    await held(f"fresh-{run_id}", 100)
+    await held(f"zombie-{run_id}", 99)
+    await held(f"later-{run_id}", 100)
+    await harness.wait_for(Binding, lambda b: b.uid in {f"fresh-{run_id}", f"later-{run_id}"}, count=2)
+    assert not harness.seen(Binding, lambda b: b.uid == f"zombie-{run_id}")

@@ -44,11 +44,11 @@ async def test_replacement_worker_recovers_committed_capacity() -> None:
                 await h.publish(topics.PODS, before)
                 await h.wait_for(Binding, lambda b: b.uid.startswith("before-"), count=12)
 
-                # A zombie's late write: an older generation, a high sequence number, and a state
+                # A zombie's late write: an older epoch, a high sequence number, and a state
                 # in which r0 does not exist. The replacement's restore must drop it. (First let
                 # the worker's own buffered changelog writes reach the broker.)
                 await asyncio.sleep(2.0)
-                stale = {"gen": -1, "seq": 10**6, "state": {
+                stale = {"epoch": -1, "seq": 10**6, "state": {
                     "name": "r0", "exists": False, "allocatable": {}, "unschedulable": False, "holds": {},
                     "nominations": {}, "tombstones": [], "seq": 10**6}}
                 await h.producer.send_raw(f"koordstream-{TABLE_NODE_STATE}-changelog", orjson.dumps(stale),

@@ -27,11 +27,3 @@ def test_co_partitioned_topics_share_partition_counts() -> None:
     assert cat[topics.NODES].compacted
     assert 0 <= partition_for("node-1", 6) < 6
 
-
-def test_a_write_of_an_older_generation_never_supersedes() -> None:
-    from agents.agent_tables import supersedes
-
-    assert supersedes({"gen": 3, "seq": 1}, {"gen": 2, "seq": 99})
-    assert supersedes({"gen": 2, "seq": 100}, {"gen": 2, "seq": 99})
-    assert not supersedes({"gen": 1, "seq": 10**6}, {"gen": 2, "seq": 1})
-    assert supersedes(None, {"gen": 2, "seq": 1}) and supersedes({"gen": 0, "seq": 1}, None)
