@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from agents.ports import Origin, Output, Problem
@@ -83,6 +83,13 @@ class Intake:
     records: list[Record]
     sources: dict[int, RawMessage]  # id(record) -> the message it came in
     dead_letters: list[Output]
+
+    def grouped(self, key: Callable[[Record], str]) -> dict[str, list[Record]]:
+        """The records grouped by `key` (a node, a decision key), each group in input order."""
+        groups: dict[str, list[Record]] = {}
+        for record in self.records:
+            groups.setdefault(key(record), []).append(record)
+        return groups
 
     def problem_letters(self, problems: Iterable[Problem]) -> list[Output]:
         letters = []

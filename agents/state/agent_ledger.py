@@ -35,11 +35,8 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
     async def deciders(stream: faust.StreamT[Any]) -> None:
         async for messages in micro_batches(stream, config):
             got = intake(messages, expect=HOLDS_KINDS, fence=fence)
-            by_key: dict[str, list[Record]] = {}
-            for record in got.records:
-                by_key.setdefault(key_of(record), []).append(record)
             decision = Decision()
-            for key, records in by_key.items():
+            for key, records in got.grouped(key_of).items():
                 raw = table.get(key)
                 state = LedgerState.from_json(raw) if raw else LedgerState(key)
                 first, after = len(decision.first), len(decision.after_commit)

@@ -59,11 +59,8 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
     async def owners(stream: faust.StreamT[Any]) -> None:
         async for messages in micro_batches(stream, config):
             got = intake(messages, expect=INBOX_KINDS, fence=fence)
-            by_node: dict[str, list[Record]] = {}
-            for record in got.records:
-                by_node.setdefault(node_of(record), []).append(record)
             result = OwnerResult()
-            for node, records in by_node.items():
+            for node, records in got.grouped(node_of).items():
                 first_output = len(result.outputs)
                 cached = decoded.get(node)
                 if cached is not None and cached[0] is table.raw(node):
