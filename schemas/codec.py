@@ -40,6 +40,12 @@ def encode(record: Record) -> bytes:
     return orjson.dumps(record, default=_default, option=_OPTS)
 
 
+def to_plain(record: Record) -> dict[str, Any]:
+    """The record as plain JSON values (what `decode_object` reads back)."""
+    plain: dict[str, Any] = orjson.loads(encode(record))
+    return plain
+
+
 def encode_batch(records: Iterable[Record]) -> bytes:
     return orjson.dumps(list(records), default=_default, option=_OPTS)
 

@@ -421,7 +421,9 @@ class NodeStateChange(Record):
 
     `used` counts committed and held capacity. `holds` maps each hold id touched by the
     batch to its state (held, committed, released, rejected, terminated), so schedulers can
-    forget their assumptions. `seq` grows with every change of the node.
+    forget their assumptions. `seq` grows with every change of the node. `node_record` is the
+    Node as last published (labels, taints, devices), sent when it changed in the batch;
+    `nominations` are every pod nominated to the node, with their full claims.
     """
 
     KIND: ClassVar[str] = "NodeStateChange"
@@ -432,6 +434,8 @@ class NodeStateChange(Record):
     unschedulable: bool = False
     deleted: bool = False
     holds: dict[str, str] = field(default_factory=dict)
+    node_record: Node | None = None
+    nominations: tuple[Nomination, ...] = ()
     kind: str = field(default="NodeStateChange", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

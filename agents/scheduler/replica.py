@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.state.resources import ResourceSpace, Vector
-from schemas.records import NodeStateChange
+from schemas.records import Node, NodeStateChange, Nomination
 
 _FREEING = frozenset({"released", "rejected", "terminated"})
 
@@ -30,6 +30,10 @@ class ClusterReplica:
         self.schedulable = np.zeros(capacity, dtype=bool)
         self.seq = np.zeros(capacity, dtype=np.int64)
         self.assumptions: dict[str, tuple[int, Vector]] = {}
+        # Per row: the Node record (labels, taints, devices) and the nominations on it, as the
+        # owners last reported them; the framework's filters and nominator read them.
+        self.records: dict[int, Node] = {}
+        self.nominations: dict[int, tuple[Nomination, ...]] = {}
 
     @property
     def size(self) -> int:
@@ -68,6 +72,9 @@ class ClusterReplica:
         self.allocatable[row] = self.space.allocatable(change.allocatable)
         self.used[row] = self.space.known(change.used)
         self.schedulable[row] = not change.deleted and not change.unschedulable
+        if change.node_record is not None:
+            self.records[row] = change.node_record
+        self.nominations[row] = change.nominations
         freed = False
         for hid, status in change.holds.items():
             self.forget(hid)

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
 from agents.state.resources import DEFAULT_MAX_PODS
 from schemas import topics
+from schemas.codec import decode_object, to_plain
 from schemas.records import (
     Claim,
     Commit,
@@ -76,9 +77,10 @@ class NodeState:
     allocatable: dict[str, int] = field(default_factory=dict)
     unschedulable: bool = False
     holds: dict[str, HoldEntry] = field(default_factory=dict)
-    nominations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nominations: dict[str, Nomination] = field(default_factory=dict)
     tombstones: set[str] = field(default_factory=set)
     seq: int = 0
+    record: Node | None = None  # the Node as last published
 
     def used(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -95,9 +97,10 @@ class NodeState:
             "allocatable": self.allocatable,
             "unschedulable": self.unschedulable,
             "holds": {hid: dict(h.__dict__) for hid, h in self.holds.items()},
-            "nominations": self.nominations,
+            "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
             "tombstones": sorted(self.tombstones),
             "seq": self.seq,
+            "record": to_plain(self.record) if self.record is not None else None,
         }
 
     @classmethod
@@ -108,9 +111,10 @@ class NodeState:
             allocatable=dict(raw["allocatable"]),
             unschedulable=raw["unschedulable"],
             holds={hid: HoldEntry(**h) for hid, h in raw["holds"].items()},
-            nominations=dict(raw["nominations"]),
+            nominations={uid: _decode(n, Nomination) for uid, n in raw["nominations"].items()},
             tombstones=set(raw["tombstones"]),
             seq=raw["seq"],
+            record=_decode(raw["record"], Node) if raw.get("record") else None,
         )
 
 
@@ -120,14 +124,25 @@ class OwnerResult:
     problems: list[Problem] = field(default_factory=list)
 
 
+R = TypeVar("R", bound=Record)
+
+
+def _decode(raw: dict[str, Any], kind: type[R]) -> R:
+    record = decode_object(raw, kind)
+    assert isinstance(record, kind)
+    return record
+
+
 class NodeOwner:
     """Applies a batch of one node's inbox records to its state (see module docstring)."""
 
     def apply(self, state: NodeState, records: Iterable[Record], result: OwnerResult) -> NodeState:
         touched: dict[str, str] = {}
         changed = False
+        record_changed = False
         for record in records:
             changed |= self._apply_one(state, record, result, touched)
+            record_changed |= isinstance(record, (Node, NodeDeleted))
         if changed or touched:
             state.seq += 1
             result.outputs.append(Output(topics.STATE_CHANGES, state.name, NodeStateChange(
@@ -138,6 +153,8 @@ class NodeOwner:
                 unschedulable=state.unschedulable,
                 deleted=not state.exists,
                 holds=touched,
+                node_record=state.record if record_changed else None,
+                nominations=tuple(state.nominations.values()),
             )))
         return state
 
@@ -166,6 +183,7 @@ class NodeOwner:
             self._terminate(state, record.uid, touched)
             return False
         if isinstance(record, Node):
+            state.record = record
             state.exists = True
             state.allocatable = dict(record.allocatable)
             state.allocatable.setdefault("pods", DEFAULT_MAX_PODS)
@@ -184,7 +202,7 @@ class NodeOwner:
                     touched[hid] = TERMINATED
             return True
         if isinstance(record, Nomination):
-            state.nominations[record.uid] = {"priority": record.priority, "requests": dict(record.requests)}
+            state.nominations[record.uid] = record
             return True
         if isinstance(record, NominationCleared):
             return state.nominations.pop(record.uid, None) is not None
@@ -234,8 +252,8 @@ class NodeOwner:
         used = state.used()
         # A preemptor is not blocked by its own nomination; others' count when they outrank it.
         for uid, nomination in state.nominations.items():
-            if uid != claim.uid and nomination["priority"] >= claim.priority:
-                for name, amount in nomination["requests"].items():
+            if uid != claim.uid and nomination.priority >= claim.priority:
+                for name, amount in nomination.requests.items():
                     used[name] = used.get(name, 0) + amount
         for name, amount in claim.requests.items():
             if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:

@@ -107,3 +107,13 @@ def test_state_round_trips_through_json() -> None:
                     Nomination("x", "n1", 5, ResourceList(cpu=1))])
     assert NodeState.from_json(state.to_json()) == state
     assert REASON_POD_TERMINATED
+
+
+def test_state_changes_carry_the_node_record_when_it_changed_and_every_nomination() -> None:
+    state, result = run([make_node("n1", labels={"zone": "a"}), Nomination("x", "n1", 7, ResourceList(cpu=100))])
+    [change] = [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
+    assert change.node_record is not None and change.node_record.labels == {"zone": "a"}
+    assert [n.uid for n in change.nominations] == ["x"]
+    _, result = run([make_claim("a", cpu=10)], state)
+    [change] = [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
+    assert change.node_record is None and [n.priority for n in change.nominations] == [7]

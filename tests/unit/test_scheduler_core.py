@@ -154,3 +154,14 @@ def test_claims_never_exceed_what_the_replica_has_free(node_cpus: list[int], pod
     # A pod that got no claim fits on no node given what was claimed.
     placed = {c for c in core.replica.assumptions}
     assert len(placed) == sum(1 for q in core.pods.values() if q.state == "claimed")
+
+
+def test_replica_keeps_node_records_and_nominations_for_the_filters() -> None:
+    from schemas.records import Nomination
+
+    core, _ = make_core(make_node("a", labels={"zone": "z1"}))
+    assert core.replica.records[0].labels == {"zone": "z1"}
+    nomination = Nomination(uid="x", node="a", priority=5, requests=ResourceList(cpu=100))
+    core.apply_state_changes([NodeStateChange(node="a", seq=2, allocatable=ResourceList(cpu=4000),
+                                              nominations=(nomination,))])
+    assert core.replica.nominations[0] == (nomination,) and core.replica.records[0].labels == {"zone": "z1"}
