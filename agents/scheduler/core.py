@@ -117,9 +117,13 @@ class SchedulerCore:
         ))]
 
     def requeue(self, requeue: Requeue) -> None:
+        """Retry a claimed pod with the decider's attempt number (always the latest it knows)."""
         queued = self.pods.get(requeue.uid)
-        if queued is None or queued.state != CLAIMED or requeue.attempt != queued.attempt + 1:
+        if queued is None or requeue.attempt <= queued.attempt:
             return  # unknown, already bound, or a replayed requeue
+        if queued.state != CLAIMED:
+            queued.attempt = requeue.attempt  # e.g. re-read after a restart: adopt the count
+            return
         self.replica.forget(hold_id(requeue.uid, queued.attempt, queued.claimed_node))
         queued.attempt = requeue.attempt
         queued.state = WAITING

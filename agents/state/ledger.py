@@ -166,19 +166,25 @@ class Decider:
     # -- Rejected -----------------------------------------------------------------------------
 
     def _rejected(self, state: LedgerState, rejected: Rejected, out: Decision) -> None:
+        """Requeue a pending pod with its next attempt, recorded as `requeued:<attempt>`.
+
+        A rejection of an attempt older than the pod's latest (a scheduler that restarted and
+        lost count) announces the latest attempt again, so that scheduler catches up instead
+        of waiting forever for an answer.
+        """
         hid = rejected.hold_id
         recorded = state.decisions.get(hid)
         if recorded is None:
             entry = state.pods.setdefault(rejected.uid, PodEntry())
-            if entry.status == PENDING and rejected.attempt >= entry.attempt:
-                entry.attempt = rejected.attempt + 1
-                recorded = REQUEUED
+            if entry.status == PENDING:
+                entry.attempt = max(entry.attempt, rejected.attempt + 1)
+                recorded = f"{REQUEUED}:{entry.attempt}"
             else:
                 recorded = IGNORED
             state.decisions[hid] = recorded
-        if recorded == REQUEUED:
+        if recorded.startswith(REQUEUED):
             out.first.append(Output(topics.REQUEUE, rejected.uid, Requeue(
-                uid=rejected.uid, attempt=rejected.attempt + 1, decision_key=state.key,
+                uid=rejected.uid, attempt=int(recorded.rsplit(":", 1)[1]), decision_key=state.key,
                 reason=f"{rejected.node}: {rejected.reason}",
             )))
 

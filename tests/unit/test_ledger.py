@@ -65,3 +65,15 @@ def test_gang_commits_all_members_once_min_available_are_held() -> None:
 def test_ledger_round_trips_through_json() -> None:
     state, _ = run([held(), Rejected(uid="p", attempt=5, node="n", decision_key="p", reason="r")])
     assert LedgerState.from_json(state.to_json()) == state
+
+
+def test_stale_rejection_announces_the_latest_attempt_again() -> None:
+    state, out = run([Rejected(uid="p", attempt=0, node="n1", decision_key="p", reason="full")])
+    assert [o.record.attempt for o in out.first] == [1]
+    # A restarted scheduler lost count and claims attempt 0 again, elsewhere.
+    state, out = run([Rejected(uid="p", attempt=0, node="n2", decision_key="p", reason="full")], state)
+    assert [o.record.attempt for o in out.first] == [1]
+    state, out = run([Rejected(uid="p", attempt=3, node="n3", decision_key="p", reason="full")], state)
+    assert [o.record.attempt for o in out.first] == [4]
+    _, out = run([Rejected(uid="p", attempt=0, node="n2", decision_key="p", reason="full")], state)
+    assert [o.record.attempt for o in out.first] == [1]  # a replay re-sends what it sent

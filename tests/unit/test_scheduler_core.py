@@ -84,6 +84,10 @@ def test_requeue_forgets_the_assumption_and_backs_off_on_the_clock() -> None:
     assert (retry.attempt, retry.node) == (1, "a")
     core.requeue(Requeue(uid="p", attempt=1, decision_key="p"))  # replayed: ignored
     assert core.pending == 0
+    core.requeue(Requeue(uid="p", attempt=4, decision_key="p"))  # the decider knows a later attempt
+    clock.now += 1.0
+    [again] = claims(core.schedule())
+    assert again.attempt == 4
 
 
 def test_state_change_forgets_assumption_and_commit_drops_the_pod() -> None:
@@ -165,3 +169,11 @@ def test_replica_keeps_node_records_and_nominations_for_the_filters() -> None:
     core.apply_state_changes([NodeStateChange(node="a", seq=2, allocatable=ResourceList(cpu=4000),
                                               nominations=(nomination,))])
     assert core.replica.nominations[0] == (nomination,) and core.replica.records[0].labels == {"zone": "z1"}
+
+
+def test_a_waiting_pod_adopts_a_later_attempt_from_its_decider() -> None:
+    core, _ = make_core(make_node("a"))
+    core.add(make_pod("p"))  # re-read after a restart, before its old Requeue arrives
+    core.requeue(Requeue(uid="p", attempt=2, decision_key="p"))
+    [claim] = claims(core.schedule())
+    assert claim.attempt == 2
