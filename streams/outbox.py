@@ -18,6 +18,7 @@ from streams.catalogue import partition_for
 Headers = list[tuple[str, bytes]]
 SendFn = Callable[[str, bytes | None, bytes, int, Headers | None], Awaitable[Awaitable[object]]]
 MAX_RECORDS_PER_MESSAGE = 500
+MAX_MESSAGE_BYTES = 512 * 1024  # well under Kafka's default message.max.bytes (1 MiB)
 
 
 class PartitionedOutbox:
@@ -37,9 +38,16 @@ class PartitionedOutbox:
         for (topic, partition, origin), group in self.group(outputs).items():
             headers = origin_headers(origin) if origin is not None else None
             for start in range(0, len(group), MAX_RECORDS_PER_MESSAGE):
-                chunk = group[start:start + MAX_RECORDS_PER_MESSAGE]
-                keys = {o.key for o in chunk}
-                key = chunk[0].key.encode() if len(keys) == 1 else None
-                value = encode_batch(o.record for o in chunk)
-                futures.append(await self._send(topic, key, value, partition, headers))
+                for chunk, value in self._messages(group[start:start + MAX_RECORDS_PER_MESSAGE]):
+                    keys = {o.key for o in chunk}
+                    key = chunk[0].key.encode() if len(keys) == 1 else None
+                    futures.append(await self._send(topic, key, value, partition, headers))
         return futures
+
+    def _messages(self, chunk: Sequence[Output]) -> list[tuple[Sequence[Output], bytes]]:
+        """Encoded batches of at most MAX_MESSAGE_BYTES (halving a chunk that is larger)."""
+        value = encode_batch(o.record for o in chunk)
+        if len(value) <= MAX_MESSAGE_BYTES or len(chunk) == 1:
+            return [(chunk, value)]
+        middle = len(chunk) // 2
+        return self._messages(chunk[:middle]) + self._messages(chunk[middle:])
