@@ -80,7 +80,7 @@ class NodeState:
     nominations: dict[str, Nomination] = field(default_factory=dict)
     tombstones: set[str] = field(default_factory=set)
     seq: int = 0
-    record: Node | None = None  # the Node as last published
+    record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
 
     def used(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -100,7 +100,7 @@ class NodeState:
             "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
             "tombstones": sorted(self.tombstones),
             "seq": self.seq,
-            "record": to_plain(self.record) if self.record is not None else None,
+            "record": self.record,
         }
 
     @classmethod
@@ -114,7 +114,7 @@ class NodeState:
             nominations={uid: _decode(n, Nomination) for uid, n in raw["nominations"].items()},
             tombstones=set(raw["tombstones"]),
             seq=raw["seq"],
-            record=_decode(raw["record"], Node) if raw.get("record") else None,
+            record=raw.get("record"),
         )
 
 
@@ -153,7 +153,7 @@ class NodeOwner:
                 unschedulable=state.unschedulable,
                 deleted=not state.exists,
                 holds=touched,
-                node_record=state.record if record_changed else None,
+                node_record=_decode(state.record, Node) if record_changed and state.record else None,
                 nominations=tuple(state.nominations.values()),
             )))
         return state
@@ -183,7 +183,7 @@ class NodeOwner:
             self._terminate(state, record.uid, touched)
             return False
         if isinstance(record, Node):
-            state.record = record
+            state.record = to_plain(record)
             state.exists = True
             state.allocatable = dict(record.allocatable)
             state.allocatable.setdefault("pods", DEFAULT_MAX_PODS)
