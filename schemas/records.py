@@ -15,6 +15,7 @@ deletions by decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -452,8 +453,9 @@ class DeadLetter(Record):
     partition: int
     offset: int
     original: str  # base64 of the original message value
-    kind: str = "DeadLetter"
-    schema_version: str = SCHEMA_VERSION
+    # (`field` names a record field here, so the dataclasses helper is reached by module.)
+    kind: str = dataclasses.field(default="DeadLetter", init=False)
+    schema_version: str = dataclasses.field(default=SCHEMA_VERSION, init=False)
 
 
 @dataclass(frozen=True, slots=True)
