@@ -204,14 +204,17 @@ class SchedulerCore:
         # LeastAllocated divides by allocatable; nodes without cpu/memory score 0 on it.
         alloc = replica.allocatable[:n][:, cols].astype(np.float64)
         inverse = np.divide(1.0, alloc, out=np.zeros_like(alloc), where=alloc > 0) / max(len(cols), 1)
+        nominated = replica.nominated()
         outputs: list[Output] = []
         for queued in batch:
             request = queued.request
             assert request is not None
             columns = np.flatnonzero(request)
-            fits = schedulable & (free[:, columns] >= request[columns]).all(axis=1)
+            # Fit counts others' nominations of equal or higher priority; the score does not.
+            room = nominated.free_for(free, queued.pod.priority, queued.pod.uid)
+            fits = schedulable & (room[:, columns] >= request[columns]).all(axis=1)
             if not fits.any():
-                outputs.append(self._unschedulable(queued, free, columns, schedulable))
+                outputs.append(self._unschedulable(queued, room, columns, schedulable))
                 continue
             row = self._best(fits, free, inverse, request)
             node = replica.names[row]

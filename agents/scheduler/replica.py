@@ -9,6 +9,8 @@ released, rejected) or when the pod comes back on `requeue`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
@@ -16,6 +18,26 @@ from agents.state.resources import ResourceSpace, Vector
 from schemas.records import Node, NodeStateChange, Nomination
 
 _FREEING = frozenset({"released", "rejected", "terminated"})
+
+
+@dataclass(frozen=True)
+class Nominated:
+    rows: npt.NDArray[np.intp]
+    priorities: npt.NDArray[np.int64]
+    uids: npt.NDArray[np.object_]
+    vectors: npt.NDArray[np.int64]
+
+    def free_for(self, free: npt.NDArray[np.int64], priority: int, uid: str) -> npt.NDArray[np.int64]:
+        """`free` less the claims of other pods nominated with equal or higher priority (the
+        owners apply the same rule when they hold a claim; DESIGN.md, safety rule 8)."""
+        if not self.rows.size:
+            return free
+        counted = (self.priorities >= priority) & (self.uids != uid)
+        if not counted.any():
+            return free
+        adjusted = free.copy()
+        np.subtract.at(adjusted, self.rows[counted], self.vectors[counted])
+        return adjusted
 
 
 class ClusterReplica:
@@ -34,6 +56,7 @@ class ClusterReplica:
         # owners last reported them; the framework's filters and nominator read them.
         self.records: dict[int, Node] = {}
         self.nominations: dict[int, tuple[Nomination, ...]] = {}
+        self._nominated: Nominated | None = None  # arrays of every nomination, rebuilt on change
 
     @property
     def size(self) -> int:
@@ -74,7 +97,9 @@ class ClusterReplica:
         self.schedulable[row] = not change.deleted and not change.unschedulable
         if change.node_record is not None:
             self.records[row] = change.node_record
-        self.nominations[row] = change.nominations
+        if self.nominations.get(row, ()) != change.nominations:
+            self.nominations[row] = change.nominations
+            self._nominated = None
         freed = False
         for hid, status in change.holds.items():
             self.forget(hid)
@@ -91,6 +116,19 @@ class ClusterReplica:
         if assumption is not None:
             row, request = assumption
             self.assumed[row] -= request
+
+    def nominated(self) -> Nominated:
+        """Every nomination as arrays (row, priority, uid, claim vector), for the filters."""
+        if self._nominated is None:
+            entries = [(row, n) for row, noms in self.nominations.items() for n in noms]
+            self._nominated = Nominated(
+                rows=np.array([row for row, _ in entries], dtype=np.intp),
+                priorities=np.array([n.priority for _, n in entries], dtype=np.int64),
+                uids=np.array([n.uid for _, n in entries], dtype=object),
+                vectors=np.array([self.space.known(n.requests) for _, n in entries], dtype=np.int64).reshape(
+                    len(entries), len(self.space)),
+            )
+        return self._nominated
 
     def free(self) -> npt.NDArray[np.int64]:
         """Free capacity per node: allocatable - used - assumed."""

@@ -177,3 +177,23 @@ def test_a_waiting_pod_adopts_a_later_attempt_from_its_decider() -> None:
     core.requeue(Requeue(uid="p", attempt=2, decision_key="p"))
     [claim] = claims(core.schedule())
     assert claim.attempt == 2
+
+
+
+def test_fit_counts_other_pods_nominations_of_equal_or_higher_priority() -> None:
+    from schemas.records import Nomination
+
+    core, _ = make_core(make_node("a", cpu=1000), make_node("b", cpu=1000))
+    nomination = Nomination(uid="boss", node="a", priority=10, requests=ResourceList(cpu=800))
+    core.apply_state_changes([NodeStateChange(node="a", seq=5, allocatable=make_node("a", cpu=1000).allocatable,
+                                              nominations=(nomination,))])
+    for uid, priority in [("low", 9), ("peer", 10), ("high", 11), ("boss", 10)]:
+        core.add(make_pod(uid, cpu=500, memory=0, priority=priority))
+    placed = {c.uid: c.node for c in claims(core.schedule())}
+    # Queue order: high (11), then peer and boss (10, by arrival), then low (9).
+    assert placed == {
+        "high": "a",  # a higher priority does not count the nomination: a ties b, lowest index wins
+        "peer": "b",  # equal priority counts it: a has 500 left, less the 800 promised to boss
+        "boss": "a",  # a preemptor is never blocked by its own nomination
+        "low": "b",
+    }
