@@ -4,7 +4,7 @@ A message that does not decode (not JSON, unknown major version, a missing or il
 a bad quantity), or a record that breaks the protocol, becomes a `DeadLetter` envelope with the
 error, the field, the value, the source topic, partition and offset, and the original bytes.
 The rest of the batch goes on. Messages a zombie produced (an older epoch of an origin
-than one already seen) are dropped by a `EpochFence`.
+than one already seen) are dropped by an `EpochFence`.
 """
 
 from __future__ import annotations

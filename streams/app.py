@@ -79,7 +79,7 @@ def _channel(app: faust.App, *names: str, partitions: int) -> faust.TopicT:
                      value_serializer="raw", partitions=partitions)
 
 
-def wire(app: faust.App, settings: Settings) -> SchedulerService | None:
+def wire(app: faust.App, settings: Settings) -> None:
     p = settings.kafka.partitions
     s = settings.scheduling
 
@@ -98,7 +98,7 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService | None:
                              _channel(app, topics.NODE_INBOX, partitions=p), outbox, config(TABLE_NODE_STATE))
         agent_ledger.register(app, _channel(app, topics.HOLDS, partitions=p), outbox, config(TABLE_POD_LEDGER))
     if "scheduler" not in settings.worker.roles:
-        return None
+        return
 
     space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in s.resources if r not in DEFAULT_RESOURCES))
     core = SchedulerCore(space, ClusterReplica(space), time.monotonic,
@@ -109,8 +109,6 @@ def wire(app: faust.App, settings: Settings) -> SchedulerService | None:
     @app.task  # type: ignore[untyped-decorator]
     async def replica_feed() -> None:
         await feed_state_changes(settings, service)
-
-    return service
 
 
 async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:

@@ -1,8 +1,8 @@
 """Routing of the cores' outputs: one message per destination partition per batch.
 
 Outputs are grouped by (topic, partition under the catalogue's partitioner rule, origin) and
-each group is produced as one batch message, its origin in the headers, chunked to keep messages small, with `partition` set
-explicitly. The same code serves the agents (faust's producer) and outside publishers
+each group is produced as one batch message, its origin in the headers, chunked to keep
+messages small, with `partition` set explicitly. The same code serves the agents (faust's producer) and outside publishers
 (aiokafka), so the rule is applied identically everywhere.
 """
 

@@ -1,8 +1,9 @@
 """A scheduler's read replica of the whole cluster, in numpy structure-of-arrays form.
 
 Fed by every partition of `state-changes` (no consumer group): per node, allocatable and used
-(committed + held) as the owner last published them, applied in arrival order. On top, the replica's own assumptions:
-claims sent but not yet seen in a state change (assume / forget, like kube-scheduler's cache).
+(committed + held) as the owner last published them, applied in arrival order. On top, the
+replica's own assumptions: claims sent but not yet seen in a state change (assume / forget,
+like kube-scheduler's cache).
 An assumption is forgotten when the owner reports its hold id in any state (held, committed,
 released, rejected) or when the pod comes back on `requeue`.
 """
@@ -50,7 +51,6 @@ class ClusterReplica:
         self.used = np.zeros((capacity, width), dtype=np.int64)
         self.assumed = np.zeros((capacity, width), dtype=np.int64)
         self.schedulable = np.zeros(capacity, dtype=bool)
-        self.seq = np.zeros(capacity, dtype=np.int64)
         self.assumptions: dict[str, tuple[int, Vector]] = {}
         # Per row: the Node record (labels, taints, devices) and the nominations on it, as the
         # owners last reported them; the framework's filters and nominator read them.
@@ -80,7 +80,6 @@ class ClusterReplica:
         self.used = doubled(self.used)  # type: ignore[assignment]
         self.assumed = doubled(self.assumed)  # type: ignore[assignment]
         self.schedulable = doubled(self.schedulable)  # type: ignore[assignment]
-        self.seq = doubled(self.seq)  # type: ignore[assignment]
 
     def apply(self, change: NodeStateChange) -> bool:
         """Apply one owner report; True when it may let a waiting pod fit (a cluster event)."""
@@ -89,7 +88,6 @@ class ClusterReplica:
         # repeat sequence numbers; its reports are still the truth from then on, so the
         # replica applies reports in arrival order rather than by `seq`.
         row = self._row(change.node)
-        self.seq[row] = change.seq
         before = self.allocatable[row].copy()
         was_schedulable = bool(self.schedulable[row])
         self.allocatable[row] = self.space.allocatable(change.allocatable)

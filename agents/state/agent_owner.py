@@ -3,7 +3,7 @@
 Thin by design: decode a micro-batch (bad input to the dead-letter topic, a zombie's records
 dropped), group it by node, apply `NodeOwner` to each node's table entry (changelog-backed,
 keyed by node name like its input, so a table partition moves with its inbox partition), and
-produce the outputs stamped with their origin (inbox partition, group generation).
+produce the outputs stamped with their origin (inbox partition, this worker's epoch).
 """
 
 from __future__ import annotations
