@@ -114,6 +114,17 @@ class NumaCell:
     memory: int = 0  # bytes
 
 
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    """A pod committed on a node, as its owner reports it: what preemption needs to pick victims."""
+
+    uid: str
+    namespace: str = "default"
+    name: str = ""
+    priority: int = 0
+    requests: ResourceList = field(default_factory=_resources)
+
+
 # --- inputs from the cluster -----------------------------------------------------------------
 
 
@@ -424,7 +435,9 @@ class NodeStateChange(Record):
     batch to its state (held, committed, released, rejected, terminated), so schedulers can
     forget their assumptions. `seq` grows with every change of the node. `node_record` is the
     Node as last published (labels, taints, devices), sent when it changed in the batch;
-    `nominations` are every pod nominated to the node, with their full claims.
+    `nominations` are every pod nominated to the node, with their full claims; `committed` are
+    the pods committed in the batch (terminations show up in `holds`), so that schedulers know
+    every bound pod's priority and request (preemption picks victims among them).
     """
 
     KIND: ClassVar[str] = "NodeStateChange"
@@ -437,6 +450,7 @@ class NodeStateChange(Record):
     holds: dict[str, str] = field(default_factory=dict)
     node_record: Node | None = None
     nominations: tuple[Nomination, ...] = ()
+    committed: tuple[BoundPod, ...] = ()
     kind: str = field(default="NodeStateChange", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -19,8 +20,9 @@ from agents.intake import RawMessage, origin_from_headers
 from agents.ports import AgentConfig
 from agents.scheduler import agent as scheduler_agent
 from agents.scheduler.agent import SchedulerService
+from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
-from agents.scheduler.replica import ClusterReplica
+from agents.scheduler.framework import profiles
 from agents.state import agent_ledger, agent_owner
 from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas import topics
@@ -100,15 +102,27 @@ def wire(app: faust.App, settings: Settings) -> None:
     if "scheduler" not in settings.worker.roles:
         return
 
-    space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in s.resources if r not in DEFAULT_RESOURCES))
-    core = SchedulerCore(space, ClusterReplica(space), time.monotonic,
-                         backoff_initial_s=s.backoff_initial_s, backoff_max_s=s.backoff_max_s)
-    service = SchedulerService(core, outbox, time.monotonic, s.batch_size)
-    scheduler_agent.register(app, _channel(app, topics.PODS, topics.REQUEUE, partitions=p), service, config())
+    service = SchedulerService(build_core(settings), outbox, time.monotonic, s.batch_size)
+    # The scheduler never commits its input offsets (acks=False): a restarted worker reads
+    # `pods` and `requeue` from the start and rebuilds its queue, skipping the pods the
+    # state-changes history shows bound (DESIGN.md, "Queue").
+    inputs = app.topic(topics.PODS, topics.REQUEUE, key_type=bytes, value_type=bytes, key_serializer="raw",
+                       value_serializer="raw", partitions=p, acks=False)
+    scheduler_agent.register(app, inputs, service, config())
 
     @app.task  # type: ignore[untyped-decorator]
     async def replica_feed() -> None:
         await feed_state_changes(settings, service)
+
+
+def build_core(settings: Settings) -> SchedulerCore:
+    """The scheduler core of a worker: resource space, cluster state, profiles, queue."""
+    s = settings.scheduling
+    space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in s.resources if r not in DEFAULT_RESOURCES))
+    config = profiles.load(Path(s.profiles).read_text()) if s.profiles else None
+    return SchedulerCore(space, ClusterState(space), time.monotonic, config=config,
+                         backoff_initial_s=s.backoff_initial_s, backoff_max_s=s.backoff_max_s,
+                         flush_s=s.unschedulable_flush_s, batching=s.equivalence_batching)
 
 
 async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:

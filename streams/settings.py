@@ -54,6 +54,13 @@ class SchedulingSettings:
     """Longest retry delay of a requeued pod."""
     resources: tuple[str, ...] = ()
     """Extra extended resource names the scheduler indexes, beyond the built-in ones."""
+    profiles: str = ""
+    """Path of a KubeSchedulerConfiguration-like YAML with the scheduler profiles; empty: the
+    default plugins under the names `default-scheduler` and `koordstream`."""
+    unschedulable_flush_s: float = 30.0
+    """A pod that fits nowhere is retried after this long even without a cluster event."""
+    equivalence_batching: bool = True
+    """Place consecutive pods with equal scheduling signatures as one class."""
 
 
 @dataclass(frozen=True)

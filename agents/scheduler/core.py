@@ -1,263 +1,297 @@
-"""The scheduler's queue and placement core (the walking skeleton's first scheduler).
+"""The scheduler core: queue, profiles and the shared cluster state, records in and out.
 
-Data flow: pods arrive (`add`), wait in an active queue ordered by priority then arrival, and
-are placed in micro-batches (`schedule`): a numpy fit mask over all nodes (resource fit) and a
-least-allocated score (kube-scheduler's LeastAllocated over cpu and memory), ties broken by
-the lowest node index. Each placement becomes a Claim to the node's owner and an assumption in
-the replica until the owner's state change or a Requeue arrives. Requeued pods wait in a
-backoff queue (exponential, from the injected clock); pods that fit nowhere are parked and
-move back on a cluster event that could make them fit. Deletions are forwarded to the deciders.
+One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) and one
+`Framework` per profile over it, and one `SchedulingQueue`. Data flow:
+
+- `add(pod)`: a pod for one of our profiles (`schedulerName`) enters the queue. Pods that can
+  never be placed as they are (an unknown profile, an unknown or negative resource) get a
+  final SchedulingFeedback at once and are not retried until the pod changes.
+- `schedule(limit)`: pops up to `limit` pods in queue order, hands each run of consecutive
+  pods of one profile to that profile's framework (equivalence classes are found there), and
+  turns the placements into records: Claims (Bind), Nominations and EvictionCommands
+  (preemption), SchedulingFeedback (why a pod fits nowhere). A pod that fits nowhere waits
+  in the queue for a cluster event that could change that.
+- `apply_state_changes(changes)`: owners' reports update the state; bound pods leave for good
+  (decisions are final); freed capacity or changed nodes move waiting pods back.
+- `requeue(r)`: the decider sends a pod back (its claim was rejected or released): its
+  reservation is undone (Unreserve) and it backs off.
+- `delete(d)`: forget the pod, clear its nomination, forward the deletion to its decider.
+
+Pod states here: queued -> claimed (a Claim is out, assumed in the state) -> gone when bound;
+claimed -> queued on requeue; waiting (Permit) -> claimed | queued; failed (bad input) until
+the pod changes.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from agents.ports import Clock, Output
-from agents.scheduler.replica import ClusterReplica
-from agents.state.resources import ResourceSpace, UnknownResource, Vector
+from agents.scheduler.cluster import ClusterEvent, ClusterState
+from agents.scheduler.framework.interface import PodInfo
+from agents.scheduler.framework.profiles import SchedulerConfig, default_config
+from agents.scheduler.framework.runtime import Evaluation, Framework, Placement
+from agents.scheduler.framework.status import Code
+from agents.scheduler.queue import SchedulingQueue
+from agents.state.resources import ResourceSpace, UnknownResource
 from schemas import topics
 from schemas.records import (
     DEFAULT_SCHEDULER,
-    GANG_MIN_AVAILABLE_ANNOTATION,
-    Claim,
+    EvictionCommand,
     NodeStateChange,
+    NominationCleared,
     Pod,
     PodDeleted,
     Requeue,
-    ResourceList,
     SchedulingFeedback,
     decision_key,
-    hold_id,
 )
 
-WAITING, CLAIMED, PARKED, FAILED = "waiting", "claimed", "parked", "failed"
-SCHEDULER_NAMES = frozenset({DEFAULT_SCHEDULER, "koordstream"})
+QUEUED, CLAIMED, WAITING, FAILED = "queued", "claimed", "waiting", "failed"
+SCHEDULER_NAMES = (DEFAULT_SCHEDULER, "koordstream")
 
 
 @dataclass
-class QueuedPod:
-    pod: Pod
-    decision_key: str
-    request: Vector | None
-    seq: int
-    attempt: int = 0
-    state: str = WAITING
-    claimed_node: str = ""
+class Tracked:
+    info: PodInfo
+    state: str = QUEUED
+    failures: int = 0
+    row: int = -1
+    profile: str = ""
 
 
 class SchedulerCore:
     def __init__(
         self,
         space: ResourceSpace,
-        replica: ClusterReplica,
+        state: ClusterState,
         clock: Clock,
         *,
-        scheduler_names: frozenset[str] = SCHEDULER_NAMES,
+        config: SchedulerConfig | None = None,
+        timer: Callable[[], int] = time.perf_counter_ns,
         backoff_initial_s: float = 0.01,
         backoff_max_s: float = 1.0,
-        park_flush_s: float = 30.0,
+        flush_s: float = 30.0,
+        batching: bool = True,
     ) -> None:
         self.space = space
-        self.replica = replica
+        self.state = state
         self.clock = clock
-        self.scheduler_names = scheduler_names
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self.park_flush_s = park_flush_s
-        self.pods: dict[str, QueuedPod] = {}
+        self.config = config or default_config(SCHEDULER_NAMES)
+        self.frameworks = {p.name: Framework(p, state, timer=timer, clock=clock) for p in self.config.profiles}
+        self.queue = SchedulingQueue(self.config.queue_sort.sort_key, clock, backoff_initial_s=backoff_initial_s,
+                                     backoff_max_s=backoff_max_s, flush_s=flush_s)
+        self.batching = batching
+        self.pods: dict[str, Tracked] = {}
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
-        self.bound: set[str] = set()  # uids whose commit the replica has seen
-        self._active: list[tuple[int, int, str]] = []
-        self._backoff: list[tuple[float, int, str]] = []
-        self._parked: set[str] = set()
-        self._last_flush = clock()
-        self._seq = 0
-        cpu, mem = space.index.get("cpu"), space.index.get("memory")
-        self._score_columns = np.asarray([c for c in (cpu, mem) if c is not None], dtype=np.intp)
+        self.bound: set[str] = set()  # uids whose commit the state has seen
+        self._arrival = 0
 
     # -- inputs -------------------------------------------------------------------------------
 
-    def add(self, pod: Pod) -> list[Output]:
-        """A new or updated pod. Returns feedback for pods that can never be placed."""
-        if pod.scheduler_name not in self.scheduler_names or pod.node_name or pod.uid in self.bound:
-            return []
-        key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
-        queued = self.pods.get(pod.uid)
-        if queued is not None:
-            queued.pod = pod  # an update: keep its place, attempt and decision key
-            return []
-        self._seq += 1
+    def pod_info(self, pod: Pod) -> PodInfo:
+        """The framework's view of a pod; raises ValueError naming the field for bad requests."""
+        for name, amount in pod.requests.items():
+            if amount < 0:
+                raise ValueError(f"requests.{name}={amount}: a request cannot be negative")
         try:
-            request: Vector | None = self.space.pod_request(pod.requests)
+            request = self.space.pod_request(pod.requests)
         except UnknownResource as exc:
-            request = None
-            self.pods[pod.uid] = QueuedPod(pod, key, None, self._seq, state=FAILED)
-            return [self._feedback(pod, 0, f"unknown resource {exc.name!r} in requests", {}, final=True)]
-        self.pods[pod.uid] = QueuedPod(pod, key, request, self._seq)
-        heapq.heappush(self._active, (-pod.priority, self._seq, pod.uid))
+            raise ValueError(f"requests.{exc.name}: unknown resource (known: {', '.join(self.space.names)})") from exc
+        key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
+        return PodInfo(pod, request, np.flatnonzero(request), key, profile=pod.scheduler_name)
+
+    def add(self, pod: Pod) -> list[Output]:
+        """A new or updated pod. Returns final feedback for pods that cannot be placed as they are."""
+        if pod.node_name or pod.uid in self.bound:
+            return []
+        tracked = self.pods.get(pod.uid)
+        if tracked is not None and tracked.state in (CLAIMED, WAITING):
+            tracked.info.pod = pod  # an update while a claim is out: the next attempt uses it
+            return []
+        if pod.scheduler_name not in self.frameworks:
+            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)
+            return [self._feedback(pod, 0, f"no scheduler profile named {pod.scheduler_name!r} "
+                                   f"(profiles: {', '.join(self.frameworks)})", {}, final=True)]
+        try:
+            info = self.pod_info(pod)
+        except ValueError as exc:
+            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)
+            return [self._feedback(pod, 0, str(exc), {}, final=True)]
+        if tracked is not None and tracked.state == QUEUED:
+            info.attempt, info.arrival = tracked.info.attempt, tracked.info.arrival
+            tracked.info = info
+            self.queue.update(info)
+            return []
+        self._arrival += 1
+        info.arrival = self._arrival
+        if tracked is not None:
+            info.attempt = tracked.info.attempt
+        self.pods[pod.uid] = Tracked(info)
+        self.queue.add(info)
         return []
 
     def delete(self, deleted: PodDeleted) -> list[Output]:
-        """Forget the pod and forward the deletion to its decider (by the first version's key)."""
+        """Forget the pod, clear its nomination, and forward the deletion to its decider."""
         key = self.decision_keys.get(deleted.uid) or deleted.decision_key or decision_key(
             deleted.namespace, deleted.labels, deleted.annotations, deleted.uid)
         self.bound.discard(deleted.uid)
-        queued = self.pods.pop(deleted.uid, None)
-        if queued is not None and queued.state == CLAIMED:
-            self.replica.forget(hold_id(deleted.uid, queued.attempt, queued.claimed_node))
-        self._parked.discard(deleted.uid)
-        return [Output(topics.HOLDS, key, PodDeleted(
+        outputs: list[Output] = []
+        tracked = self.pods.pop(deleted.uid, None)
+        if tracked is not None:
+            self.queue.remove(deleted.uid)
+            if tracked.state in (CLAIMED, WAITING):
+                fw = self.frameworks[tracked.profile]
+                fw.waiting.pop(deleted.uid, None)
+                fw.unreserve(tracked.info, tracked.row)
+        nomination = self.state.nominator.clear(deleted.uid)
+        if nomination is not None:
+            outputs.append(Output(topics.NODE_INBOX, nomination.node, _cleared(nomination.uid, nomination.node)))
+        outputs.append(Output(topics.HOLDS, key, PodDeleted(
             uid=deleted.uid, name=deleted.name, namespace=deleted.namespace, labels=deleted.labels,
             annotations=deleted.annotations, decision_key=key,
-        ))]
+        )))
+        return outputs
 
     def requeue(self, requeue: Requeue) -> None:
         """Retry a claimed pod with the decider's attempt number (always the latest it knows)."""
-        queued = self.pods.get(requeue.uid)
-        if queued is None or requeue.attempt <= queued.attempt:
+        tracked = self.pods.get(requeue.uid)
+        if tracked is None or requeue.attempt <= tracked.info.attempt:
             return  # unknown, already bound, or a replayed requeue
-        if queued.state != CLAIMED:
-            queued.attempt = requeue.attempt  # e.g. re-read after a restart: adopt the count
+        if tracked.state != CLAIMED:
+            tracked.info.attempt = requeue.attempt  # e.g. re-read after a restart: adopt the count
             return
-        self.replica.forget(hold_id(requeue.uid, queued.attempt, queued.claimed_node))
-        queued.attempt = requeue.attempt
-        queued.state = WAITING
-        delay = min(self.backoff_max_s, self.backoff_initial_s * (2 ** min(queued.attempt, 20)))
-        heapq.heappush(self._backoff, (self.clock() + delay, queued.seq, requeue.uid))
+        self.frameworks[tracked.profile].unreserve(tracked.info, tracked.row)
+        tracked.info.attempt = requeue.attempt
+        tracked.state = QUEUED
+        tracked.failures += 1
+        self.queue.add(tracked.info, failures=tracked.failures)
 
     def apply_state_changes(self, changes: Iterable[NodeStateChange]) -> None:
-        """Update the replica; bound pods leave the queue; freed capacity unparks pods."""
-        event = False
+        """Update the state; bound pods leave the queue; cluster events move waiting pods."""
+        event = ClusterEvent.NONE
         for change in changes:
-            event |= self.replica.apply(change)
+            event |= self.state.apply(change)
             for hid, status in change.holds.items():
                 if status == "committed":
-                    # Bound, and decisions are final: whatever this scheduler still has queued
-                    # for the pod (a replay of `pods` after a restart, a second claim) is moot.
+                    # Bound, and decisions are final: whatever is still queued for the pod (a
+                    # replay of `pods` after a restart, a second claim) is moot.
                     uid = hid.split("/", 1)[0]
                     self.bound.add(uid)
-                    queued = self.pods.pop(uid, None)
-                    if queued is not None and queued.state == CLAIMED:
-                        self.replica.forget(hold_id(uid, queued.attempt, queued.claimed_node))
-        if event:
-            self._unpark()
+                    if self.pods.pop(uid, None) is not None:
+                        self.queue.remove(uid)
+                    self.state.nominator.clear(uid)  # its decider clears it at the owner
+        self.queue.on_event(event)
 
-    # -- the queue ----------------------------------------------------------------------------
-
-    def _unpark(self) -> None:
-        for uid in self._parked:
-            queued = self.pods.get(uid)
-            if queued is not None and queued.state == PARKED:
-                queued.state = WAITING
-                heapq.heappush(self._active, (-queued.pod.priority, queued.seq, uid))
-        self._parked.clear()
-        self._last_flush = self.clock()
-
-    def _promote_backoff(self, now: float) -> None:
-        while self._backoff and self._backoff[0][0] <= now:
-            _, seq, uid = heapq.heappop(self._backoff)
-            queued = self.pods.get(uid)
-            if queued is not None and queued.state == WAITING:
-                heapq.heappush(self._active, (-queued.pod.priority, seq, uid))
-
-    def next_wakeup(self) -> float | None:
-        """When backoff or the parked-pod flush next needs the loop, if nothing arrives first."""
-        times = [self._backoff[0][0]] if self._backoff else []
-        if self._parked:
-            times.append(self._last_flush + self.park_flush_s)
-        return min(times) if times else None
+    # -- scheduling ---------------------------------------------------------------------------
 
     @property
     def pending(self) -> int:
-        return len(self._active)
+        return len(self.queue)
 
-    def _pop_ready(self, limit: int) -> list[QueuedPod]:
-        now = self.clock()
-        self._promote_backoff(now)
-        if self._parked and now - self._last_flush >= self.park_flush_s:
-            self._unpark()
-        batch: list[QueuedPod] = []
-        while self._active and len(batch) < limit:
-            _, _, uid = heapq.heappop(self._active)
-            queued = self.pods.get(uid)
-            if queued is not None and queued.state == WAITING:
-                batch.append(queued)
-        return batch
-
-    # -- placement ----------------------------------------------------------------------------
+    def next_wakeup(self) -> float | None:
+        times = [t for t in (self.queue.next_wakeup(),) if t is not None]
+        times += [w.deadline for fw in self.frameworks.values() for w in fw.waiting.values()]
+        return min(times) if times else None
 
     def schedule(self, limit: int = 512) -> list[Output]:
-        """Place up to `limit` ready pods; returns Claims and SchedulingFeedback."""
-        batch = self._pop_ready(limit)
-        if not batch:
-            return []
-        replica = self.replica
-        n = replica.size
-        free = replica.free()
-        schedulable = replica.schedulable[:n]
-        cols = self._score_columns
-        # LeastAllocated divides by allocatable; nodes without cpu/memory score 0 on it.
-        alloc = replica.allocatable[:n][:, cols].astype(np.float64)
-        inverse = np.divide(1.0, alloc, out=np.zeros_like(alloc), where=alloc > 0) / max(len(cols), 1)
-        nominated = replica.nominated()
+        """Place up to `limit` ready pods; returns Claims, preemption records and feedback."""
         outputs: list[Output] = []
-        for queued in batch:
-            request = queued.request
-            assert request is not None
-            columns = np.flatnonzero(request)
-            # Fit counts others' nominations of equal or higher priority; the score does not.
-            room = nominated.free_for(free, queued.pod.priority, queued.pod.uid)
-            fits = schedulable & (room[:, columns] >= request[columns]).all(axis=1)
-            if not fits.any():
-                outputs.append(self._unschedulable(queued, room, columns, schedulable))
-                continue
-            row = self._best(fits, free, inverse, request)
-            node = replica.names[row]
-            pod = queued.pod
-            free[row] -= request
-            replica.assume(hold_id(pod.uid, queued.attempt, node), row, request)
-            queued.state, queued.claimed_node = CLAIMED, node
-            gang_min = pod.annotations.get(GANG_MIN_AVAILABLE_ANNOTATION, "0")
-            outputs.append(Output(topics.NODE_INBOX, node, Claim(
-                uid=pod.uid, attempt=queued.attempt, node=node, decision_key=queued.decision_key,
-                requests=ResourceList(self.space.to_map(request)), priority=pod.priority, namespace=pod.namespace,
-                name=pod.name, creation_timestamp=pod.creation_timestamp,
-                gang_min=int(gang_min) if gang_min.isdigit() else 0,
+        for fw in self.frameworks.values():
+            for placement in fw.expire_waiting():
+                outputs += self._handle(placement)
+        batch = self.queue.pop(limit)
+        i = 0
+        while i < len(batch):
+            profile = batch[i].profile
+            j = i + 1
+            while j < len(batch) and batch[j].profile == profile:
+                j += 1
+            for placement in self.frameworks[profile].schedule(batch[i:j], batching=self.batching):
+                outputs += self._handle(placement)
+            i = j
+        return outputs
+
+    def allow(self, uid: str) -> list[Output]:
+        """Permit: let a waiting pod bind."""
+        tracked = self.pods.get(uid)
+        placement = self.frameworks[tracked.profile].allow(uid) if tracked is not None else None
+        return self._handle(placement) if placement is not None else []
+
+    def reject(self, uid: str, reason: str = "rejected while waiting") -> list[Output]:
+        """Permit: send a waiting pod back to the queue."""
+        tracked = self.pods.get(uid)
+        placement = self.frameworks[tracked.profile].reject(uid, reason) if tracked is not None else None
+        return self._handle(placement) if placement is not None else []
+
+    def _handle(self, placement: Placement) -> list[Output]:
+        info = placement.pod
+        tracked = self.pods.get(info.uid)
+        if tracked is None:
+            return []
+        tracked.profile = info.profile
+        if placement.placed:
+            tracked.state, tracked.row = CLAIMED, placement.row
+            return placement.outputs
+        if placement.status.code == Code.WAIT:
+            tracked.state, tracked.row = WAITING, placement.row
+            return []
+        tracked.failures += 1
+        tracked.state = QUEUED
+        diagnosis = placement.diagnosis
+        if diagnosis is None:  # Reserve or Permit said no: back off and retry
+            self.queue.add(info, failures=tracked.failures)
+            return [self._feedback(info.pod, info.attempt, placement.status.message(), {}, final=False)]
+        if diagnosis.status is not None and diagnosis.status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+            tracked.state = FAILED  # a PreFilter found the pod itself wrong: only a change helps
+            return [self._feedback(info.pod, info.attempt, diagnosis.message(), {}, final=True)]
+        events = ClusterEvent.NONE
+        fw = self.frameworks[info.profile]
+        for plugin in fw.profile.filter:
+            if plugin.NAME in diagnosis.rejected_by:
+                events |= getattr(plugin, "EVENTS", ClusterEvent.ANY)
+        self.queue.park(info, events or ClusterEvent.ANY, tracked.failures)
+        outputs = [self._feedback(info.pod, info.attempt, diagnosis.message(), diagnosis.reasons, final=False)]
+        if placement.preemption is not None:
+            outputs += self._preempt(placement)
+        return outputs
+
+    def _preempt(self, placement: Placement) -> list[Output]:
+        assert placement.preemption is not None
+        nomination, victims = placement.preemption.nomination, placement.preemption.victims
+        outputs: list[Output] = []
+        replaced = self.state.nominator.nominate(nomination)
+        if replaced is not None:
+            outputs.append(Output(topics.NODE_INBOX, replaced.node, _cleared(replaced.uid, replaced.node)))
+        outputs.append(Output(topics.NODE_INBOX, nomination.node, nomination))
+        for victim in victims:
+            outputs.append(Output(topics.EVICTIONS, victim.pod.uid, EvictionCommand(
+                uid=victim.pod.uid, namespace=victim.pod.namespace, name=victim.pod.name, node=nomination.node,
+                reason=f"preempted by {placement.pod.pod.namespace}/{placement.pod.pod.name}",
+                preemptor_uid=placement.pod.uid,
             )))
         return outputs
 
-    def _best(self, fits: np.ndarray, free: np.ndarray, inverse: np.ndarray, request: Vector) -> int:
-        """LeastAllocated: score = floor(100 x mean over cpu, memory of (free - request) / allocatable).
+    # -- the library's view -------------------------------------------------------------------
 
-        Scores are integers as in kube-scheduler, so equal scores tie and the lowest node
-        index wins (argmax returns the first maximum).
-        """
-        cols = self._score_columns
-        left = (free[:, cols] - request[cols]) * inverse
-        scores = np.floor(left.sum(axis=1) * 100.0)
-        scores[~fits] = -np.inf
-        return int(np.argmax(scores))
+    def explain(self, pod: Pod) -> Evaluation:
+        """Filter and score `pod` over every node without placing it (scores, rejections)."""
+        fw = self.frameworks.get(pod.scheduler_name)
+        if fw is None:
+            raise ValueError(f"schedulerName={pod.scheduler_name!r}: no such profile (profiles: {', '.join(self.frameworks)})")
+        return fw.evaluate(self.pod_info(pod), partial=False)
 
-    def _unschedulable(self, queued: QueuedPod, free: np.ndarray, columns: np.ndarray, schedulable: np.ndarray) -> Output:
-        reasons: dict[str, int] = {}
-        blocked = int((~schedulable).sum())
-        if blocked:
-            reasons["node is unschedulable or deleted"] = blocked
-        request = queued.request
-        assert request is not None
-        for col in columns:
-            short = int((schedulable & (free[:, col] < request[col])).sum())
-            if short:
-                reasons[f"Insufficient {self.space.names[col]}"] = short
-        queued.state = PARKED
-        self._parked.add(queued.pod.uid)
-        n = self.replica.size
-        return self._feedback(queued.pod, queued.attempt, f"0/{n} nodes are available", reasons, final=False)
+    def timings(self) -> dict[tuple[str, str], int]:
+        """Nanoseconds per (plugin, extension point), over every profile."""
+        out: dict[tuple[str, str], int] = {}
+        for fw in self.frameworks.values():
+            for key, ns in fw.timings.items():
+                out[key] = out.get(key, 0) + ns
+        return out
 
     @staticmethod
     def _feedback(pod: Pod, attempt: int, message: str, reasons: dict[str, int], *, final: bool) -> Output:
@@ -265,3 +299,19 @@ class SchedulerCore:
             uid=pod.uid, namespace=pod.namespace, name=pod.name, attempt=attempt,
             message=message, reasons=reasons, final=final,
         ))
+
+
+def _cleared(uid: str, node: str) -> NominationCleared:
+    return NominationCleared(uid=uid, node=node)
+
+
+def schedule_all(core: SchedulerCore, pods: Sequence[Pod], batch: int = 1000) -> list[Output]:
+    """Library helper: enqueue `pods` and schedule until the queue has nothing ready."""
+    outputs: list[Output] = []
+    for pod in pods:
+        outputs += core.add(pod)
+    while True:
+        produced = core.schedule(batch)
+        if not produced:
+            return outputs
+        outputs += produced

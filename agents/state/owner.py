@@ -29,6 +29,7 @@ from agents.state.resources import DEFAULT_MAX_PODS
 from schemas import topics
 from schemas.codec import decode_object, to_plain
 from schemas.records import (
+    BoundPod,
     Claim,
     Commit,
     Held,
@@ -155,6 +156,12 @@ class NodeOwner:
                 holds=touched,
                 node_record=_decode(state.record, Node) if record_changed and state.record else None,
                 nominations=tuple(state.nominations.values()),
+                committed=tuple(
+                    BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
+                             requests=ResourceList(h.requests))
+                    for hid, status in touched.items() if status == COMMITTED
+                    for h in (state.holds[hid],)
+                ),
             )))
         return state
 

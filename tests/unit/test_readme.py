@@ -10,7 +10,13 @@ CLUSTER = """
 apiVersion: v1
 kind: Node
 metadata: {name: worker-1}
+spec: {taints: [{key: dedicated, value: gpu, effect: NoSchedule}]}
 status: {allocatable: {cpu: "4", memory: 8Gi}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: worker-2}
+status: {allocatable: {cpu: "8", memory: 16Gi}}
 ---
 apiVersion: v1
 kind: Pod
@@ -30,4 +36,7 @@ def test_library_example_runs(tmp_path: Path, capsys) -> None:
     finally:
         os.chdir(cwd)
     out = capsys.readouterr().out
-    assert "Claim(uid='web-1'" in out and "node='worker-1'" in out
+    lines = out.splitlines()
+    assert lines[0] == "web -> worker-2"
+    assert "'NodeResourcesFit':" in lines[1] and "'total':" in lines[1]
+    assert lines[2] == "{'worker-1': ['TaintToleration']}"

@@ -1,7 +1,7 @@
-"""The first scheduler: fit, least-allocated, assume / forget, requeue with backoff, parking."""
+"""The scheduler core: fit, least-allocated, assume / forget, requeue with backoff, parking."""
 
+from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
-from agents.scheduler.replica import ClusterReplica
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from agents.state.resources import ResourceSpace
 from schemas.records import (
@@ -36,7 +36,7 @@ def changes_for(*nodes) -> list[NodeStateChange]:
 def make_core(*nodes) -> tuple[SchedulerCore, FakeClock]:
     clock = FakeClock()
     space = ResourceSpace()
-    core = SchedulerCore(space, ClusterReplica(space, capacity=2), clock)
+    core = SchedulerCore(space, ClusterState(space, capacity=2), clock)
     core.apply_state_changes(changes_for(*nodes))
     return core, clock
 
@@ -54,11 +54,13 @@ def test_least_allocated_spreads_and_assumptions_count() -> None:
 
 
 def test_pod_that_fits_nowhere_gets_feedback_and_returns_on_a_cluster_event() -> None:
-    core, _ = make_core(make_node("a", cpu=1000))
+    core, clock = make_core(make_node("a", cpu=1000))
     core.add(make_pod("big", cpu=3000))
     [out] = core.schedule()
     assert isinstance(out.record, SchedulingFeedback)
     assert out.record.reasons == {"Insufficient cpu": 1} and not out.record.final
+    assert "0/1 nodes are available: 1 Insufficient cpu" in out.record.message
+    clock.now += 10  # past its backoff; still nothing without a cluster event
     assert core.schedule() == []
     core.apply_state_changes(changes_for(make_node("b", cpu=4000)))
     assert [c.node for c in claims(core.schedule())] == ["b"]
@@ -75,9 +77,9 @@ def test_requeue_forgets_the_assumption_and_backs_off_on_the_clock() -> None:
     core, clock = make_core(make_node("a", cpu=1000))
     core.add(make_pod("p", cpu=1000))
     [claim] = claims(core.schedule())
-    assert core.replica.assumed[0][0] == 1000
+    assert core.state.assumed[0][0] == 1000
     core.requeue(Requeue(uid="p", attempt=1, decision_key="p"))
-    assert core.replica.assumed[0][0] == 0
+    assert core.state.assumed[0][0] == 0
     assert core.schedule() == []  # still backing off
     clock.now += 1.0
     [retry] = claims(core.schedule())
@@ -93,7 +95,7 @@ def test_requeue_forgets_the_assumption_and_backs_off_on_the_clock() -> None:
 def test_state_change_forgets_assumption_and_commit_drops_the_pod() -> None:
     clock = FakeClock()
     space = ResourceSpace()
-    core = SchedulerCore(space, ClusterReplica(space), clock)
+    core = SchedulerCore(space, ClusterState(space), clock)
     state, owner = NodeState("a"), NodeOwner()
     result = OwnerResult()
     owner.apply(state, [make_node("a", cpu=1000)], result)
@@ -103,7 +105,7 @@ def test_state_change_forgets_assumption_and_commit_drops_the_pod() -> None:
     result = OwnerResult()
     owner.apply(state, [claim], result)
     core.apply_state_changes([o.record for o in result.outputs if isinstance(o.record, NodeStateChange)])
-    assert core.replica.assumptions == {} and core.replica.used[0][0] == 600
+    assert core.state.assumptions == {} and core.state.used[0][0] == 600
     assert "p" in core.pods
     result = OwnerResult()
     owner.apply(state, [Commit(uid="p", attempt=0, node="a", decision_key="p")], result)
@@ -127,8 +129,8 @@ def test_reports_apply_in_arrival_order_even_when_a_restarted_owner_repeats_seq(
     result = OwnerResult()
     NodeOwner().apply(restarted, [make_node("a", cpu=1000), claim], result)
     core.apply_state_changes(o.record for o in result.outputs if isinstance(o.record, NodeStateChange))
-    assert core.replica.assumptions == {}  # forgotten although its seq is not new
-    assert core.replica.used[0][0] == 600
+    assert core.state.assumptions == {}  # forgotten although its seq is not new
+    assert core.state.used[0][0] == 600
 
 
 def test_commit_seen_drops_a_queued_copy_of_the_pod() -> None:
@@ -156,7 +158,7 @@ def test_claims_never_exceed_what_the_replica_has_free(node_cpus: list[int], pod
     for i, cpu in enumerate(node_cpus):
         assert claimed.get(f"n{i}", 0) <= cpu
     # A pod that got no claim fits on no node given what was claimed.
-    placed = {c for c in core.replica.assumptions}
+    placed = {c for c in core.state.assumptions}
     assert len(placed) == sum(1 for q in core.pods.values() if q.state == "claimed")
 
 
@@ -164,11 +166,11 @@ def test_replica_keeps_node_records_and_nominations_for_the_filters() -> None:
     from schemas.records import Nomination
 
     core, _ = make_core(make_node("a", labels={"zone": "z1"}))
-    assert core.replica.records[0].labels == {"zone": "z1"}
+    assert core.state.records[0].labels == {"zone": "z1"}
     nomination = Nomination(uid="x", node="a", priority=5, requests=ResourceList(cpu=100))
     core.apply_state_changes([NodeStateChange(node="a", seq=2, allocatable=ResourceList(cpu=4000),
                                               nominations=(nomination,))])
-    assert core.replica.nominations[0] == (nomination,) and core.replica.records[0].labels == {"zone": "z1"}
+    assert core.state.nominator.of("x") == nomination and core.state.records[0].labels == {"zone": "z1"}
 
 
 def test_a_waiting_pod_adopts_a_later_attempt_from_its_decider() -> None:

@@ -1,0 +1,288 @@
+"""The cluster state a worker schedules against: one per worker, shared by every profile.
+
+Structure of arrays over nodes (a fixed row per node name, a fixed column per resource name):
+`allocatable`, `used` (committed + held, as the node's owner last published it) and `assumed`
+(claims this worker sent and has not yet seen decided: assume / forget, like kube-scheduler's
+cache); `requested` (used + assumed) and `free` (allocatable - requested) are kept current
+row by row, so every profile sees a placement the moment it is assumed. Beside the arrays: each node's record (labels, taints, devices), the pods bound on it
+(priority and request, for preemption), and the nominator.
+
+Fed by every partition of `state-changes` (no consumer group), applied in arrival order: a
+replacement owner may restore a table that lags what its predecessor published and repeat
+sequence numbers, and its reports are still the truth from then on.
+
+Assumption states: assumed (`assume`) -> forgotten when the owner reports the hold id in any
+state (held, committed, released, rejected), when the pod comes back on `requeue`, or on
+`forget`. Both are idempotent, so Reserve / Unreserve can call them freely.
+
+Derived views (`label_column`, `taint_groups`) are cached and rebuilt when a node record
+changes; filters read them instead of looping over nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Flag, auto
+
+import numpy as np
+import numpy.typing as npt
+
+from agents.scheduler.nominator import Nominator
+from agents.state.resources import ResourceSpace, Vector
+from schemas.records import BoundPod, Node, NodeStateChange, Taint
+
+_FREEING = frozenset({"released", "rejected", "terminated"})
+
+
+class ClusterEvent(Flag):
+    """What changed, for the queue to decide which unschedulable pods to retry."""
+
+    NONE = 0
+    NODE_ADDED = auto()  # a new node, or one that became schedulable
+    NODE_CHANGED = auto()  # labels, taints, allocatable or schedulability changed
+    CAPACITY_FREED = auto()  # a hold released or rejected, a pod terminated, a nomination gone
+    ANY = NODE_ADDED | NODE_CHANGED | CAPACITY_FREED
+
+
+@dataclass(frozen=True, slots=True)
+class LabelColumn:
+    codes: npt.NDArray[np.intp]  # per row: the value's code, -1 where the node lacks the label
+    vocabulary: dict[str, int]  # value -> code
+
+    def matches(self, values: Iterable[str]) -> npt.NDArray[np.bool_]:
+        wanted = [self.vocabulary[v] for v in values if v in self.vocabulary]
+        return np.isin(self.codes, wanted) if wanted else np.zeros(self.codes.shape, dtype=bool)
+
+
+@dataclass(frozen=True, slots=True)
+class PodOnNode:
+    row: int
+    vector: Vector
+    pod: BoundPod
+
+
+@dataclass(frozen=True, slots=True)
+class BoundArrays:
+    pods: list[PodOnNode]
+    rows: npt.NDArray[np.intp]
+    priorities: npt.NDArray[np.int64]
+    vectors: npt.NDArray[np.int64]
+
+
+class ClusterState:
+    def __init__(self, space: ResourceSpace, capacity: int = 1024) -> None:
+        self.space = space
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        width = len(space)
+        self.allocatable = np.zeros((capacity, width), dtype=np.int64)
+        self.used = np.zeros((capacity, width), dtype=np.int64)
+        self.assumed = np.zeros((capacity, width), dtype=np.int64)
+        self._requested = np.zeros((capacity, width), dtype=np.int64)
+        self._free = np.zeros((capacity, width), dtype=np.int64)
+        self.present = np.zeros(capacity, dtype=bool)  # known to its owner and not deleted
+        self.unschedulable = np.zeros(capacity, dtype=bool)  # cordoned (spec.unschedulable)
+        self.assumptions: dict[str, tuple[int, Vector]] = {}
+        self.records: dict[int, Node] = {}
+        self.bound: dict[str, PodOnNode] = {}  # uid -> where it runs
+        self._bound_arrays: BoundArrays | None = None
+        self.nominator = Nominator(space, self.index)
+        self._labels: dict[str, LabelColumn] = {}
+        self._taints: tuple[npt.NDArray[np.intp], list[tuple[Taint, ...]]] | None = None
+        self.version = 0  # grows whenever a node record changes
+
+    @property
+    def size(self) -> int:
+        return len(self.names)
+
+    def row_of(self, node: str) -> int | None:
+        return self.index.get(node)
+
+    def _row(self, node: str) -> int:
+        row = self.index.get(node)
+        if row is None:
+            row = len(self.names)
+            if row == self.allocatable.shape[0]:
+                self._grow()
+            self.names.append(node)
+            self.index[node] = row
+            self._node_records_changed()
+        return row
+
+    def _grow(self) -> None:
+        def doubled(a: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+            return np.concatenate([a, np.zeros_like(a)])
+
+        self.allocatable = doubled(self.allocatable)  # type: ignore[assignment]
+        self.used = doubled(self.used)  # type: ignore[assignment]
+        self.assumed = doubled(self.assumed)  # type: ignore[assignment]
+        self._requested = doubled(self._requested)  # type: ignore[assignment]
+        self._free = doubled(self._free)  # type: ignore[assignment]
+        self.present = doubled(self.present)  # type: ignore[assignment]
+        self.unschedulable = doubled(self.unschedulable)  # type: ignore[assignment]
+
+    def _node_records_changed(self) -> None:
+        self._labels.clear()
+        self._taints = None
+        self.version += 1
+
+    # -- feeding ------------------------------------------------------------------------------
+
+    def apply(self, change: NodeStateChange) -> ClusterEvent:
+        """Apply one owner report; returns the cluster events it amounts to."""
+        row = self._row(change.node)
+        event = ClusterEvent.NONE
+        before = self.allocatable[row].copy()
+        was = bool(self.present[row]) and not bool(self.unschedulable[row])
+        self.allocatable[row] = self.space.allocatable(change.allocatable)
+        self.used[row] = self.space.known(change.used)
+        self._refresh(row)
+        self.present[row] = not change.deleted
+        self.unschedulable[row] = change.unschedulable
+        now = bool(self.present[row]) and not change.unschedulable
+        if now and not was:
+            event |= ClusterEvent.NODE_ADDED
+        if bool((self.allocatable[row] > before).any()):
+            event |= ClusterEvent.NODE_CHANGED
+        if change.node_record is not None and self.records.get(row) != change.node_record:
+            self.records[row] = change.node_record
+            self._node_records_changed()
+            event |= ClusterEvent.NODE_CHANGED
+        before_noms = len(self.nominator)
+        self.nominator.report(row, change.nominations)
+        if len(self.nominator) < before_noms:
+            event |= ClusterEvent.CAPACITY_FREED
+        for pod in change.committed:
+            self.bound[pod.uid] = PodOnNode(row, self.space.pod_request(pod.requests), pod)
+            self._bound_arrays = None
+        for hid, status in change.holds.items():
+            self.forget(hid)
+            if status in _FREEING:
+                event |= ClusterEvent.CAPACITY_FREED
+                if status == "terminated":
+                    uid = hid.split("/", 1)[0]
+                    placed = self.bound.get(uid)
+                    if placed is not None and placed.row == row:
+                        del self.bound[uid]
+                        self._bound_arrays = None
+        return event
+
+    def add_node(self, node: Node) -> int:
+        """Library use: a node as its owner would report it, with nothing on it."""
+        row = self._row(node.name)
+        self.allocatable[row] = self.space.allocatable(node.allocatable)
+        self._refresh(row)
+        self.present[row] = True
+        self.unschedulable[row] = node.unschedulable
+        self.records[row] = node
+        self._node_records_changed()
+        return row
+
+    def add_bound(self, pod: BoundPod, node: str) -> None:
+        """Library use: a pod already running on `node` (its request counts as used)."""
+        row = self.index[node]
+        vector = self.space.pod_request(pod.requests)
+        self.used[row] += vector
+        self._refresh(row)
+        self.bound[pod.uid] = PodOnNode(row, vector, pod)
+        self._bound_arrays = None
+
+    # -- assume / forget ----------------------------------------------------------------------
+
+    def assume(self, hold_id: str, row: int, request: Vector) -> None:
+        if hold_id in self.assumptions:
+            return
+        self.assumptions[hold_id] = (row, request)
+        self.assumed[row] += request
+        self._requested[row] += request
+        self._free[row] -= request
+
+    def forget(self, hold_id: str) -> None:
+        assumption = self.assumptions.pop(hold_id, None)
+        if assumption is not None:
+            row, request = assumption
+            self.assumed[row] -= request
+            self._requested[row] -= request
+            self._free[row] += request
+
+    def _refresh(self, row: int) -> None:
+        self._requested[row] = self.used[row] + self.assumed[row]
+        self._free[row] = self.allocatable[row] - self._requested[row]
+
+    # -- views for the plugins ----------------------------------------------------------------
+
+    @property
+    def free(self) -> npt.NDArray[np.int64]:
+        """Free capacity per node, allocatable - used - assumed (a read-only view)."""
+        return self._free[: self.size]
+
+    @property
+    def requested(self) -> npt.NDArray[np.int64]:
+        """Requested per node, used + assumed (a read-only view)."""
+        return self._requested[: self.size]
+
+    @property
+    def allocatable_view(self) -> npt.NDArray[np.int64]:
+        return self.allocatable[: self.size]
+
+    def schedulable_rows(self) -> npt.NDArray[np.bool_]:
+        """Nodes that exist (cordoning is NodeUnschedulable's business)."""
+        return self.present[: self.size]
+
+    def label_column(self, key: str) -> LabelColumn:
+        """Every node's value of label `key`, factorized: codes per row (-1: no such label)."""
+        column = self._labels.get(key)
+        if column is None:
+            vocabulary: dict[str, int] = {}
+            codes = np.full(self.size, -1, dtype=np.intp)
+            for row, node in self.records.items():
+                value = node.labels.get(key)
+                if value is not None:
+                    codes[row] = vocabulary.setdefault(value, len(vocabulary))
+            column = self._labels[key] = LabelColumn(codes, vocabulary)
+        return column
+
+    def name_column(self) -> LabelColumn:
+        """Node names as a label column (for `matchFields` on `metadata.name`)."""
+        column = self._labels.get("\0metadata.name")
+        if column is None:
+            column = LabelColumn(np.arange(self.size, dtype=np.intp), dict(self.index))
+            self._labels["\0metadata.name"] = column
+        return column
+
+    def taint_groups(self) -> tuple[npt.NDArray[np.intp], list[tuple[Taint, ...]]]:
+        """Nodes grouped by their set of taints: (group per row, taints per group).
+
+        Clusters have few distinct taint sets, so filters decide once per group."""
+        if self._taints is None:
+            groups: dict[tuple[Taint, ...], int] = {(): 0}
+            ids = np.zeros(self.size, dtype=np.intp)
+            for row, node in self.records.items():
+                ids[row] = groups.setdefault(node.taints, len(groups))
+            self._taints = (ids, list(groups))
+        return self._taints
+
+    def bound_arrays(self) -> BoundArrays:
+        """Every bound pod as arrays (row, priority, request vector), rebuilt after a change."""
+        if self._bound_arrays is None:
+            placed = list(self.bound.values())
+            self._bound_arrays = BoundArrays(
+                pods=placed,
+                rows=np.array([p.row for p in placed], dtype=np.intp),
+                priorities=np.array([p.pod.priority for p in placed], dtype=np.int64),
+                vectors=np.array([p.vector for p in placed], dtype=np.int64).reshape(len(placed), len(self.space)),
+            )
+        return self._bound_arrays
+
+    @classmethod
+    def from_records(cls, space: ResourceSpace, nodes: Iterable[Node],
+                     bound: Mapping[str, Iterable[BoundPod]] | None = None) -> ClusterState:
+        """Library use: a state from Node records and the pods bound on each (by node name)."""
+        state = cls(space)
+        for node in nodes:
+            state.add_node(node)
+        for node_name, pods in (bound or {}).items():
+            for pod in pods:
+                state.add_bound(pod, node_name)
+        return state

@@ -1,0 +1,55 @@
+"""The one plugin registry: plugin name -> (factory, args type). No import-time magic.
+
+A factory takes the plugin's validated args and returns the plugin. Every args type is a frozen
+dataclass with defaults, built from the profile's `pluginConfig` by `args_from_mapping` and
+checked by its `validate()`, which raises `ArgsError` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agents.scheduler.plugins import (
+    defaultbinder,
+    defaultpreemption,
+    nodeaffinity,
+    noderesources,
+    nodeunschedulable,
+    prioritysort,
+    tainttoleration,
+)
+from agents.scheduler.plugins.args import ArgsError, NoArgs
+
+
+@dataclass(frozen=True)
+class Registration:
+    factory: Callable[[Any], object]
+    args_type: type[Any]
+
+
+REGISTRY: dict[str, Registration] = {
+    prioritysort.NAME: Registration(prioritysort.PrioritySort, NoArgs),
+    nodeunschedulable.NAME: Registration(nodeunschedulable.NodeUnschedulable, NoArgs),
+    tainttoleration.NAME: Registration(tainttoleration.TaintToleration, NoArgs),
+    nodeaffinity.NAME: Registration(nodeaffinity.NodeAffinity, nodeaffinity.NodeAffinityArgs),
+    noderesources.FIT_NAME: Registration(noderesources.Fit, noderesources.FitArgs),
+    noderesources.BALANCED_NAME: Registration(noderesources.BalancedAllocation, noderesources.BalancedAllocationArgs),
+    defaultpreemption.NAME: Registration(defaultpreemption.DefaultPreemption, defaultpreemption.PreemptionArgs),
+    defaultbinder.NAME: Registration(defaultbinder.DefaultBinder, NoArgs),
+}
+
+
+def args_from_mapping(args_type: type[Any], raw: Mapping[str, Any] | None) -> Any:
+    """Build and validate a plugin's args from YAML; unknown fields are errors."""
+    raw = dict(raw or {})
+    names = {f.name for f in dataclasses.fields(args_type)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+    convert = getattr(args_type, "from_mapping", None)
+    args = convert(raw) if convert is not None else args_type(**raw)
+    args.validate()
+    return args

@@ -1,0 +1,445 @@
+"""The framework runtime: one `Framework` per profile runs its plugins over the shared state.
+
+`Framework.schedule(pods)` takes pods in queue order and returns one `Placement` per pod.
+Consecutive pods with equal signatures form an equivalence class (DESIGN.md, "Equivalence
+classes"): the class is filtered and scored once over every node, then its pods are placed
+one after another from a heap of (score, node index); after each placement only the node just
+used is filtered and scored again, and only by the plugins that depend on allocation
+(`DYNAMIC`). Ties break by the lowest node index, as `argmax` does on the full path, so batched
+placement equals one-by-one placement (a property test checks it). When a node leaves the
+feasible set and a static plugin normalizes over the feasible set, the static scores are
+normalized again and the heap rebuilt, so that equality holds there too.
+
+The full path (`evaluate`) is what a single pod goes through and what `explain` shows:
+PreFilter, every Filter over all nodes (one boolean mask per plugin), PreScore, Score and
+normalize over all nodes, the weighted sum, argmax. A pod that fits nowhere gets a `Diagnosis`
+(reasons with node counts, as kube-scheduler words them) and goes to PostFilter (preemption).
+
+Placing a pod: assume its claim in the shared state (every profile sees it at once), Reserve,
+Permit (WAIT keeps it reserved until `allow`, `reject` or its deadline), Bind (the first Bind
+plugin that answers produces the records). A failing step unreserves in reverse order and
+forgets the assumption.
+
+Time spent per plugin and extension point is added up in `timings` (nanoseconds, from the
+injected `timer`), for the benchmark's plugin shares and the profiling samples.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from agents.ports import Output
+from agents.scheduler.cluster import ClusterState
+from agents.scheduler.framework import status
+from agents.scheduler.framework.interface import (
+    ALL,
+    UNSIGNABLE,
+    BindPlugin,
+    CycleState,
+    Diagnosis,
+    FilterPlugin,
+    Mask,
+    PermitPlugin,
+    PodInfo,
+    PostFilterPlugin,
+    PostFilterResult,
+    PreFilterPlugin,
+    PreScorePlugin,
+    ReservePlugin,
+    ScorePlugin,
+    Scores,
+    SignPlugin,
+)
+from agents.scheduler.framework.status import Code, Status
+from schemas.records import hold_id
+
+T = TypeVar("T")
+MIN_FEASIBLE_NODES_TO_FIND = 100  # kube-scheduler's floor when percentageOfNodesToScore < 100
+_NO_SCORE = np.iinfo(np.int64).min
+
+
+@dataclass(frozen=True)
+class ProfilePlugins:
+    """A profile's plugins per extension point, in order (built by `profiles`)."""
+
+    name: str
+    pre_filter: tuple[PreFilterPlugin, ...] = ()
+    filter: tuple[FilterPlugin, ...] = ()
+    post_filter: tuple[PostFilterPlugin, ...] = ()
+    pre_score: tuple[PreScorePlugin, ...] = ()
+    score: tuple[tuple[ScorePlugin, int], ...] = ()
+    reserve: tuple[ReservePlugin, ...] = ()
+    permit: tuple[PermitPlugin, ...] = ()
+    bind: tuple[BindPlugin, ...] = ()
+    percentage_of_nodes_to_score: int = 100
+
+    def all(self) -> list[object]:
+        seen: dict[int, object] = {}
+        for group in (self.pre_filter, self.filter, self.post_filter, self.pre_score,
+                      tuple(p for p, _ in self.score), self.reserve, self.permit, self.bind):
+            for p in group:
+                seen.setdefault(id(p), p)
+        return list(seen.values())
+
+
+@dataclass
+class Placement:
+    """The outcome of one pod's cycle."""
+
+    pod: PodInfo
+    status: Status
+    row: int = -1
+    node: str = ""
+    outputs: list[Output] = field(default_factory=list)
+    diagnosis: Diagnosis | None = None
+    preemption: PostFilterResult | None = None
+
+    @property
+    def placed(self) -> bool:
+        return self.status.ok and self.row >= 0
+
+
+@dataclass
+class Evaluation:
+    """The full path's view of one pod: every plugin's verdict and score per node."""
+
+    cycle: CycleState
+    feasible: Mask
+    masks: dict[str, Mask] = field(default_factory=dict)
+    scores: dict[str, Scores] = field(default_factory=dict)  # normalized, before weights
+    total: Scores | None = None
+    diagnosis: Diagnosis | None = None
+
+    def best(self) -> int:
+        if self.total is None or not self.feasible.any():
+            return -1
+        return int(np.argmax(self.total))
+
+
+@dataclass
+class Waiting:
+    pod: PodInfo
+    row: int
+    cycle: CycleState
+    deadline: float
+
+
+class Framework:
+    def __init__(self, plugins: ProfilePlugins, state: ClusterState, *,
+                 timer: Callable[[], int], clock: Callable[[], float] | None = None) -> None:
+        self.profile = plugins
+        self.name = plugins.name
+        self.state = state
+        self.timer = timer
+        self.clock = clock or (lambda: 0.0)
+        self.timings: dict[tuple[str, str], int] = defaultdict(int)
+        self.waiting: dict[str, Waiting] = {}
+        self._signers = [p for p in plugins.all() if isinstance(p, SignPlugin)]
+        unsigned = [p for p in plugins.all() if not isinstance(p, SignPlugin)
+                    and isinstance(p, (FilterPlugin, ScorePlugin, PreFilterPlugin))]
+        self.batching = (plugins.percentage_of_nodes_to_score == 100 and not unsigned
+                         and not any(p.DYNAMIC and p.NORMALIZES for p, _ in plugins.score))
+        self._next_start = 0  # where the next partial search starts (percentageOfNodesToScore)
+
+    def _timed(self, plugin: Any, point: str, method: Callable[..., T], *args: Any) -> T:
+        t0 = self.timer()
+        try:
+            return method(*args)
+        finally:
+            self.timings[(plugin.NAME, point)] += self.timer() - t0
+
+    # -- signatures ---------------------------------------------------------------------------
+
+    def signature(self, pod: PodInfo) -> Hashable | None:
+        """Equal signatures mean equal filter and score results; None: no batching."""
+        if not self.batching or pod.uid in self.state.nominator.nominated_uids():
+            return None
+        parts: list[Hashable] = [pod.request.tobytes(), pod.priority]
+        for plugin in self._signers:
+            part = plugin.sign(pod)
+            if part is UNSIGNABLE:
+                return None
+            parts.append(part)
+        return tuple(parts)
+
+    # -- the full path ------------------------------------------------------------------------
+
+    def evaluate(self, pod: PodInfo, *, partial: bool = True) -> Evaluation:
+        """Filter and score the pod over every node (the library's `explain` shows this)."""
+        state = self.state
+        cycle = CycleState()
+        for plugin in self.profile.pre_filter:
+            st: Status = self._timed(plugin, "PreFilter", plugin.pre_filter, cycle, pod, state)
+            if st.code == Code.SKIP:
+                cycle.skip_filter.add(plugin.NAME)
+            elif not st.ok:
+                diagnosis = Diagnosis(nodes=int(state.schedulable_rows().sum()), status=st)
+                return Evaluation(cycle, np.zeros(state.size, dtype=bool), diagnosis=diagnosis)
+        feasible = state.schedulable_rows().copy()
+        ev = Evaluation(cycle, feasible)
+        for flt in self.profile.filter:
+            if flt.NAME in cycle.skip_filter:
+                continue
+            mask: Mask = self._timed(flt, "Filter", flt.filter, cycle, pod, state, ALL)
+            ev.masks[flt.NAME] = mask
+            feasible &= mask
+        if partial and self.profile.percentage_of_nodes_to_score < 100:
+            self._limit(feasible)
+        if not feasible.any():
+            ev.diagnosis = self._diagnose(pod, ev)
+            return ev
+        self._score(pod, ev)
+        return ev
+
+    def _limit(self, feasible: Mask) -> None:
+        """Keep the first k feasible nodes from a rotating start (kube-scheduler's search)."""
+        n = len(feasible)
+        k = max(n * self.profile.percentage_of_nodes_to_score // 100, MIN_FEASIBLE_NODES_TO_FIND)
+        if k >= n:
+            return
+        order = np.roll(np.arange(n), -self._next_start)
+        hits = order[feasible[order]]
+        if len(hits) > k:
+            feasible[hits[k:]] = False
+            self._next_start = int(hits[k - 1] + 1) % n
+        else:
+            self._next_start = 0
+
+    def _diagnose(self, pod: PodInfo, ev: Evaluation) -> Diagnosis:
+        """Count each node against the first filter that rejected it, as kube-scheduler does."""
+        state = self.state
+        remaining = state.schedulable_rows().copy()
+        reasons: dict[str, int] = {}
+        rejected: dict[str, Mask] = {}
+        for plugin in self.profile.filter:
+            mask = ev.masks.get(plugin.NAME)
+            if mask is None:
+                continue
+            failed = remaining & ~mask
+            if failed.any():
+                rejected[plugin.NAME] = failed
+                for reason, count in plugin.explain(ev.cycle, pod, state, failed).items():
+                    reasons[reason] = reasons.get(reason, 0) + count
+            remaining &= mask
+        return Diagnosis(nodes=int(state.schedulable_rows().sum()), rejected_by=rejected, reasons=reasons,
+                         masks=dict(ev.masks))
+
+    def _pre_score(self, pod: PodInfo, cycle: CycleState, feasible: Mask) -> None:
+        for plugin in self.profile.pre_score:
+            st: Status = self._timed(plugin, "PreScore", plugin.pre_score, cycle, pod, self.state, feasible)
+            if st.code == Code.SKIP:
+                cycle.skip_score.add(plugin.NAME)
+
+    def _score(self, pod: PodInfo, ev: Evaluation) -> None:
+        self._pre_score(pod, ev.cycle, ev.feasible)
+        total = np.zeros(self.state.size, dtype=np.int64)
+        for plugin, weight in self.profile.score:
+            if plugin.NAME in ev.cycle.skip_score:
+                continue
+            raw = self._timed(plugin, "Score", plugin.score, ev.cycle, pod, self.state, ALL)
+            if plugin.NORMALIZES:
+                raw = self._timed(plugin, "NormalizeScore", plugin.normalize, ev.cycle, raw, ev.feasible)
+            ev.scores[plugin.NAME] = raw
+            total += weight * raw
+        total[~ev.feasible] = _NO_SCORE
+        ev.total = total
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def schedule(self, pods: Sequence[PodInfo], *, batching: bool = True) -> list[Placement]:
+        """Place pods in order; consecutive pods with equal signatures go as one class."""
+        out: list[Placement] = []
+        i = 0
+        while i < len(pods):
+            sig = self.signature(pods[i]) if batching else None
+            j = i + 1
+            if sig is not None:
+                while j < len(pods) and self.signature(pods[j]) == sig:
+                    j += 1
+            if j - i > 1:
+                out += self._schedule_class(pods[i:j])
+            else:
+                out.append(self.schedule_one(pods[i]))
+            i = j
+        return out
+
+    def schedule_one(self, pod: PodInfo) -> Placement:
+        ev = self.evaluate(pod)
+        row = ev.best()
+        if row < 0:
+            return self._unschedulable(pod, ev)
+        return self._place(ev.cycle, pod, row)
+
+    def _unschedulable(self, pod: PodInfo, ev: Evaluation) -> Placement:
+        diagnosis = ev.diagnosis or Diagnosis(nodes=int(self.state.schedulable_rows().sum()))
+        code = diagnosis.status.code if diagnosis.status is not None else Code.UNSCHEDULABLE
+        placement = Placement(pod, Status(code, (diagnosis.message(),), diagnosis.status.plugin if diagnosis.status else ""),
+                              diagnosis=diagnosis)
+        if code == Code.UNSCHEDULABLE:
+            for plugin in self.profile.post_filter:
+                result = self._timed(plugin, "PostFilter", plugin.post_filter, ev.cycle, pod, self.state, diagnosis)
+                if result is not None:
+                    placement.preemption = result
+                    break
+        return placement
+
+    def _schedule_class(self, pods: Sequence[PodInfo]) -> list[Placement]:
+        state = self.state
+        first = pods[0]
+        ev = self.evaluate(first)
+        if not ev.feasible.any():
+            return [self._unschedulable(first, ev)] + [self.schedule_one(p) for p in pods[1:]]
+        cycle, feasible = ev.cycle, ev.feasible
+        scored = [(p, w) for p, w in self.profile.score if p.NAME not in cycle.skip_score]
+        dynamic_filters = [p for p in self.profile.filter if p.DYNAMIC and p.NAME not in cycle.skip_filter]
+        dynamic_scores = [(p, w) for p, w in scored if p.DYNAMIC]
+        static = [(p, w) for p, w in scored if not p.DYNAMIC]
+        renormalize = [(p, w) for p, w in static if p.NORMALIZES]
+        raw_static = {p.NAME: self._timed(p, "Score", p.score, cycle, first, state, ALL)
+                      for p, _ in renormalize}
+        static_total = np.zeros(state.size, dtype=np.int64)
+        for p, w in static:
+            static_total += w * ev.scores[p.NAME]
+        dynamic_total = np.zeros(state.size, dtype=np.int64)
+        for p, w in dynamic_scores:
+            dynamic_total += w * ev.scores[p.NAME]
+        heap = self._heap(static_total + dynamic_total, feasible)
+        out: list[Placement] = []
+        for k, pod in enumerate(pods):
+            if not heap:
+                return out + [self.schedule_one(p) for p in pods[k:]]
+            _, row = heapq.heappop(heap)
+            placement = self._place(cycle, pod, row)
+            out.append(placement)
+            if not placement.placed and placement.status.code != Code.WAIT:
+                return out + [self.schedule_one(p) for p in pods[k + 1:]]
+            rows = slice(row, row + 1)
+            if self._still_fits(cycle, pod, rows, dynamic_filters):
+                score = self._rescore(cycle, pod, rows, dynamic_scores)
+                dynamic_total[row] = score
+                heapq.heappush(heap, (-(int(static_total[row]) + score), row))
+                continue
+            feasible[row] = False
+            if renormalize:
+                before = static_total.copy()
+                static_total[:] = 0
+                for p, w in static:
+                    raw = raw_static.get(p.NAME)
+                    static_total += w * (p.normalize(cycle, raw, feasible) if raw is not None else ev.scores[p.NAME])
+                if not np.array_equal(static_total[feasible], before[feasible]):
+                    heap = self._heap(static_total + dynamic_total, feasible)
+        return out
+
+    def _still_fits(self, cycle: CycleState, pod: PodInfo, rows: slice, filters: list[FilterPlugin]) -> bool:
+        timer, timings = self.timer, self.timings
+        for plugin in filters:
+            t0 = timer()
+            ok = bool(plugin.filter(cycle, pod, self.state, rows)[0])
+            timings[(plugin.NAME, "Filter")] += timer() - t0
+            if not ok:
+                return False
+        return True
+
+    def _rescore(self, cycle: CycleState, pod: PodInfo, rows: slice, scored: list[tuple[ScorePlugin, int]]) -> int:
+        timer, timings = self.timer, self.timings
+        score = 0
+        for plugin, weight in scored:
+            t0 = timer()
+            score += weight * int(plugin.score(cycle, pod, self.state, rows)[0])
+            timings[(plugin.NAME, "Score")] += timer() - t0
+        return score
+
+    @staticmethod
+    def _heap(total: Scores, feasible: Mask) -> list[tuple[int, int]]:
+        rows = np.flatnonzero(feasible)
+        heap = list(zip((-total[rows]).tolist(), rows.tolist(), strict=True))
+        heapq.heapify(heap)
+        return heap
+
+    # -- reserve, permit, bind ----------------------------------------------------------------
+
+    def _place(self, cycle: CycleState, pod: PodInfo, row: int) -> Placement:
+        state = self.state
+        node = state.names[row]
+        hid = hold_id(pod.uid, pod.attempt, node)
+        state.assume(hid, row, pod.request)
+        for i, plugin in enumerate(self.profile.reserve):
+            st: Status = self._timed(plugin, "Reserve", plugin.reserve, cycle, pod, state, row)
+            if not st.ok:
+                self._unreserve(cycle, pod, row, upto=i + 1)
+                return Placement(pod, st, row, node)
+        for permit in self.profile.permit:
+            st = self._timed(permit, "Permit", permit.permit, cycle, pod, state, row)
+            if st.code == Code.WAIT:
+                self.waiting[pod.uid] = Waiting(pod, row, cycle, self.clock() + st.timeout_s)
+                return Placement(pod, st, row, node)
+            if not st.ok:
+                self._unreserve(cycle, pod, row)
+                return Placement(pod, st, row, node)
+        return Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row))
+
+    def _bind(self, cycle: CycleState, pod: PodInfo, row: int) -> list[Output]:
+        for plugin in self.profile.bind:
+            outputs = self._timed(plugin, "Bind", plugin.bind, cycle, pod, self.state, row)
+            if outputs is not None:
+                return list(outputs)
+        return []
+
+    def _unreserve(self, cycle: CycleState, pod: PodInfo, row: int, upto: int | None = None) -> None:
+        plugins = self.profile.reserve[:upto]
+        for plugin in reversed(plugins):
+            self._timed(plugin, "Unreserve", plugin.unreserve, cycle, pod, self.state, row)
+        self.state.forget(hold_id(pod.uid, pod.attempt, self.state.names[row]))
+
+    def unreserve(self, pod: PodInfo, row: int) -> None:
+        """The pod's claim was rejected or released after binding: give back what it reserved."""
+        self._unreserve(CycleState(), pod, row)
+
+    def allow(self, uid: str) -> Placement | None:
+        """Let a waiting pod bind."""
+        w = self.waiting.pop(uid, None)
+        if w is None:
+            return None
+        return Placement(w.pod, status.SUCCESS, w.row, self.state.names[w.row], self._bind(w.cycle, w.pod, w.row))
+
+    def reject(self, uid: str, reason: str = "rejected while waiting") -> Placement | None:
+        w = self.waiting.pop(uid, None)
+        if w is None:
+            return None
+        self._unreserve(w.cycle, w.pod, w.row)
+        return Placement(w.pod, status.unschedulable("Permit", reason), w.row, self.state.names[w.row])
+
+    def expire_waiting(self) -> list[Placement]:
+        now = self.clock()
+        return [p for uid, w in list(self.waiting.items()) if w.deadline <= now
+                for p in (self.reject(uid, "timed out waiting in Permit"),) if p is not None]
+
+    def plugin_names(self) -> list[str]:
+        return [getattr(p, "NAME", "?") for p in self.profile.all()]
+
+
+def scores_table(ev: Evaluation, state: ClusterState) -> dict[str, dict[str, int]]:
+    """Per node (feasible only), per plugin: the normalized score, and the weighted total."""
+    out: dict[str, dict[str, int]] = {}
+    assert ev.total is not None
+    for row in np.flatnonzero(ev.feasible).tolist():
+        entry = {name: int(scores[row]) for name, scores in ev.scores.items()}
+        entry["total"] = int(ev.total[row])
+        out[state.names[row]] = entry
+    return out
+
+
+def rejections_table(ev: Evaluation, state: ClusterState) -> dict[str, list[str]]:
+    """Per node: the filter plugins that rejected it."""
+    out: dict[str, list[str]] = {}
+    for name, mask in ev.masks.items():
+        for row in np.flatnonzero(state.schedulable_rows() & ~mask).tolist():
+            out.setdefault(state.names[row], []).append(name)
+    return out
+

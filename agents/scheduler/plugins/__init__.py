@@ -1,0 +1,1 @@
+"""The in-tree plugins, one module (or folder) each, registered in `framework.registry`."""

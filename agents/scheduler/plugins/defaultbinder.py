@@ -1,0 +1,45 @@
+"""DefaultBinder (Bind): binding a pod here means claiming the node in the commit protocol.
+
+It produces the Claim for the node's owner (hold id = pod uid, attempt, node), with the full
+request, the priority, the decision key, the gang's min-available and the node the pod is
+nominated to (the decider clears that nomination when it accepts the pod). The Binding itself
+is the decider's to write, once the owner holds the claim.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from agents.ports import Output
+from agents.scheduler.cluster import ClusterState
+from agents.scheduler.framework.interface import CycleState, PodInfo
+from agents.scheduler.plugins.args import NoArgs
+from schemas import topics
+from schemas.records import GANG_MIN_AVAILABLE_ANNOTATION, Claim, ResourceList
+
+NAME = "DefaultBinder"
+
+
+class DefaultBinder:
+    NAME: ClassVar[str] = NAME
+
+    def __init__(self, args: NoArgs | None = None) -> None:
+        self._requests: dict[bytes, ResourceList] = {}  # equal requests share one (immutable) map
+
+    def bind(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> list[Output]:
+        node = state.names[row]
+        key = pod.request.tobytes()
+        requests = self._requests.get(key)
+        if requests is None:
+            if len(self._requests) > 4096:
+                self._requests.clear()
+            requests = self._requests[key] = ResourceList(state.space.to_map(pod.request))
+        p = pod.pod
+        gang_min = p.annotations.get(GANG_MIN_AVAILABLE_ANNOTATION, "0")
+        nominated = state.nominator.of(p.uid) if p.uid in state.nominator.nominated_uids() else None
+        return [Output(topics.NODE_INBOX, node, Claim(
+            uid=p.uid, attempt=pod.attempt, node=node, decision_key=pod.decision_key, requests=requests,
+            priority=p.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
+            gang_min=int(gang_min) if gang_min.isdigit() else 0,
+            nominated_node=nominated.node if nominated is not None else "",
+        ))]

@@ -1,0 +1,124 @@
+"""DefaultPreemption (PostFilter): make room for a pod by evicting pods of lower priority.
+
+Called when a pod fits nowhere. Candidate nodes are those that pass every filter except
+NodeResourcesFit and where the pod would fit if every pod of lower priority left (vectorized
+over all bound pods). On each candidate (at most max(`minCandidateNodesPercentage`% of the
+nodes, `minCandidateNodesAbsolute`), in node order), victims are chosen as kube-scheduler
+does: remove every lower-priority pod, then reprieve them one by one from the highest
+priority down while the pod still fits. The node where the disruption is least wins: the
+lowest highest-victim priority, then the lowest sum of victim priorities, then the fewest
+victims, then the lowest node index.
+
+The result nominates the pod on that node with its full claim (others' filters count it from
+then on) and names the victims; the scheduler sends their EvictionCommands. While victims it
+chose for a pod are still bound, that pod does not preempt again (it waits for them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from agents.scheduler.cluster import ClusterState, PodOnNode
+from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo, PostFilterResult
+from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.noderesources.fit import NAME as FIT
+from schemas.records import Nomination, ResourceList
+
+NAME = "DefaultPreemption"
+
+
+@dataclass(frozen=True)
+class PreemptionArgs:
+    min_candidate_nodes_percentage: int = 10
+    min_candidate_nodes_absolute: int = 100
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> PreemptionArgs:
+        names = {"minCandidateNodesPercentage": "min_candidate_nodes_percentage",
+                 "minCandidateNodesAbsolute": "min_candidate_nodes_absolute"}
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        return cls(**{names[k]: v for k, v in raw.items()})
+
+    def validate(self) -> None:
+        pct, absolute = self.min_candidate_nodes_percentage, self.min_candidate_nodes_absolute
+        if not isinstance(pct, int) or not 0 <= pct <= 100:
+            raise ArgsError("minCandidateNodesPercentage", pct, "must be an integer from 0 to 100")
+        if not isinstance(absolute, int) or absolute < 0:
+            raise ArgsError("minCandidateNodesAbsolute", absolute, "must be a non-negative integer")
+        if pct == 0 and absolute == 0:
+            raise ArgsError("minCandidateNodesAbsolute", absolute, "cannot be 0 when minCandidateNodesPercentage is 0")
+
+
+class DefaultPreemption:
+    NAME: ClassVar[str] = NAME
+
+    def __init__(self, args: PreemptionArgs | None = None) -> None:
+        self.args = args or PreemptionArgs()
+        self._victims_of: dict[str, set[str]] = {}  # preemptor uid -> victims it is waiting for
+
+    def post_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState,
+                    diagnosis: Diagnosis) -> PostFilterResult | None:
+        waiting_for = self._victims_of.get(pod.uid)
+        if waiting_for is not None:
+            waiting_for &= state.bound.keys()
+            if waiting_for:
+                return None  # its victims are still leaving
+            del self._victims_of[pod.uid]
+        n = state.size
+        potential = state.schedulable_rows().copy()
+        for name, mask in diagnosis.masks.items():
+            if name != FIT:
+                potential &= mask
+        bound = state.bound_arrays()
+        lower = bound.priorities < pod.priority
+        if not potential.any() or not lower.any():
+            return None
+        removable = np.zeros((n, len(state.space)), dtype=np.int64)
+        np.add.at(removable, bound.rows[lower], bound.vectors[lower])
+        taken = cycle.read(FIT)
+        room = state.free if taken is None else state.free - taken
+        cols, request = pod.columns, pod.request
+        candidates = np.flatnonzero(potential & ((room + removable)[:, cols] >= request[cols]).all(axis=1))
+        if not candidates.size:
+            return None
+        limit = max(n * self.args.min_candidate_nodes_percentage // 100, self.args.min_candidate_nodes_absolute)
+        candidates = candidates[:limit]
+        on_node: dict[int, list[PodOnNode]] = {int(r): [] for r in candidates}
+        for i in np.flatnonzero(lower & np.isin(bound.rows, candidates)).tolist():
+            placed = bound.pods[i]
+            on_node[placed.row].append(placed)
+        best: tuple[tuple[int, int, int, int], int, list[PodOnNode]] | None = None
+        for row, pods in on_node.items():
+            victims = self._victims(room[row] + removable[row], pods, pod)
+            if not victims:
+                continue
+            prios = [v.pod.priority for v in victims]
+            rank = (max(prios), sum(prios), len(victims), row)
+            if best is None or rank < best[0]:
+                best = (rank, row, victims)
+        if best is None:
+            return None
+        _, row, victims = best
+        self._victims_of[pod.uid] = {v.pod.uid for v in victims}
+        nomination = Nomination(uid=pod.uid, node=state.names[row], priority=pod.priority,
+                                requests=ResourceList(state.space.to_map(pod.request)))
+        return PostFilterResult(nomination, tuple(victims))
+
+    @staticmethod
+    def _victims(room: np.ndarray, pods: list[PodOnNode], pod: PodInfo) -> list[PodOnNode]:
+        """Reprieve lower-priority pods, highest priority first, while the pod still fits."""
+        cols, request = pod.columns, pod.request
+        victims = []
+        for placed in sorted(pods, key=lambda p: (-p.pod.priority, p.pod.uid)):
+            after = room - placed.vector
+            if (after[cols] >= request[cols]).all():
+                room = after  # the pod fits without evicting this one: it stays
+            else:
+                victims.append(placed)
+        return victims

@@ -1,0 +1,159 @@
+"""NodeResourcesFit (PreFilter, Filter, Score): does the pod's request fit, and how full is
+the node afterwards.
+
+Filter: for every resource the pod requests (`pods` included: one per pod), free capacity
+(allocatable - committed - held - assumed) less the claims of other pods nominated there with
+equal or higher priority covers the request. Reasons: "Insufficient <resource>", or
+"Too many pods".
+
+Score, by `scoringStrategy.type` over `scoringStrategy.resources` (default cpu and memory,
+weight 1), with kube-scheduler's integer arithmetic per resource, then the weighted mean
+(integer division):
+- LeastAllocated: (allocatable - requested) x 100 / allocatable, 0 when over.
+- MostAllocated: requested x 100 / allocatable, requested capped at allocatable.
+"requested" includes the incoming pod. Resources a node lacks (allocatable 0) are left out of
+its mean. Unlike kube-scheduler, pods without cpu / memory requests are not counted as 100m /
+200Mi when scoring: the owners publish real requests only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from agents.scheduler.cluster import ClusterEvent, ClusterState
+from agents.scheduler.framework import status
+from agents.scheduler.framework.interface import (
+    MAX_NODE_SCORE,
+    CycleState,
+    Mask,
+    PodInfo,
+    Rows,
+    Scores,
+)
+from agents.scheduler.framework.status import Status
+from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.noderesources.resources import (
+    DEFAULT_SPECS,
+    Counted,
+    ResourceSpec,
+    specs_from,
+    validate_specs,
+)
+
+NAME = "NodeResourcesFit"
+LEAST_ALLOCATED, MOST_ALLOCATED = "LeastAllocated", "MostAllocated"
+STRATEGIES = (LEAST_ALLOCATED, MOST_ALLOCATED)
+
+
+@dataclass(frozen=True)
+class FitArgs:
+    strategy: str = LEAST_ALLOCATED
+    resources: tuple[ResourceSpec, ...] = DEFAULT_SPECS
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> FitArgs:
+        unknown = sorted(set(raw) - {"scoringStrategy"})
+        if unknown:
+            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        strategy = raw.get("scoringStrategy") or {}
+        if not isinstance(strategy, Mapping):
+            raise ArgsError("scoringStrategy", strategy, "must be an object with type and resources")
+        return cls(strategy=strategy.get("type", LEAST_ALLOCATED),
+                   resources=specs_from(strategy.get("resources"), "scoringStrategy.resources"))
+
+    def validate(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ArgsError("scoringStrategy.type", self.strategy, f"must be one of {list(STRATEGIES)}")
+        validate_specs(self.resources, "scoringStrategy.resources")
+
+
+def least_allocated(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64],
+                    weights: npt.NDArray[np.int64]) -> Scores:
+    """Per node (rows) over resources (columns): weighted mean of (alloc - req) x 100 / alloc."""
+    has = allocatable > 0
+    safe = np.where(has, allocatable, 1)
+    per = np.where(has & (requested <= allocatable), (allocatable - requested) * MAX_NODE_SCORE // safe, 0)
+    return _weighted_mean(per, has, weights)
+
+
+def most_allocated(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64],
+                   weights: npt.NDArray[np.int64]) -> Scores:
+    """Per node over resources: weighted mean of min(req, alloc) x 100 / alloc."""
+    has = allocatable > 0
+    safe = np.where(has, allocatable, 1)
+    per = np.where(has, np.minimum(requested, allocatable) * MAX_NODE_SCORE // safe, 0)
+    return _weighted_mean(per, has, weights)
+
+
+def _weighted_mean(per: npt.NDArray[np.int64], has: npt.NDArray[np.bool_], weights: npt.NDArray[np.int64]) -> Scores:
+    total = (per * weights).sum(axis=1)
+    weight_sum = (has * weights).sum(axis=1)
+    out: Scores = np.where(weight_sum > 0, total // np.maximum(weight_sum, 1), 0)
+    return out
+
+
+class Fit:
+    NAME: ClassVar[str] = NAME
+    DYNAMIC: ClassVar[bool] = True
+    NORMALIZES: ClassVar[bool] = False
+    EVENTS: ClassVar[ClusterEvent] = ClusterEvent.ANY
+
+    def __init__(self, args: FitArgs | None = None) -> None:
+        self.args = args or FitArgs()
+        self._scorer = least_allocated if self.args.strategy == LEAST_ALLOCATED else most_allocated
+
+    def sign(self, pod: PodInfo) -> Hashable:
+        return ()  # the request and priority are in every signature already
+
+    def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
+        """Precompute what others' nominations take from each node (None when nothing)."""
+        a = state.nominator.arrays()
+        taken = None
+        if a.rows.size:
+            counted = (a.priorities >= pod.priority) & (a.uids != pod.uid)
+            if counted.any():
+                taken = np.zeros((state.size, len(state.space)), dtype=np.int64)
+                np.add.at(taken, a.rows[counted], a.vectors[counted])
+        cycle.write(NAME, taken)
+        return status.SUCCESS
+
+    def _room(self, cycle: CycleState, state: ClusterState, rows: Rows | Mask) -> npt.NDArray[np.int64]:
+        taken = cycle.read(NAME)
+        free = state.free[rows]
+        return free if taken is None else free - taken[rows]  # type: ignore[no-any-return]
+
+    def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
+        cols = pod.columns
+        room = self._room(cycle, state, rows)
+        fits: Mask = np.all(room[:, cols] >= pod.request[cols], axis=1)
+        return fits
+
+    def explain(self, cycle: CycleState, pod: PodInfo, state: ClusterState, failed: Mask) -> dict[str, int]:
+        room = self._room(cycle, state, failed)
+        reasons: dict[str, int] = {}
+        for col in pod.columns:
+            short = int((room[:, col] < pod.request[col]).sum())
+            if short:
+                name = state.space.names[col]
+                reasons["Too many pods" if name == "pods" else f"Insufficient {name}"] = short
+        return reasons
+
+    def _counted(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Counted:
+        counted = cycle.read(NAME + "/score")
+        if counted is None:
+            counted = Counted.of(self.args.resources, state.space.index, pod.request)
+            cycle.write(NAME + "/score", counted)
+        return counted  # type: ignore[no-any-return]
+
+    def score(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Scores:
+        c = self._counted(cycle, pod, state)
+        requested = state.requested[rows][:, c.columns] + pod.request[c.columns]
+        return self._scorer(requested, state.allocatable_view[rows][:, c.columns], c.weights)
+
+    def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
+        return raw

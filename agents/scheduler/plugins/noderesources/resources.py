@@ -1,0 +1,73 @@
+"""What the resource plugins share: the `resources` arg (name and weight) and which of them
+count for a pod on each node.
+
+As in kube-scheduler, cpu and memory always count (where the node has them); any other
+configured resource counts only when the pod requests it and the node has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from agents.scheduler.plugins.args import ArgsError
+from agents.state.resources import DEFAULT_RESOURCES, Vector
+
+ALWAYS_COUNTED = frozenset({"cpu", "memory"})
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    name: str
+    weight: int = 1
+
+
+DEFAULT_SPECS: tuple[ResourceSpec, ...] = (ResourceSpec("cpu", 1), ResourceSpec("memory", 1))
+
+
+def specs_from(raw: Any, field: str) -> tuple[ResourceSpec, ...]:
+    if raw is None:
+        return DEFAULT_SPECS
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise ArgsError(field, raw, "must be a list of {name, weight}")
+    specs = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            raise ArgsError(f"{field}[{i}]", item, "must be an object with a name")
+        specs.append(ResourceSpec(item["name"], item.get("weight", 1)))
+    return tuple(specs)
+
+
+def validate_specs(specs: tuple[ResourceSpec, ...], field: str, known: Sequence[str] = DEFAULT_RESOURCES) -> None:
+    if not specs:
+        raise ArgsError(field, [], "needs at least one resource")
+    seen: set[str] = set()
+    for i, spec in enumerate(specs):
+        if not isinstance(spec.weight, int) or isinstance(spec.weight, bool) or not 1 <= spec.weight <= 100:
+            raise ArgsError(f"{field}[{i}].weight", spec.weight, "must be an integer from 1 to 100")
+        if spec.name in seen:
+            raise ArgsError(f"{field}[{i}].name", spec.name, "is listed twice")
+        seen.add(spec.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """The columns a score looks at, their weights, and per column whether the pod's request
+    makes it count (cpu and memory always do)."""
+
+    columns: npt.NDArray[np.intp]
+    weights: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, specs: tuple[ResourceSpec, ...], index: Mapping[str, int], request: Vector) -> Counted:
+        cols, weights = [], []
+        for spec in specs:
+            col = index.get(spec.name)
+            if col is not None and (spec.name in ALWAYS_COUNTED or request[col] > 0):
+                cols.append(col)
+                weights.append(spec.weight)
+        return cls(np.asarray(cols, dtype=np.intp), np.asarray(weights, dtype=np.int64))
