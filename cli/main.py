@@ -1,4 +1,4 @@
-"""`koordstream` subcommands: up, worker, broker, demo, publish, read, topics, schema.
+"""`koordstream` subcommands: up, worker, broker, demo, bench, publish, read, topics, schema.
 
 Only argument parsing and printing live here; every action calls into streams/ or perf/.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import threading
@@ -102,6 +103,41 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import platform
+
+    from perf.bench import BasicWorkload, run_basic_repeated
+
+    w = BasicWorkload(nodes=args.nodes, init_pods=args.init_pods, pods=args.pods, identical=args.identical,
+                      seed=args.seed, batch=args.batch)
+    result = run_basic_repeated(w, args.runs)
+    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    table = Table(title=f"koordstream bench basic: {result['workload']} (median of {result['runs']})")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    lat = result["attempt_latency_ms"]
+    rows: list[tuple[str, Any]] = [
+        ("nodes / init pods / measured pods", f"{w.nodes} / {w.init_pods} / {w.pods}"),
+        ("pods placed", result["pods_placed"]),
+        ("throughput (pods/s)", result["throughput_pods_per_s"]),
+        ("throughput per run (pods/s)", ", ".join(str(x) for x in result["throughput_runs_pods_per_s"])),
+        ("attempt latency p50 / p90 / p99 (ms)", f"{lat['p50']} / {lat['p90']} / {lat['p99']}"),
+        ("nodes evaluated per pod", result["nodes_evaluated_per_pod"]),
+        ("peak memory (MiB)", result["peak_memory_mib"]),
+    ]
+    if w.identical:
+        rows += [("one by one, batching off (pods/s)", result["one_by_one_pods_per_s"]),
+                 ("speedup of equivalence classes", result["speedup"])]
+    rows += [(f"share: {name}", f"{share:.1%}") for name, share in result["plugin_share"].items()]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    console.print(table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["pods_placed"] == w.pods else 1
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from streams.publish import publish_file
 
@@ -185,6 +221,18 @@ def parser() -> argparse.ArgumentParser:
                     help="split: a scheduler process and a state-agents process (default); single: one worker")
     sp.add_argument("--json", help="write the summary as JSON to this file")
     sp.set_defaults(fn=cmd_demo)
+    sp = sub.add_parser("bench", help="in-process benchmarks of the scheduling core (no broker)")
+    bsub = sp.add_subparsers(dest="bench_command", required=True)
+    b = bsub.add_parser("basic", help="SchedulingBasic-like: N nodes, init pods, measured pods")
+    b.add_argument("--nodes", type=int, default=5000)
+    b.add_argument("--init-pods", type=int, default=1000)
+    b.add_argument("--pods", type=int, default=10000)
+    b.add_argument("--identical", action="store_true", help="one pod template (the equivalence-class path)")
+    b.add_argument("--seed", type=int, default=42)
+    b.add_argument("--batch", type=int, default=1000, help="pods per scheduling micro-batch")
+    b.add_argument("--runs", type=int, default=3, help="repeat and report the median run")
+    b.add_argument("--json", help="write the result as JSON to this file")
+    b.set_defaults(fn=cmd_bench)
     sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")
     common(sp)
     sp.add_argument("file")

@@ -226,6 +226,19 @@ class ClusterState:
     def allocatable_view(self) -> npt.NDArray[np.int64]:
         return self.allocatable[: self.size]
 
+    def free_row(self, row: int) -> list[int]:
+        """One node's free capacity as Python ints (for the one-node paths of the plugins)."""
+        out: list[int] = self._free[row].tolist()
+        return out
+
+    def requested_row(self, row: int) -> list[int]:
+        out: list[int] = self._requested[row].tolist()
+        return out
+
+    def allocatable_row(self, row: int) -> list[int]:
+        out: list[int] = self.allocatable[row].tolist()
+        return out
+
     def schedulable_rows(self) -> npt.NDArray[np.bool_]:
         """Nodes that exist (cordoning is NodeUnschedulable's business)."""
         return self.present[: self.size]

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from agents.ports import Clock, Output
 from agents.scheduler.cluster import ClusterEvent, ClusterState
@@ -37,7 +38,7 @@ from agents.scheduler.framework.profiles import SchedulerConfig, default_config
 from agents.scheduler.framework.runtime import Evaluation, Framework, Placement
 from agents.scheduler.framework.status import Code
 from agents.scheduler.queue import SchedulingQueue
-from agents.state.resources import ResourceSpace, UnknownResource
+from agents.state.resources import ResourceSpace, UnknownResource, Vector
 from schemas import topics
 from schemas.records import (
     DEFAULT_SCHEDULER,
@@ -90,20 +91,28 @@ class SchedulerCore:
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
         self._arrival = 0
+        # Request vectors by request map: pods of one template share one (read-only) vector.
+        self._requests: dict[tuple[tuple[str, int], ...], tuple[Vector, npt.NDArray[np.intp]]] = {}
 
     # -- inputs -------------------------------------------------------------------------------
 
     def pod_info(self, pod: Pod) -> PodInfo:
         """The framework's view of a pod; raises ValueError naming the field for bad requests."""
-        for name, amount in pod.requests.items():
-            if amount < 0:
-                raise ValueError(f"requests.{name}={amount}: a request cannot be negative")
-        try:
-            request = self.space.pod_request(pod.requests)
-        except UnknownResource as exc:
-            raise ValueError(f"requests.{exc.name}: unknown resource (known: {', '.join(self.space.names)})") from exc
+        signature = tuple(pod.requests.items())
+        known = self._requests.get(signature)
+        if known is None:
+            for name, amount in pod.requests.items():
+                if amount < 0:
+                    raise ValueError(f"requests.{name}={amount}: a request cannot be negative")
+            try:
+                request = self.space.pod_request(pod.requests)
+            except UnknownResource as exc:
+                raise ValueError(f"requests.{exc.name}: unknown resource (known: {', '.join(self.space.names)})") from exc
+            if len(self._requests) > 65536:
+                self._requests.clear()
+            known = self._requests[signature] = (request, np.flatnonzero(request))
         key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
-        return PodInfo(pod, request, np.flatnonzero(request), key, profile=pod.scheduler_name)
+        return PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name)
 
     def add(self, pod: Pod) -> list[Output]:
         """A new or updated pod. Returns final feedback for pods that cannot be placed as they are."""

@@ -13,8 +13,9 @@ never write it: the runtime assumes and forgets claims.
 
 `CycleState` is per-cycle scratch keyed by plugin name: PreFilter / PreScore compute once what
 Filter / Score read for every node. A plugin that depends on allocation (what a placement
-changes) says so with `DYNAMIC = True`; the class path recomputes only those, only on the
-node that changed. A plugin contributes to a pod's equivalence signature with `sign(pod)`;
+changes) says so with `DYNAMIC = True` and also answers for a single node in plain Python
+(`filter_row`, `score_row`: numpy's per-call cost dwarfs the arithmetic on one row); the class
+path recomputes only those, only on the node that changed. A plugin contributes to a pod's equivalence signature with `sign(pod)`;
 a plugin that cannot sign a pod returns `UNSIGNABLE`, which sends the pod down the full path.
 """
 
@@ -135,6 +136,13 @@ class FilterPlugin(Plugin, Protocol):
 
 
 @runtime_checkable
+class DynamicFilterPlugin(FilterPlugin, Protocol):
+    def filter_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> bool:
+        """`filter` for one node, in plain Python (the class path asks after every placement).
+        Must agree with `filter` on that node; the batching property test checks it."""
+
+
+@runtime_checkable
 class PostFilterPlugin(Plugin, Protocol):
     def post_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState,
                     diagnosis: Diagnosis) -> PostFilterResult | None:
@@ -159,6 +167,12 @@ class ScorePlugin(Plugin, Protocol):
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
         """Map raw scores (over all rows) to [0, MAX_NODE_SCORE], judging by feasible rows only.
         Called only when NORMALIZES is true."""
+
+
+@runtime_checkable
+class DynamicScorePlugin(ScorePlugin, Protocol):
+    def score_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> int:
+        """`score` for one node, in plain Python; must agree with `score` on that node."""
 
 
 @runtime_checkable

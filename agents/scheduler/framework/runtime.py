@@ -3,7 +3,7 @@
 `Framework.schedule(pods)` takes pods in queue order and returns one `Placement` per pod.
 Consecutive pods with equal signatures form an equivalence class (DESIGN.md, "Equivalence
 classes"): the class is filtered and scored once over every node, then its pods are placed
-one after another from a heap of (score, node index); after each placement only the node just
+one after another in order of (score, node index) (`Ranking`); after each placement only the node just
 used is filtered and scored again, and only by the plugins that depend on allocation
 (`DYNAMIC`). Ties break by the lowest node index, as `argmax` does on the full path, so batched
 placement equals one-by-one placement (a property test checks it). When a node leaves the
@@ -43,6 +43,8 @@ from agents.scheduler.framework.interface import (
     BindPlugin,
     CycleState,
     Diagnosis,
+    DynamicFilterPlugin,
+    DynamicScorePlugin,
     FilterPlugin,
     Mask,
     PermitPlugin,
@@ -130,6 +132,34 @@ class Waiting:
     deadline: float
 
 
+class Ranking:
+    """Feasible nodes by score (highest first), ties by node index: the order `argmax` picks.
+
+    The nodes as first scored are sorted once (vectorized); nodes scored again after a
+    placement go into a small heap; `pop` takes the better of the two heads."""
+
+    def __init__(self, total: Scores, feasible: Mask) -> None:
+        rows = np.flatnonzero(feasible)
+        order = rows[np.lexsort((rows, -total[rows]))]
+        self._keys: list[int] = (-total[order]).tolist()
+        self._rows: list[int] = order.tolist()
+        self._next = 0
+        self._heap: list[tuple[int, int]] = []
+
+    def __bool__(self) -> bool:
+        return self._next < len(self._rows) or bool(self._heap)
+
+    def pop(self) -> int:
+        i = self._next
+        if self._heap and (i >= len(self._rows) or self._heap[0] < (self._keys[i], self._rows[i])):
+            return heapq.heappop(self._heap)[1]
+        self._next = i + 1
+        return self._rows[i]
+
+    def push(self, score: int, row: int) -> None:
+        heapq.heappush(self._heap, (-score, row))
+
+
 class Framework:
     def __init__(self, plugins: ProfilePlugins, state: ClusterState, *,
                  timer: Callable[[], int], clock: Callable[[], float] | None = None) -> None:
@@ -144,8 +174,13 @@ class Framework:
         unsigned = [p for p in plugins.all() if not isinstance(p, SignPlugin)
                     and isinstance(p, (FilterPlugin, ScorePlugin, PreFilterPlugin))]
         self.batching = (plugins.percentage_of_nodes_to_score == 100 and not unsigned
-                         and not any(p.DYNAMIC and p.NORMALIZES for p, _ in plugins.score))
+                         and not any(p.DYNAMIC and (p.NORMALIZES or not isinstance(p, DynamicScorePlugin))
+                                     for p, _ in plugins.score)
+                         and not any(p.DYNAMIC and not isinstance(p, DynamicFilterPlugin) for p in plugins.filter))
         self._next_start = 0  # where the next partial search starts (percentageOfNodesToScore)
+        # When a list, the time from the start of each pod's attempt (or of the previous
+        # placement, inside a class) to its placement, in ns: the benchmark's latencies.
+        self.attempts_ns: list[int] | None = None
 
     def _timed(self, plugin: Any, point: str, method: Callable[..., T], *args: Any) -> T:
         t0 = self.timer()
@@ -257,15 +292,18 @@ class Framework:
         out: list[Placement] = []
         i = 0
         while i < len(pods):
+            started = self.timer() if self.attempts_ns is not None else 0
             sig = self.signature(pods[i]) if batching else None
             j = i + 1
             if sig is not None:
                 while j < len(pods) and self.signature(pods[j]) == sig:
                     j += 1
             if j - i > 1:
-                out += self._schedule_class(pods[i:j])
+                out += self._schedule_class(pods[i:j], started)
             else:
                 out.append(self.schedule_one(pods[i]))
+                if self.attempts_ns is not None:
+                    self.attempts_ns.append(self.timer() - started)
             i = j
         return out
 
@@ -289,7 +327,7 @@ class Framework:
                     break
         return placement
 
-    def _schedule_class(self, pods: Sequence[PodInfo]) -> list[Placement]:
+    def _schedule_class(self, pods: Sequence[PodInfo], started: int = 0) -> list[Placement]:
         state = self.state
         first = pods[0]
         ev = self.evaluate(first)
@@ -297,8 +335,7 @@ class Framework:
             return [self._unschedulable(first, ev)] + [self.schedule_one(p) for p in pods[1:]]
         cycle, feasible = ev.cycle, ev.feasible
         scored = [(p, w) for p, w in self.profile.score if p.NAME not in cycle.skip_score]
-        dynamic_filters = [p for p in self.profile.filter if p.DYNAMIC and p.NAME not in cycle.skip_filter]
-        dynamic_scores = [(p, w) for p, w in scored if p.DYNAMIC]
+        dynamic_scores: list[tuple[Any, int]] = [(p, w) for p, w in scored if p.DYNAMIC]
         static = [(p, w) for p, w in scored if not p.DYNAMIC]
         renormalize = [(p, w) for p, w in static if p.NORMALIZES]
         raw_static = {p.NAME: self._timed(p, "Score", p.score, cycle, first, state, ALL)
@@ -309,58 +346,54 @@ class Framework:
         dynamic_total = np.zeros(state.size, dtype=np.int64)
         for p, w in dynamic_scores:
             dynamic_total += w * ev.scores[p.NAME]
-        heap = self._heap(static_total + dynamic_total, feasible)
+        dynamic_filters: list[Any] = [p for p in self.profile.filter if p.DYNAMIC and p.NAME not in cycle.skip_filter]
+        ranking = Ranking(static_total + dynamic_total, feasible)
+        timer, timings, profiled = self.timer, self.timings, self.attempts_ns is not None
         out: list[Placement] = []
         for k, pod in enumerate(pods):
-            if not heap:
+            if not ranking:
                 return out + [self.schedule_one(p) for p in pods[k:]]
-            _, row = heapq.heappop(heap)
+            row = ranking.pop()
             placement = self._place(cycle, pod, row)
             out.append(placement)
             if not placement.placed and placement.status.code != Code.WAIT:
                 return out + [self.schedule_one(p) for p in pods[k + 1:]]
-            rows = slice(row, row + 1)
-            if self._still_fits(cycle, pod, rows, dynamic_filters):
-                score = self._rescore(cycle, pod, rows, dynamic_scores)
-                dynamic_total[row] = score
-                heapq.heappush(heap, (-(int(static_total[row]) + score), row))
-                continue
-            feasible[row] = False
-            if renormalize:
-                before = static_total.copy()
-                static_total[:] = 0
-                for p, w in static:
-                    raw = raw_static.get(p.NAME)
-                    static_total += w * (p.normalize(cycle, raw, feasible) if raw is not None else ev.scores[p.NAME])
-                if not np.array_equal(static_total[feasible], before[feasible]):
-                    heap = self._heap(static_total + dynamic_total, feasible)
+            # Only the node just used changed, and only for the plugins that read allocation.
+            fits = True
+            for flt in dynamic_filters:
+                t0 = timer()
+                fits = flt.filter_row(cycle, pod, state, row)
+                timings[(flt.NAME, "Filter")] += timer() - t0
+                if not fits:
+                    break
+            if fits:
+                score = int(static_total[row])
+                for scorer, weight in dynamic_scores:
+                    t0 = timer()
+                    score += weight * scorer.score_row(cycle, pod, state, row)
+                    timings[(scorer.NAME, "Score")] += timer() - t0
+                dynamic_total[row] = score - int(static_total[row])
+                ranking.push(score, row)
+            else:
+                feasible[row] = False
+                if renormalize and self._renormalize(cycle, static, raw_static, ev, feasible, static_total):
+                    ranking = Ranking(static_total + dynamic_total, feasible)
+            if profiled:
+                now = timer()
+                self.attempts_ns.append(now - started)  # type: ignore[union-attr]
+                started = now
         return out
 
-    def _still_fits(self, cycle: CycleState, pod: PodInfo, rows: slice, filters: list[FilterPlugin]) -> bool:
-        timer, timings = self.timer, self.timings
-        for plugin in filters:
-            t0 = timer()
-            ok = bool(plugin.filter(cycle, pod, self.state, rows)[0])
-            timings[(plugin.NAME, "Filter")] += timer() - t0
-            if not ok:
-                return False
-        return True
-
-    def _rescore(self, cycle: CycleState, pod: PodInfo, rows: slice, scored: list[tuple[ScorePlugin, int]]) -> int:
-        timer, timings = self.timer, self.timings
-        score = 0
-        for plugin, weight in scored:
-            t0 = timer()
-            score += weight * int(plugin.score(cycle, pod, self.state, rows)[0])
-            timings[(plugin.NAME, "Score")] += timer() - t0
-        return score
-
-    @staticmethod
-    def _heap(total: Scores, feasible: Mask) -> list[tuple[int, int]]:
-        rows = np.flatnonzero(feasible)
-        heap = list(zip((-total[rows]).tolist(), rows.tolist(), strict=True))
-        heapq.heapify(heap)
-        return heap
+    def _renormalize(self, cycle: CycleState, static: list[tuple[ScorePlugin, int]], raw_static: dict[str, Scores],
+                     ev: Evaluation, feasible: Mask, static_total: Scores) -> bool:
+        """A node left the feasible set: normalize the static scores again (in place); True
+        when that changed any feasible node's score."""
+        before = static_total.copy()
+        static_total[:] = 0
+        for p, w in static:
+            raw = raw_static.get(p.NAME)
+            static_total += w * (p.normalize(cycle, raw, feasible) if raw is not None else ev.scores[p.NAME])
+        return not np.array_equal(static_total[feasible], before[feasible])
 
     # -- reserve, permit, bind ----------------------------------------------------------------
 
@@ -386,9 +419,11 @@ class Framework:
 
     def _bind(self, cycle: CycleState, pod: PodInfo, row: int) -> list[Output]:
         for plugin in self.profile.bind:
-            outputs = self._timed(plugin, "Bind", plugin.bind, cycle, pod, self.state, row)
+            t0 = self.timer()
+            outputs = plugin.bind(cycle, pod, self.state, row)
+            self.timings[(plugin.NAME, "Bind")] += self.timer() - t0
             if outputs is not None:
-                return list(outputs)
+                return outputs
         return []
 
     def _unreserve(self, cycle: CycleState, pod: PodInfo, row: int, upto: int | None = None) -> None:

@@ -147,8 +147,13 @@ def _term_mask(term: Term, state: ClusterState) -> npt.NDArray[np.bool_]:
     return mask
 
 
+NONE = ParsedAffinity((), None, ())
+
+
 def _parsed(pod: PodInfo) -> ParsedAffinity | AffinityError:
     cached = pod.derived.get(NAME)
+    if cached is None and not pod.pod.node_selector and not pod.pod.affinity:
+        cached = pod.derived[NAME] = NONE
     if cached is None:
         try:
             cached = parse(pod.pod.node_selector, pod.pod.affinity)

@@ -9,6 +9,7 @@ where std is the population standard deviation of the fractions (for exactly two
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -32,6 +33,7 @@ from agents.scheduler.plugins.noderesources.resources import (
     DEFAULT_SPECS,
     Counted,
     ResourceSpec,
+    request_list,
     specs_from,
     validate_specs,
 )
@@ -57,20 +59,30 @@ class BalancedAllocationArgs:
 def balanced_score(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64]) -> Scores:
     """Per node (rows): int((1 - std of min(req / alloc, 1) over columns with alloc > 0) x 100)."""
     has = allocatable > 0
+    if has.all():
+        fractions = requested / allocatable
+        np.minimum(fractions, 1.0, out=fractions)
+        if fractions.shape[1] == 2:  # kube-scheduler's two-resource formula, as it writes it
+            std = np.abs((fractions[:, 0] - fractions[:, 1]) / 2)
+        elif fractions.shape[1] < 2:
+            std = np.zeros(len(fractions))
+        else:
+            std = fractions.std(axis=1)
+        fast: Scores = ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+        return fast
     fractions = np.where(has, np.minimum(requested / np.where(has, allocatable, 1), 1.0), 0.0)
     count = has.sum(axis=1)
     mean = fractions.sum(axis=1) / np.maximum(count, 1)
     deviation = np.where(has, fractions - mean[:, None], 0.0)
     std = np.sqrt((deviation * deviation).sum(axis=1) / np.maximum(count, 1))
-    if fractions.shape[1] >= 2:
+    pairs = count == 2
+    if pairs.any():
         # Two fractions: kube-scheduler takes |f1 - f2| / 2, which can differ from the square
-        # root in the last bit; take it the same way so truncation agrees.
-        pairs = count == 2
-        if pairs.any():
-            first = np.argmax(has, axis=1)
-            last = has.shape[1] - 1 - np.argmax(has[:, ::-1], axis=1)
-            idx = np.arange(len(fractions))
-            std = np.where(pairs, np.abs((fractions[idx, first] - fractions[idx, last]) / 2), std)
+        # root in the last bit; take it the same way so that truncation agrees.
+        first = np.argmax(has, axis=1)
+        last = has.shape[1] - 1 - np.argmax(has[:, ::-1], axis=1)
+        idx = np.arange(len(fractions))
+        std = np.where(pairs, np.abs((fractions[idx, first] - fractions[idx, last]) / 2), std)
     std = np.where(count >= 2, std, 0.0)
     out: Scores = ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
     return out
@@ -98,6 +110,21 @@ class BalancedAllocation:
         c: Counted = cycle.read(NAME)
         requested = state.requested[rows][:, c.columns] + pod.request[c.columns]
         return balanced_score(requested, state.allocatable_view[rows][:, c.columns])
+
+    def score_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> int:
+        c: Counted = cycle.read(NAME)
+        request, _ = request_list(pod)
+        requested, allocatable = state.requested_row(row), state.allocatable_row(row)
+        fractions = [min((requested[col] + request[col]) / allocatable[col], 1.0)
+                     for col, _ in c.pairs if allocatable[col] > 0]
+        if len(fractions) == 2:
+            std = abs((fractions[0] - fractions[1]) / 2)
+        elif len(fractions) > 2:
+            mean = sum(fractions) / len(fractions)
+            std = math.sqrt(sum((f - mean) * (f - mean) for f in fractions) / len(fractions))
+        else:
+            std = 0.0
+        return int((1.0 - std) * MAX_NODE_SCORE)
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
         return raw

@@ -41,6 +41,9 @@ from agents.scheduler.plugins.noderesources.resources import (
     DEFAULT_SPECS,
     Counted,
     ResourceSpec,
+    column_sum,
+    fits,
+    request_list,
     specs_from,
     validate_specs,
 )
@@ -74,27 +77,34 @@ class FitArgs:
 
 def least_allocated(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64],
                     weights: npt.NDArray[np.int64]) -> Scores:
-    """Per node (rows) over resources (columns): weighted mean of (alloc - req) x 100 / alloc."""
-    has = allocatable > 0
-    safe = np.where(has, allocatable, 1)
-    per = np.where(has & (requested <= allocatable), (allocatable - requested) * MAX_NODE_SCORE // safe, 0)
-    return _weighted_mean(per, has, weights)
+    """Per node (rows) over resources (columns): weighted mean of (alloc - req) x 100 / alloc,
+    0 for a resource whose request exceeds what the node has."""
+    left = np.maximum(allocatable - requested, 0) * MAX_NODE_SCORE
+    return _weighted_mean(left, allocatable, weights)
 
 
 def most_allocated(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64],
                    weights: npt.NDArray[np.int64]) -> Scores:
     """Per node over resources: weighted mean of min(req, alloc) x 100 / alloc."""
+    used = np.minimum(requested, allocatable) * MAX_NODE_SCORE
+    return _weighted_mean(used, allocatable, weights)
+
+
+def _weighted_mean(numerator: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64],
+                   weights: npt.NDArray[np.int64]) -> Scores:
+    """sum(weight x (numerator // alloc)) // sum(weight), over the resources the node has."""
     has = allocatable > 0
-    safe = np.where(has, allocatable, 1)
-    per = np.where(has, np.minimum(requested, allocatable) * MAX_NODE_SCORE // safe, 0)
-    return _weighted_mean(per, has, weights)
-
-
-def _weighted_mean(per: npt.NDArray[np.int64], has: npt.NDArray[np.bool_], weights: npt.NDArray[np.int64]) -> Scores:
+    if has.all():  # the common case: no masking needed
+        per = numerator // allocatable
+        if weights.size and (weights == weights[0]).all():
+            out: Scores = column_sum(per) // per.shape[1]
+            return out
+        return column_sum(per * weights) // weights.sum()  # type: ignore[no-any-return]
+    per = np.where(has, numerator // np.where(has, allocatable, 1), 0)
     total = (per * weights).sum(axis=1)
     weight_sum = (has * weights).sum(axis=1)
-    out: Scores = np.where(weight_sum > 0, total // np.maximum(weight_sum, 1), 0)
-    return out
+    masked: Scores = np.where(weight_sum > 0, total // np.maximum(weight_sum, 1), 0)
+    return masked
 
 
 class Fit:
@@ -128,10 +138,19 @@ class Fit:
         return free if taken is None else free - taken[rows]  # type: ignore[no-any-return]
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
-        cols = pod.columns
         room = self._room(cycle, state, rows)
-        fits: Mask = np.all(room[:, cols] >= pod.request[cols], axis=1)
-        return fits
+        return fits(room, pod.request, pod.columns)
+
+    def filter_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> bool:
+        request, columns = request_list(pod)
+        free = state.free_row(row)
+        taken = cycle.read(NAME)
+        if taken is not None:
+            free = [f - t for f, t in zip(free, taken[row].tolist(), strict=True)]
+        for c in columns:  # noqa: SIM110 - a plain loop beats a generator here (hot path)
+            if free[c] < request[c]:
+                return False
+        return True
 
     def explain(self, cycle: CycleState, pod: PodInfo, state: ClusterState, failed: Mask) -> dict[str, int]:
         room = self._room(cycle, state, failed)
@@ -154,6 +173,22 @@ class Fit:
         c = self._counted(cycle, pod, state)
         requested = state.requested[rows][:, c.columns] + pod.request[c.columns]
         return self._scorer(requested, state.allocatable_view[rows][:, c.columns], c.weights)
+
+    def score_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> int:
+        c = self._counted(cycle, pod, state)
+        request, _ = request_list(pod)
+        requested, allocatable = state.requested_row(row), state.allocatable_row(row)
+        least = self.args.strategy == LEAST_ALLOCATED
+        total = weight_sum = 0
+        for col, weight in c.pairs:
+            alloc = allocatable[col]
+            if alloc <= 0:
+                continue
+            req = requested[col] + request[col]
+            per = max(alloc - req, 0) * MAX_NODE_SCORE // alloc if least else min(req, alloc) * MAX_NODE_SCORE // alloc
+            total += per * weight
+            weight_sum += weight
+        return total // weight_sum if weight_sum else 0
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
         return raw
