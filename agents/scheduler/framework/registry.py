@@ -45,11 +45,11 @@ REGISTRY: dict[str, Registration] = {
 def args_from_mapping(args_type: type[Any], raw: Mapping[str, Any] | None) -> Any:
     """Build and validate a plugin's args from YAML; unknown fields are errors."""
     raw = dict(raw or {})
-    names = {f.name for f in dataclasses.fields(args_type)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
-    convert = getattr(args_type, "from_mapping", None)
+    convert = getattr(args_type, "from_mapping", None)  # YAML names differ: it checks them itself
+    if convert is None:
+        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(args_type)})
+        if unknown:
+            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
     args = convert(raw) if convert is not None else args_type(**raw)
     args.validate()
     return args

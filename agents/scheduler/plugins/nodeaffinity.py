@@ -171,7 +171,10 @@ class NodeAffinityArgs:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> NodeAffinityArgs:
-        return cls(added_affinity=raw.get("addedAffinity", raw.get("added_affinity")))
+        unknown = sorted(set(raw) - {"addedAffinity"})
+        if unknown:
+            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        return cls(added_affinity=raw.get("addedAffinity"))
 
     def validate(self) -> None:
         if self.added_affinity is not None:

@@ -1,0 +1,101 @@
+"""Equivalence classes: for random clusters and pod lists, batched placement equals one-by-one
+placement in the same order (DESIGN.md, "Equivalence classes"), including nodes filling up,
+scores normalized over the feasible nodes, nominations and pods that fit nowhere."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.scheduler.cluster import ClusterState
+from agents.scheduler.framework.profiles import load
+from agents.scheduler.framework.runtime import Framework
+from schemas.records import Node, Nomination, Pod, ResourceList, Taint, Toleration
+from tests.unit.scheduler.conftest import SPACE, info
+
+PROFILES = load("""
+profiles:
+  - schedulerName: default-scheduler
+  - schedulerName: packer
+    pluginConfig:
+      - name: NodeResourcesFit
+        args: {scoringStrategy: {type: MostAllocated}}
+""").by_name()
+
+PREFER_ZONE = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+    {"weight": 20, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}},
+    {"weight": 5, "preference": {"matchExpressions": [{"key": "disk", "operator": "Exists"}]}},
+]}}
+
+nodes = st.lists(st.builds(
+    lambda i, cpu, mem, zone, disk, taint, cordoned: (cpu, mem, zone, disk, taint, cordoned),
+    st.integers(), st.integers(1, 16).map(lambda c: c * 500), st.integers(1, 16).map(lambda m: m * 2**28),
+    st.sampled_from(["z1", "z2", "z3"]), st.booleans(),
+    st.sampled_from([None, "soft", "hard"]), st.booleans(),
+), min_size=1, max_size=12)
+
+templates = st.lists(st.tuples(
+    st.integers(0, 8).map(lambda c: c * 250),   # cpu (0: best effort)
+    st.integers(0, 8).map(lambda m: m * 2**27),  # memory
+    st.sampled_from([0, 5, 10]),                 # priority
+    st.booleans(),                               # tolerates the soft taint
+    st.booleans(),                               # prefers zone z1
+    st.sampled_from([{}, {"zone": "z2"}]),       # node selector
+), min_size=1, max_size=4)
+
+
+def build(node_specs: list[tuple], nominated: bool) -> ClusterState:  # type: ignore[type-arg]
+    out = []
+    for i, (cpu, mem, zone, disk, taint, cordoned) in enumerate(node_specs):
+        taints = () if taint is None else (Taint("spot", "1", "PreferNoSchedule" if taint == "soft" else "NoSchedule"),)
+        labels = {"zone": zone, **({"disk": "ssd"} if disk else {})}
+        out.append(Node(name=f"n{i:02d}", labels=labels, taints=taints, unschedulable=cordoned,
+                        allocatable=ResourceList({"cpu": cpu, "memory": mem, "pods": 6})))
+    state = ClusterState.from_records(SPACE, out)
+    if nominated:
+        state.nominator.nominate(Nomination(uid="someone", node="n00", priority=5,
+                                            requests=ResourceList(cpu=500, memory=2**28, pods=1)))
+    return state
+
+
+def pods_from(tpl: list[tuple], runs: list[tuple[int, int]]) -> list[Pod]:  # type: ignore[type-arg]
+    out = []
+    for t_index, count in runs:
+        cpu, mem, prio, tolerate, prefer, selector = tpl[t_index % len(tpl)]
+        for _ in range(count):
+            uid = f"p{len(out):03d}"
+            out.append(Pod(uid=uid, name=uid, priority=prio, requests=ResourceList({"cpu": cpu, "memory": mem}),
+                           tolerations=(Toleration("spot", "Exists"),) if tolerate else (),
+                           affinity=PREFER_ZONE if prefer else {}, node_selector=selector))
+    return out
+
+
+def place(node_specs: list[tuple], nominated: bool, pods: list[Pod], profile: str, batching: bool) -> list[tuple]:  # type: ignore[type-arg]
+    state = build(node_specs, nominated)
+    fw = Framework(PROFILES[profile], state, timer=lambda: 0)
+    infos = [info(p) for p in pods]
+    for i, p in enumerate(infos):
+        p.arrival = i
+    return [(p.pod.uid, p.node, p.status.code, p.diagnosis.message() if p.diagnosis else "")
+            for p in fw.schedule(infos, batching=batching)]
+
+
+@settings(max_examples=300)
+@given(nodes, templates, st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12)), min_size=1, max_size=6),
+       st.booleans(), st.sampled_from(["default-scheduler", "packer"]))
+def test_batched_placement_equals_one_by_one(node_specs, tpl, runs, nominated, profile) -> None:  # type: ignore[no-untyped-def]
+    pods = pods_from(tpl, runs)
+    batched = place(node_specs, nominated, pods, profile, batching=True)
+    one_by_one = place(node_specs, nominated, pods, profile, batching=False)
+    assert batched == one_by_one
+
+
+def test_a_run_of_identical_pods_is_one_class() -> None:
+    node_specs = [(4000, 2**33, "z1", False, None, False)] * 3
+    pods = pods_from([(500, 2**28, 0, False, False, {})], [(0, 9)])
+    state = build(node_specs, nominated=False)
+    fw = Framework(PROFILES["default-scheduler"], state, timer=lambda: 0)
+    infos = [info(p) for p in pods]
+    assert len({fw.signature(p) for p in infos}) == 1
+    placed = [p.node for p in fw.schedule(infos)]
+    assert sorted(placed) == ["n00"] * 3 + ["n01"] * 3 + ["n02"] * 3

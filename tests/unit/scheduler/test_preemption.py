@@ -1,0 +1,81 @@
+"""DefaultPreemption: candidates, victims (fewest, lowest priority, reprieved from the top),
+the node with the least disruption, nomination and eviction through the core."""
+
+from __future__ import annotations
+
+from agents.scheduler.cluster import ClusterState
+from agents.scheduler.core import SchedulerCore
+from agents.scheduler.framework.profiles import default_config
+from agents.scheduler.framework.runtime import Framework
+from agents.state.resources import ResourceSpace
+from schemas.records import BoundPod, Claim, EvictionCommand, Nomination, ResourceList, SchedulingFeedback, Taint
+from tests.builders import make_node, make_pod
+from tests.unit.scheduler.conftest import info, state_of
+
+
+def bound(uid: str, cpu: int, priority: int) -> BoundPod:
+    return BoundPod(uid=uid, name=uid, priority=priority, requests=ResourceList(cpu=cpu))
+
+
+def preempt(state: ClusterState, pod_cpu: int, priority: int = 100):  # noqa: ANN201
+    fw = Framework(default_config().profiles[0], state, timer=lambda: 0)
+    [placement] = fw.schedule([info(make_pod("boss", cpu=pod_cpu, memory=0, priority=priority))])
+    assert not placement.placed
+    return placement.preemption, fw
+
+
+def test_victims_are_reprieved_from_the_highest_priority_down() -> None:
+    state = state_of(make_node("a", cpu=4000), bound={"a": [bound("v1", 1000, 1), bound("v2", 3000, 2)]})
+    result, _ = preempt(state, 2500)
+    assert result is not None
+    assert result.nomination.node == "a" and [v.pod.uid for v in result.victims] == ["v2"]
+
+
+def test_the_node_with_the_least_disruption_wins() -> None:
+    state = state_of(make_node("a", cpu=2000), make_node("b", cpu=2000), make_node("c", cpu=2000), bound={
+        "a": [bound("a1", 2000, 50)],
+        "b": [bound("b1", 1000, 5), bound("b2", 1000, 5)],
+        "c": [bound("c1", 2000, 5)],
+    })
+    result, _ = preempt(state, 2000)
+    # a's victim has priority 50; b and c have 5, but c needs one victim, b two
+    assert result is not None and result.nomination.node == "c" and [v.pod.uid for v in result.victims] == ["c1"]
+
+
+def test_no_preemption_of_equal_or_higher_priority_or_past_other_filters() -> None:
+    state = state_of(make_node("a", cpu=2000), make_node("b", cpu=2000, taints=(Taint("x", "y", "NoSchedule"),)),
+                     bound={"a": [bound("peer", 2000, 100)], "b": [bound("low", 2000, 1)]})
+    result, _ = preempt(state, 2000, priority=100)
+    assert result is None  # a holds an equal-priority pod; b has a taint preemption cannot fix
+
+
+def test_a_preemptor_waits_for_its_victims_instead_of_preempting_again() -> None:
+    state = state_of(make_node("a", cpu=2000), make_node("b", cpu=2000),
+                     bound={"a": [bound("v", 2000, 1)], "b": [bound("w", 2000, 1)]})
+    result, fw = preempt(state, 2000)
+    assert result is not None and result.nomination.node == "a"
+    state.nominator.nominate(result.nomination)
+    [again] = fw.schedule([info(make_pod("boss", cpu=2000, memory=0, priority=100))])
+    assert again.preemption is None  # "v" is still running: it waits rather than evict "w" too
+
+
+def test_core_nominates_evicts_and_keeps_others_off_the_nominated_capacity() -> None:
+    space = ResourceSpace()
+    state = ClusterState.from_records(space, [make_node("a", cpu=2000)], {"a": [bound("victim", 2000, 1)]})
+    core = SchedulerCore(space, state, lambda: 0.0)
+    core.add(make_pod("boss", cpu=2000, memory=0, priority=100))
+    outputs = core.schedule()
+    records = [o.record for o in outputs]
+    assert any(isinstance(r, SchedulingFeedback) for r in records)
+    [nomination] = [r for r in records if isinstance(r, Nomination)]
+    [eviction] = [r for r in records if isinstance(r, EvictionCommand)]
+    assert (nomination.node, nomination.uid, eviction.uid, eviction.preemptor_uid) == ("a", "boss", "victim", "boss")
+    # The victim leaves; a lower-priority pod arriving first does not get the promised capacity.
+    from schemas.records import NodeStateChange
+
+    core.apply_state_changes([NodeStateChange(node="a", seq=9, allocatable=ResourceList(cpu=2000, pods=110),
+                                              holds={"victim/0/a": "terminated"}, nominations=(nomination,))])
+    core.add(make_pod("late", cpu=2000, memory=0, priority=1))
+    core.queue.clock = lambda: 100.0  # past every backoff
+    claims = [o.record for o in core.schedule() if isinstance(o.record, Claim)]
+    assert [(c.uid, c.node, c.nominated_node) for c in claims] == [("boss", "a", "a")]
