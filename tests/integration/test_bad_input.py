@@ -10,7 +10,7 @@ import pytest
 
 from schemas import topics
 from schemas.codec import encode
-from schemas.records import Binding, DeadLetter, Pod, ResourceList
+from schemas.records import Binding, DeadLetter, Pod, ResourceList, SchedulingFeedback
 from tests.integration.harness import Harness
 
 pytestmark = pytest.mark.integration
@@ -102,3 +102,22 @@ async def test_deciders_drop_a_zombies_records(harness: Harness, run_id: str) ->
     await held(f"later-{run_id}", 100)
     await harness.wait_for(Binding, lambda b: b.uid in {f"fresh-{run_id}", f"later-{run_id}"}, count=2)
     assert not harness.seen(Binding, lambda b: b.uid == f"zombie-{run_id}")
+
+
+BAD_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": "zone=z1"}}}
+
+
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"scheduler_name": "no-such-profile"}, "no scheduler profile named 'no-such-profile'"),
+    ({"requests": ResourceList({"example.com/widget": 2})}, "unknown resource"),
+    ({"affinity": BAD_AFFINITY}, "nodeSelectorTerms"),
+], ids=["unknown-profile", "unknown-resource", "malformed-affinity"])
+async def test_unplaceable_pod_gets_final_feedback_and_the_next_pod_is_bound(
+        harness: Harness, run_id: str, fields: dict[str, object], says: str) -> None:
+    bad = Pod(uid=f"unplaceable-{run_id}", name="unplaceable", **fields)  # type: ignore[arg-type]
+    good = Pod(uid=f"after-unplaceable-{run_id}", name="after", requests=ResourceList(cpu=10))
+    await harness.publish(topics.PODS, [bad, good])
+    [feedback] = await harness.wait_for(SchedulingFeedback, lambda f: f.uid == bad.uid)
+    assert feedback.final and says in feedback.message
+    await harness.wait_for(Binding, lambda b: b.uid == good.uid)
+    assert len(harness.seen(SchedulingFeedback, lambda f: f.uid == bad.uid)) == 1  # not retried in a loop

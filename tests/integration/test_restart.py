@@ -71,3 +71,36 @@ async def test_replacement_worker_recovers_committed_capacity() -> None:
             for proc in (first, second):
                 if proc is not None:
                     stop(proc, 5)
+
+
+async def test_pending_pods_survive_a_scheduler_restart() -> None:
+    """A pod that fits nowhere waits in the scheduler's queue; the worker is killed; its
+    replacement rebuilds the queue from the pods topic and places the pod once a node fits."""
+    async with EmbeddedBroker() as broker:
+        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": broker.bootstrap,
+               "KOORDSTREAM_KAFKA_PARTITIONS": str(PARTITIONS)}
+        await prepare(load_settings(env=env))
+        first = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+        second = None
+        try:
+            async with Harness(broker.bootstrap) as h:
+                await h.publish(topics.NODES, [Node(name="small", allocatable=ResourceList(cpu=1000, memory=2**32))])
+                await h.wait_for(NodeStateChange, lambda c: c.node == "small", timeout=90)
+                fits = Pod(uid="fits", name="fits", requests=ResourceList(cpu=500))
+                waits = Pod(uid="waits", name="waits", requests=ResourceList(cpu=3000))
+                await h.publish(topics.PODS, [fits, waits])
+                await h.wait_for(Binding, lambda b: b.uid == "fits")
+                await h.wait_for(SchedulingFeedback, lambda f: f.uid == "waits")
+                await asyncio.sleep(2.5)  # past the worker's offset commit interval
+                first.send_signal(signal.SIGKILL)
+                first.wait()
+                second = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+                await h.publish(topics.NODES, [Node(name="large", allocatable=ResourceList(cpu=4000, memory=2**32))])
+                [binding] = await h.wait_for(Binding, lambda b: b.uid == "waits", timeout=90)
+                assert binding.node == "large"
+                await asyncio.sleep(1.0)
+                assert len(h.seen(Binding, lambda b: b.uid == "fits")) == 1  # not bound again
+        finally:
+            for proc in (first, second):
+                if proc is not None:
+                    stop(proc, 5)

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from agents.scheduler.framework.status import Code
-from agents.scheduler.plugins.nodeaffinity import AffinityError, NodeAffinity, NodeAffinityArgs, parse
+from agents.scheduler.plugins.nodeaffinity import (
+    AffinityError,
+    NodeAffinity,
+    NodeAffinityArgs,
+    parse,
+)
 from agents.scheduler.plugins.nodeunschedulable import NodeUnschedulable
 from agents.scheduler.plugins.prioritysort import PrioritySort
 from agents.scheduler.plugins.tainttoleration import TaintToleration, tolerates_one

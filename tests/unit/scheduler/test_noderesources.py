@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 from agents.scheduler.framework.interface import ALL
 from agents.scheduler.plugins.args import ArgsError
-from agents.scheduler.plugins.noderesources import BalancedAllocation, BalancedAllocationArgs, Fit, FitArgs
+from agents.scheduler.plugins.noderesources import (
+    BalancedAllocation,
+    BalancedAllocationArgs,
+    Fit,
+    FitArgs,
+)
 from agents.scheduler.plugins.noderesources.balanced_allocation import balanced_score
 from agents.scheduler.plugins.noderesources.fit import least_allocated, most_allocated
 from agents.scheduler.plugins.noderesources.resources import ResourceSpec

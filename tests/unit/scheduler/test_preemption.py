@@ -8,7 +8,15 @@ from agents.scheduler.core import SchedulerCore
 from agents.scheduler.framework.profiles import default_config
 from agents.scheduler.framework.runtime import Framework
 from agents.state.resources import ResourceSpace
-from schemas.records import BoundPod, Claim, EvictionCommand, Nomination, ResourceList, SchedulingFeedback, Taint
+from schemas.records import (
+    BoundPod,
+    Claim,
+    EvictionCommand,
+    Nomination,
+    ResourceList,
+    SchedulingFeedback,
+    Taint,
+)
 from tests.builders import make_node, make_pod
 from tests.unit.scheduler.conftest import info, state_of
 

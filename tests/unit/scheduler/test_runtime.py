@@ -11,7 +11,12 @@ from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import CycleState, PodInfo
 from agents.scheduler.framework.profiles import default_config
-from agents.scheduler.framework.runtime import Framework, ProfilePlugins, rejections_table, scores_table
+from agents.scheduler.framework.runtime import (
+    Framework,
+    ProfilePlugins,
+    rejections_table,
+    scores_table,
+)
 from agents.scheduler.framework.status import Code, Status
 from tests.builders import make_node, make_pod
 from tests.unit.scheduler.conftest import info, state_of
