@@ -15,6 +15,7 @@ committed as an owner would, before the measured phase.
 
 from __future__ import annotations
 
+import gc
 import random
 import resource
 import time
@@ -28,6 +29,8 @@ from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
 from agents.state.resources import ResourceSpace
 from schemas.records import BoundPod, Claim, Node, Pod, ResourceList
+from streams.process import tune_gc
+from streams.settings import WorkerSettings
 
 GI, MI = 2**30, 2**20
 NODE_CPU, NODE_MEMORY, NODE_PODS = 64_000, 256 * GI, 110
@@ -42,6 +45,7 @@ class BasicWorkload:
     identical: bool = False
     seed: int = 42
     batch: int = 1000
+    gc_threshold: int = WorkerSettings().gc_threshold  # as the worker runs (0: Python's default)
 
 
 def make_nodes(count: int) -> list[Node]:
@@ -103,6 +107,7 @@ def _measure(core: SchedulerCore, pods: list[Pod], batch: int,
 
 
 def run_basic(w: BasicWorkload) -> dict[str, Any]:
+    tune_gc(w.gc_threshold)
     rng = random.Random(w.seed)
     nodes = make_nodes(w.nodes)
     core = _core(nodes, batching=True)
@@ -135,6 +140,7 @@ def run_basic(w: BasicWorkload) -> dict[str, Any]:
         "nodes_evaluated_per_pod": float(w.nodes),
         "plugin_share": share,
         "peak_memory_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "gc_threshold": gc.get_threshold()[0],
     }
     if w.identical:
         one = _core(nodes, batching=False)

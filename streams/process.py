@@ -4,6 +4,7 @@ and are stopped with a deadline (SIGTERM, then SIGKILL)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import signal
 import subprocess
 import sys
@@ -34,3 +35,10 @@ def stop(proc: subprocess.Popen[bytes], deadline_s: float = 8.0) -> int:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def tune_gc(threshold: int) -> None:
+    """Collect the young generation every `threshold` allocations (0: Python's default)."""
+    if threshold > 0:
+        _, older, oldest = gc.get_threshold()
+        gc.set_threshold(threshold, older, oldest)

@@ -17,6 +17,7 @@ import faust
 from streams.admin import ensure_topics
 from streams.app import build_app
 from streams.catalogue import catalogue
+from streams.process import tune_gc
 from streams.settings import Settings
 
 
@@ -44,6 +45,7 @@ async def prepare(settings: Settings) -> list[str]:
 
 
 def run_worker(settings: Settings) -> None:
+    tune_gc(settings.worker.gc_threshold)
     asyncio.run(prepare(settings))
     app = build_app(settings)
     worker = DeadlineWorker(app, loglevel=settings.worker.loglevel, quiet=True, override_logging=True)

@@ -78,7 +78,6 @@ class ClusterState:
         width = len(space)
         self.allocatable = np.zeros((capacity, width), dtype=np.int64)
         self.used = np.zeros((capacity, width), dtype=np.int64)
-        self.assumed = np.zeros((capacity, width), dtype=np.int64)
         self._requested = np.zeros((capacity, width), dtype=np.int64)
         self._free = np.zeros((capacity, width), dtype=np.int64)
         self.present = np.zeros(capacity, dtype=bool)  # known to its owner and not deleted
@@ -116,7 +115,6 @@ class ClusterState:
 
         self.allocatable = doubled(self.allocatable)  # type: ignore[assignment]
         self.used = doubled(self.used)  # type: ignore[assignment]
-        self.assumed = doubled(self.assumed)  # type: ignore[assignment]
         self._requested = doubled(self._requested)  # type: ignore[assignment]
         self._free = doubled(self._free)  # type: ignore[assignment]
         self.present = doubled(self.present)  # type: ignore[assignment]
@@ -136,8 +134,7 @@ class ClusterState:
         before = self.allocatable[row].copy()
         was = bool(self.present[row]) and not bool(self.unschedulable[row])
         self.allocatable[row] = self.space.allocatable(change.allocatable)
-        self.used[row] = self.space.known(change.used)
-        self._refresh(row)
+        self._set_used(row, self.space.known(change.used))
         self.present[row] = not change.deleted
         self.unschedulable[row] = change.unschedulable
         now = bool(self.present[row]) and not change.unschedulable
@@ -172,7 +169,7 @@ class ClusterState:
         """Library use: a node as its owner would report it, with nothing on it."""
         row = self._row(node.name)
         self.allocatable[row] = self.space.allocatable(node.allocatable)
-        self._refresh(row)
+        self._set_used(row, self.used[row].copy())
         self.present[row] = True
         self.unschedulable[row] = node.unschedulable
         self.records[row] = node
@@ -183,8 +180,7 @@ class ClusterState:
         """Library use: a pod already running on `node` (its request counts as used)."""
         row = self.index[node]
         vector = self.space.pod_request(pod.requests)
-        self.used[row] += vector
-        self._refresh(row)
+        self._set_used(row, self.used[row] + vector)
         self.bound[pod.uid] = PodOnNode(row, vector, pod)
         self._bound_arrays = None
 
@@ -194,7 +190,6 @@ class ClusterState:
         if hold_id in self.assumptions:
             return
         self.assumptions[hold_id] = (row, request)
-        self.assumed[row] += request
         self._requested[row] += request
         self._free[row] -= request
 
@@ -202,13 +197,21 @@ class ClusterState:
         assumption = self.assumptions.pop(hold_id, None)
         if assumption is not None:
             row, request = assumption
-            self.assumed[row] -= request
             self._requested[row] -= request
             self._free[row] += request
 
-    def _refresh(self, row: int) -> None:
-        self._requested[row] = self.used[row] + self.assumed[row]
+    def _set_used(self, row: int, used: Vector) -> None:
+        """The owner's figure changed: what this worker assumes on top stays (requested - used
+        was the assumed part), free follows."""
+        self._requested[row] += used - self.used[row]
+        self.used[row] = used
         self._free[row] = self.allocatable[row] - self._requested[row]
+
+    @property
+    def assumed(self) -> npt.NDArray[np.int64]:
+        """Claimed here, not yet reported by the owners: requested - used."""
+        out: npt.NDArray[np.int64] = self._requested[: self.size] - self.used[: self.size]
+        return out
 
     # -- views for the plugins ----------------------------------------------------------------
 

@@ -92,7 +92,7 @@ class SchedulerCore:
         self.bound: set[str] = set()  # uids whose commit the state has seen
         self._arrival = 0
         # Request vectors by request map: pods of one template share one (read-only) vector.
-        self._requests: dict[tuple[tuple[str, int], ...], tuple[Vector, npt.NDArray[np.intp]]] = {}
+        self._requests: dict[tuple[tuple[str, int], ...], tuple[Vector, npt.NDArray[np.intp], bytes]] = {}
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -110,9 +110,9 @@ class SchedulerCore:
                 raise ValueError(f"requests.{exc.name}: unknown resource (known: {', '.join(self.space.names)})") from exc
             if len(self._requests) > 65536:
                 self._requests.clear()
-            known = self._requests[signature] = (request, np.flatnonzero(request))
+            known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
         key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
-        return PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name)
+        return PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2])
 
     def add(self, pod: Pod) -> list[Output]:
         """A new or updated pod. Returns final feedback for pods that cannot be placed as they are."""

@@ -37,6 +37,7 @@ class Nominator:
         self._reported: dict[int, tuple[Nomination, ...]] = {}
         self._local: dict[str, Nomination] = {}
         self._arrays: NominatedArrays | None = None
+        self._uids: frozenset[str] | None = None
 
     def report(self, row: int, nominations: tuple[Nomination, ...]) -> None:
         """The owner of `row` lists every nomination on its node."""
@@ -47,13 +48,13 @@ class Nominator:
             local = self._local.get(n.uid)
             if local is not None and local.node == n.node:
                 del self._local[n.uid]  # the owner has it now
-        self._arrays = None
+        self._arrays = self._uids = None
 
     def nominate(self, nomination: Nomination) -> Nomination | None:
         """Record a nomination made here; returns the one it replaces on another node, if any."""
         previous = self.of(nomination.uid)
         self._local[nomination.uid] = nomination
-        self._arrays = None
+        self._arrays = self._uids = None
         return previous if previous is not None and previous.node != nomination.node else None
 
     def clear(self, uid: str) -> Nomination | None:
@@ -65,7 +66,7 @@ class Nominator:
         row = self._row_of.get(found.node)
         if row is not None and row in self._reported:
             self._reported[row] = tuple(n for n in self._reported[row] if n.uid != uid)
-        self._arrays = None
+        self._arrays = self._uids = None
         return found
 
     def of(self, uid: str) -> Nomination | None:
@@ -79,7 +80,10 @@ class Nominator:
         return None
 
     def nominated_uids(self) -> frozenset[str]:
-        return self.arrays().uid_set
+        """Every pod with a nomination (cheap: asked for every pod scheduled)."""
+        if self._uids is None:
+            self._uids = self.arrays().uid_set
+        return self._uids
 
     def __len__(self) -> int:
         return len(self.arrays().rows)

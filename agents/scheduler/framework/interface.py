@@ -13,9 +13,9 @@ never write it: the runtime assumes and forgets claims.
 
 `CycleState` is per-cycle scratch keyed by plugin name: PreFilter / PreScore compute once what
 Filter / Score read for every node. A plugin that depends on allocation (what a placement
-changes) says so with `DYNAMIC = True` and also answers for a single node in plain Python
-(`filter_row`, `score_row`: numpy's per-call cost dwarfs the arithmetic on one row); the class
-path recomputes only those, only on the node that changed. A plugin contributes to a pod's equivalence signature with `sign(pod)`;
+changes) says so with `DYNAMIC = True` and also answers for one node and the next few pods of
+a class in plain Python (`fit_steps`, `score_steps`: numpy's per-call cost dwarfs the
+arithmetic on one row); the class path asks only those, only about the node that changed. A plugin contributes to a pod's equivalence signature with `sign(pod)`;
 a plugin that cannot sign a pod returns `UNSIGNABLE`, which sends the pod down the full path.
 """
 
@@ -54,6 +54,7 @@ class PodInfo:
     profile: str = ""
     arrival: int = 0  # the queue's arrival order
     derived: dict[str, Any] = field(default_factory=dict)  # per-pod parses, by plugin name
+    request_key: bytes = b""  # the request vector's bytes (part of every signature)
 
     @property
     def uid(self) -> str:
@@ -137,9 +138,10 @@ class FilterPlugin(Plugin, Protocol):
 
 @runtime_checkable
 class DynamicFilterPlugin(FilterPlugin, Protocol):
-    def filter_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> bool:
-        """`filter` for one node, in plain Python (the class path asks after every placement).
-        Must agree with `filter` on that node; the batching property test checks it."""
+    def fit_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, limit: int) -> int:
+        """How many more pods like `pod` (up to `limit`) the node takes, one after another, by
+        this filter; in plain Python. Must agree with `filter` (the batching property test
+        checks it)."""
 
 
 @runtime_checkable
@@ -171,8 +173,9 @@ class ScorePlugin(Plugin, Protocol):
 
 @runtime_checkable
 class DynamicScorePlugin(ScorePlugin, Protocol):
-    def score_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> int:
-        """`score` for one node, in plain Python; must agree with `score` on that node."""
+    def score_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, steps: int) -> list[int]:
+        """The node's score for the next pod like `pod`, then for the one after (if the first
+        went there too), ... `steps` of them, in plain Python. Must agree with `score`."""
 
 
 @runtime_checkable

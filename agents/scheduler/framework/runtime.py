@@ -90,7 +90,7 @@ class ProfilePlugins:
         return list(seen.values())
 
 
-@dataclass
+@dataclass(slots=True)
 class Placement:
     """The outcome of one pod's cycle."""
 
@@ -159,6 +159,14 @@ class Ranking:
     def push(self, score: int, row: int) -> None:
         heapq.heappush(self._heap, (-score, row))
 
+    def peek(self) -> tuple[int, int] | None:
+        """The key (-score, row) of the node `pop` would return next, or None."""
+        i = self._next
+        head = (self._keys[i], self._rows[i]) if i < len(self._rows) else None
+        if self._heap and (head is None or self._heap[0] < head):
+            return self._heap[0]
+        return head
+
 
 class Framework:
     def __init__(self, plugins: ProfilePlugins, state: ClusterState, *,
@@ -181,6 +189,7 @@ class Framework:
         # When a list, the time from the start of each pod's attempt (or of the previous
         # placement, inside a class) to its placement, in ns: the benchmark's latencies.
         self.attempts_ns: list[int] | None = None
+        self._attempt_start = 0
 
     def _timed(self, plugin: Any, point: str, method: Callable[..., T], *args: Any) -> T:
         t0 = self.timer()
@@ -195,7 +204,7 @@ class Framework:
         """Equal signatures mean equal filter and score results; None: no batching."""
         if not self.batching or pod.uid in self.state.nominator.nominated_uids():
             return None
-        parts: list[Hashable] = [pod.request.tobytes(), pod.priority]
+        parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), pod.priority]
         for plugin in self._signers:
             part = plugin.sign(pod)
             if part is UNSIGNABLE:
@@ -292,18 +301,18 @@ class Framework:
         out: list[Placement] = []
         i = 0
         while i < len(pods):
-            started = self.timer() if self.attempts_ns is not None else 0
+            if self.attempts_ns is not None:
+                self._attempt_start = self.timer()
             sig = self.signature(pods[i]) if batching else None
             j = i + 1
             if sig is not None:
                 while j < len(pods) and self.signature(pods[j]) == sig:
                     j += 1
             if j - i > 1:
-                out += self._schedule_class(pods[i:j], started)
+                out += self._schedule_class(pods[i:j])
             else:
                 out.append(self.schedule_one(pods[i]))
-                if self.attempts_ns is not None:
-                    self.attempts_ns.append(self.timer() - started)
+                self._attempt_done()
             i = j
         return out
 
@@ -327,7 +336,7 @@ class Framework:
                     break
         return placement
 
-    def _schedule_class(self, pods: Sequence[PodInfo], started: int = 0) -> list[Placement]:
+    def _schedule_class(self, pods: Sequence[PodInfo]) -> list[Placement]:
         state = self.state
         first = pods[0]
         ev = self.evaluate(first)
@@ -348,41 +357,74 @@ class Framework:
             dynamic_total += w * ev.scores[p.NAME]
         dynamic_filters: list[Any] = [p for p in self.profile.filter if p.DYNAMIC and p.NAME not in cycle.skip_filter]
         ranking = Ranking(static_total + dynamic_total, feasible)
-        timer, timings, profiled = self.timer, self.timings, self.attempts_ns is not None
         out: list[Placement] = []
-        for k, pod in enumerate(pods):
+        k, chunk = 0, 1
+        while k < len(pods):
             if not ranking:
                 return out + [self.schedule_one(p) for p in pods[k:]]
             row = ranking.pop()
-            placement = self._place(cycle, pod, row)
+            placement = self._place(cycle, pods[k], row)
             out.append(placement)
+            self._attempt_done()
+            k += 1
             if not placement.placed and placement.status.code != Code.WAIT:
-                return out + [self.schedule_one(p) for p in pods[k + 1:]]
-            # Only the node just used changed, and only for the plugins that read allocation.
-            fits = True
-            for flt in dynamic_filters:
-                t0 = timer()
-                fits = flt.filter_row(cycle, pod, state, row)
-                timings[(flt.NAME, "Filter")] += timer() - t0
-                if not fits:
-                    break
-            if fits:
-                score = int(static_total[row])
-                for scorer, weight in dynamic_scores:
-                    t0 = timer()
-                    score += weight * scorer.score_row(cycle, pod, state, row)
-                    timings[(scorer.NAME, "Score")] += timer() - t0
-                dynamic_total[row] = score - int(static_total[row])
-                ranking.push(score, row)
-            else:
-                feasible[row] = False
-                if renormalize and self._renormalize(cycle, static, raw_static, ev, feasible, static_total):
-                    ranking = Ranking(static_total + dynamic_total, feasible)
-            if profiled:
-                now = timer()
-                self.attempts_ns.append(now - started)  # type: ignore[union-attr]
-                started = now
+                return out + [self.schedule_one(p) for p in pods[k:]]
+            # The node won that pod. Its scores for the next pods of the class (after 1, 2,
+            # ... more of them) come in one go; it keeps taking pods while it still outbids
+            # the best other node, as one-by-one placement would do.
+            while k < len(pods):
+                steps = min(chunk, len(pods) - k)
+                fitting = self._fit_steps(cycle, first, row, steps, dynamic_filters)
+                scores = self._score_steps(cycle, first, row, fitting, dynamic_scores)
+                rival = ranking.peek()
+                base = int(static_total[row])
+                won = 0
+                while won < fitting and (rival is None or (-(base + scores[won]), row) < rival):
+                    won += 1
+                for _ in range(won):
+                    placement = self._place(cycle, pods[k], row)
+                    out.append(placement)
+                    self._attempt_done()
+                    k += 1
+                    if not placement.placed and placement.status.code != Code.WAIT:
+                        return out + [self.schedule_one(p) for p in pods[k:]]
+                # Look as far ahead next time as this node went (doubling while it keeps winning).
+                chunk = min(2 * steps if won == steps else won + 1, 1024)
+                if won == steps:
+                    continue  # it won every step looked at: look further
+                if won < fitting:
+                    dynamic_total[row] = scores[won]
+                    ranking.push(base + scores[won], row)
+                else:
+                    feasible[row] = False  # full for this class
+                    if renormalize and self._renormalize(cycle, static, raw_static, ev, feasible, static_total):
+                        ranking = Ranking(static_total + dynamic_total, feasible)
+                break
         return out
+
+    def _attempt_done(self) -> None:
+        if self.attempts_ns is not None:
+            now = self.timer()
+            self.attempts_ns.append(now - self._attempt_start)
+            self._attempt_start = now
+
+    def _fit_steps(self, cycle: CycleState, pod: PodInfo, row: int, steps: int, filters: list[Any]) -> int:
+        fitting = steps
+        for plugin in filters:
+            t0 = self.timer()
+            fitting = min(fitting, plugin.fit_steps(cycle, pod, self.state, row, fitting))
+            self.timings[(plugin.NAME, "Filter")] += self.timer() - t0
+        return fitting
+
+    def _score_steps(self, cycle: CycleState, pod: PodInfo, row: int, steps: int,
+                     scorers: list[tuple[Any, int]]) -> list[int]:
+        total = [0] * steps
+        for plugin, weight in scorers:
+            t0 = self.timer()
+            for i, score in enumerate(plugin.score_steps(cycle, pod, self.state, row, steps)):
+                total[i] += weight * score
+            self.timings[(plugin.NAME, "Score")] += self.timer() - t0
+        return total
 
     def _renormalize(self, cycle: CycleState, static: list[tuple[ScorePlugin, int]], raw_static: dict[str, Scores],
                      ev: Evaluation, feasible: Mask, static_total: Scores) -> bool:

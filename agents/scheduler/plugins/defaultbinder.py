@@ -28,7 +28,7 @@ class DefaultBinder:
 
     def bind(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> list[Output]:
         node = state.names[row]
-        key = pod.request.tobytes()
+        key = pod.request_key or pod.request.tobytes()
         requests = self._requests.get(key)
         if requests is None:
             if len(self._requests) > 4096:

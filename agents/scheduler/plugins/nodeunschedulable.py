@@ -28,7 +28,7 @@ class NodeUnschedulable:
         pass
 
     def sign(self, pod: PodInfo) -> Hashable:
-        return tolerates(pod.pod.tolerations, UNSCHEDULABLE_TAINT)
+        return bool(pod.pod.tolerations) and tolerates(pod.pod.tolerations, UNSCHEDULABLE_TAINT)
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
         cordoned = state.unschedulable[: state.size][rows]

@@ -138,10 +138,43 @@ def test_one_node_paths_agree_with_vectorized(nodes: list[tuple[int, int]], requ
         if hasattr(plugin, "pre_score") and plugin.pre_score(cycle, p, state, state.schedulable_rows()).code == 5:
             continue
         vector = plugin.score(cycle, p, state, ALL).tolist()
-        assert vector == [plugin.score_row(cycle, p, state, row) for row in range(state.size)]
+        assert vector == [plugin.score_steps(cycle, p, state, row, 1)[0] for row in range(state.size)]
     fit = Fit()
     cycle = prepared(fit, p, state)
-    assert fit.filter(cycle, p, state, ALL).tolist() == [fit.filter_row(cycle, p, state, r) for r in range(state.size)]
+    assert fit.filter(cycle, p, state, ALL).tolist() == [fit.fit_steps(cycle, p, state, r, 1) == 1
+                                                         for r in range(state.size)]
+
+
+@given(st.integers(1, 64).map(lambda c: c * 500), st.integers(1, 64).map(lambda m: m * 2**28),
+       st.integers(0, 4000), st.integers(1, 2**31), st.integers(1, 12))
+def test_steps_agree_with_placing_pods_one_by_one(cpu: int, memory: int, pod_cpu: int, pod_memory: int,
+                                                  steps: int) -> None:
+    """`fit_steps` and `score_steps` predict what the vectorized plugins say after each of
+    the next pods lands on the node."""
+    state = state_of(make_node("n", cpu=cpu, memory=memory))
+    p = info(make_pod("p", cpu=pod_cpu, memory=pod_memory))
+    plugins = [Fit(), Fit(FitArgs(strategy="MostAllocated")), BalancedAllocation()]
+    cycles = []
+    for plugin in plugins:
+        cycle = prepared(plugin, p, state)
+        if hasattr(plugin, "pre_score"):
+            plugin.pre_score(cycle, p, state, state.schedulable_rows())
+        cycles.append(cycle)
+    fitting = plugins[0].fit_steps(cycles[0], p, state, 0, steps)
+    predicted = [plugin.score_steps(cycle, p, state, 0, fitting) for plugin, cycle in zip(plugins, cycles, strict=True)]
+    actual: list[list[int]] = [[] for _ in plugins]
+    placed = 0
+    while placed < steps and plugins[0].filter(cycles[0], p, state, ALL)[0]:
+        for i, (plugin, cycle) in enumerate(zip(plugins, cycles, strict=True)):
+            if plugin.NAME in cycle.skip_score:
+                continue
+            actual[i].append(int(plugin.score(cycle, p, state, ALL)[0]))
+        state.assume(f"p/{placed}/n", 0, p.request)
+        placed += 1
+    assert fitting == placed
+    for plugin, cycle, want, got in zip(plugins, cycles, actual, predicted, strict=True):
+        if plugin.NAME not in cycle.skip_score:
+            assert got == want
 
 
 def test_balanced_score_matches_the_formula_for_three_resources() -> None:

@@ -111,20 +111,23 @@ class BalancedAllocation:
         requested = state.requested[rows][:, c.columns] + pod.request[c.columns]
         return balanced_score(requested, state.allocatable_view[rows][:, c.columns])
 
-    def score_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> int:
+    def score_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, steps: int) -> list[int]:
         c: Counted = cycle.read(NAME)
         request, _ = request_list(pod)
         requested, allocatable = state.requested_row(row), state.allocatable_row(row)
-        fractions = [min((requested[col] + request[col]) / allocatable[col], 1.0)
-                     for col, _ in c.pairs if allocatable[col] > 0]
-        if len(fractions) == 2:
-            std = abs((fractions[0] - fractions[1]) / 2)
-        elif len(fractions) > 2:
-            mean = sum(fractions) / len(fractions)
-            std = math.sqrt(sum((f - mean) * (f - mean) for f in fractions) / len(fractions))
-        else:
-            std = 0.0
-        return int((1.0 - std) * MAX_NODE_SCORE)
+        counted = [(requested[col], request[col], allocatable[col]) for col, _ in c.pairs if allocatable[col] > 0]
+        out = []
+        for k in range(1, steps + 1):
+            fractions = [min((used + k * req) / alloc, 1.0) for used, req, alloc in counted]
+            if len(fractions) == 2:
+                std = abs((fractions[0] - fractions[1]) / 2)
+            elif len(fractions) > 2:
+                mean = sum(fractions) / len(fractions)
+                std = math.sqrt(sum((f - mean) * (f - mean) for f in fractions) / len(fractions))
+            else:
+                std = 0.0
+            out.append(int((1.0 - std) * MAX_NODE_SCORE))
+        return out
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
         return raw

@@ -141,16 +141,16 @@ class Fit:
         room = self._room(cycle, state, rows)
         return fits(room, pod.request, pod.columns)
 
-    def filter_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> bool:
+    def fit_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, limit: int) -> int:
         request, columns = request_list(pod)
         free = state.free_row(row)
         taken = cycle.read(NAME)
         if taken is not None:
             free = [f - t for f, t in zip(free, taken[row].tolist(), strict=True)]
-        for c in columns:  # noqa: SIM110 - a plain loop beats a generator here (hot path)
-            if free[c] < request[c]:
-                return False
-        return True
+        count = limit
+        for c in columns:  # every requested column is positive (`pods` is 1)
+            count = min(count, max(free[c], -1) // request[c])
+        return max(count, 0)
 
     def explain(self, cycle: CycleState, pod: PodInfo, state: ClusterState, failed: Mask) -> dict[str, int]:
         room = self._room(cycle, state, failed)
@@ -174,21 +174,22 @@ class Fit:
         requested = state.requested[rows][:, c.columns] + pod.request[c.columns]
         return self._scorer(requested, state.allocatable_view[rows][:, c.columns], c.weights)
 
-    def score_row(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> int:
+    def score_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, steps: int) -> list[int]:
         c = self._counted(cycle, pod, state)
         request, _ = request_list(pod)
         requested, allocatable = state.requested_row(row), state.allocatable_row(row)
         least = self.args.strategy == LEAST_ALLOCATED
-        total = weight_sum = 0
-        for col, weight in c.pairs:
-            alloc = allocatable[col]
-            if alloc <= 0:
-                continue
-            req = requested[col] + request[col]
-            per = max(alloc - req, 0) * MAX_NODE_SCORE // alloc if least else min(req, alloc) * MAX_NODE_SCORE // alloc
-            total += per * weight
-            weight_sum += weight
-        return total // weight_sum if weight_sum else 0
+        pairs = [(requested[col], request[col], allocatable[col], weight) for col, weight in c.pairs if allocatable[col] > 0]
+        weight_sum = sum(w for *_, w in pairs)
+        out = []
+        for k in range(1, steps + 1):
+            total = 0
+            for used, req, alloc, weight in pairs:
+                r = used + k * req
+                per = max(alloc - r, 0) * MAX_NODE_SCORE // alloc if least else min(r, alloc) * MAX_NODE_SCORE // alloc
+                total += per * weight
+            out.append(total // weight_sum if weight_sum else 0)
+        return out
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
         return raw
