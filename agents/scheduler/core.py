@@ -127,6 +127,10 @@ class SchedulerCore:
             return [self._feedback(pod, 0, f"no scheduler profile named {pod.scheduler_name!r} "
                                    f"(profiles: {', '.join(self.frameworks)})", {}, final=True)]
         try:
+            unsupported = [k for k in ("podAffinity", "podAntiAffinity") if pod.affinity.get(k)]
+            if unsupported:
+                raise ValueError(f"affinity.{unsupported[0]}: inter-pod affinity is not supported yet; "
+                                 "remove it or use another scheduler for this pod")
             info = self.pod_info(pod)
         except ValueError as exc:
             self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)

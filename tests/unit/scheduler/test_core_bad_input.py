@@ -23,7 +23,9 @@ BAD_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution
     ({"requests": ResourceList({"cpu": -5})}, "requests.cpu=-5: a request cannot be negative"),
     ({"affinity": BAD_AFFINITY}, "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
                                  ".nodeSelectorTerms[0].matchExpressions[0].operator='Near'"),
-], ids=["unknown-profile", "unknown-resource", "negative-request", "malformed-affinity"])
+    ({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{}]}}},
+     "affinity.podAntiAffinity: inter-pod affinity is not supported yet"),
+], ids=["unknown-profile", "unknown-resource", "negative-request", "malformed-affinity", "pod-affinity"])
 def test_bad_pod_gets_final_feedback_once_and_the_scheduler_goes_on(fields: dict[str, Any], says: str) -> None:
     space = ResourceSpace()
     clock = [0.0]
