@@ -38,3 +38,20 @@ def test_roles_choose_the_consumer_group() -> None:
     assert group_id(load_settings(env={"KOORDSTREAM_WORKER_ROLES": "state"})) == "koordstream"
     with pytest.raises(SettingsError, match="worker.roles"):
         load_settings(env={"KOORDSTREAM_WORKER_ROLES": "scheduler,owner"})
+
+
+def test_scheduler_profiles_come_from_the_file_the_settings_name(tmp_path) -> None:  # noqa: ANN001
+    import pytest
+
+    from agents.scheduler.framework.profiles import ProfileError
+    from streams.app import build_core
+    from streams.settings import load_settings
+
+    good = tmp_path / "profiles.yaml"
+    good.write_text("profiles: [{schedulerName: alpha}, {schedulerName: beta}]\n")
+    core = build_core(load_settings(env={"KOORDSTREAM_SCHEDULING_PROFILES": str(good)}))
+    assert list(core.frameworks) == ["alpha", "beta"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles: [{schedulerName: alpha, plugins: {score: {enabled: [{name: Nope}]}}}]\n")
+    with pytest.raises(ProfileError, match="profile 'alpha', plugin 'Nope'"):
+        build_core(load_settings(env={"KOORDSTREAM_SCHEDULING_PROFILES": str(bad)}))

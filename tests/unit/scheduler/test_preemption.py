@@ -87,3 +87,23 @@ def test_core_nominates_evicts_and_keeps_others_off_the_nominated_capacity() -> 
     core.queue.clock = lambda: 100.0  # past every backoff
     claims = [o.record for o in core.schedule() if isinstance(o.record, Claim)]
     assert [(c.uid, c.node, c.nominated_node) for c in claims] == [("boss", "a", "a")]
+
+
+def test_nominations_are_cleared_when_the_pod_is_deleted_or_nominated_elsewhere() -> None:
+    from schemas.records import NominationCleared, PodDeleted
+
+    space = ResourceSpace()
+    state = ClusterState.from_records(space, [make_node("a", cpu=2000), make_node("b", cpu=2000)],
+                                      {"a": [bound("va", 2000, 1)], "b": [bound("vb", 2000, 1)]})
+    core = SchedulerCore(space, state, lambda: 0.0)
+    core.add(make_pod("boss", cpu=2000, memory=0, priority=100))
+    [nomination] = [o.record for o in core.schedule() if isinstance(o.record, Nomination)]
+    assert nomination.node == "a"
+    # Nominated elsewhere: the old node is told.
+    moved = Nomination(uid="boss", node="b", priority=100, requests=nomination.requests)
+    assert core.state.nominator.nominate(moved) == nomination
+    # Deleted: the scheduler clears the nomination at its node and forwards the deletion.
+    outputs = core.delete(PodDeleted(uid="boss", name="boss"))
+    cleared = [(o.key, o.record) for o in outputs if isinstance(o.record, NominationCleared)]
+    assert cleared == [("b", NominationCleared(uid="boss", node="b"))]
+    assert core.state.nominator.of("boss") is None
