@@ -193,6 +193,17 @@ class ClusterState:
         self._requested[row] += request
         self._free[row] -= request
 
+    def assume_many(self, hold_ids: list[str], row: int, request: Vector) -> None:
+        """`assume` for several claims of the same request on one node."""
+        fresh = 0
+        for hold_id in hold_ids:
+            if hold_id not in self.assumptions:
+                self.assumptions[hold_id] = (row, request)
+                fresh += 1
+        if fresh:
+            self._requested[row] += fresh * request
+            self._free[row] -= fresh * request
+
     def forget(self, hold_id: str) -> None:
         assumption = self.assumptions.pop(hold_id, None)
         if assumption is not None:

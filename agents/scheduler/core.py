@@ -127,7 +127,7 @@ class SchedulerCore:
             return [self._feedback(pod, 0, f"no scheduler profile named {pod.scheduler_name!r} "
                                    f"(profiles: {', '.join(self.frameworks)})", {}, final=True)]
         try:
-            unsupported = [k for k in ("podAffinity", "podAntiAffinity") if pod.affinity.get(k)]
+            unsupported = [k for k in ("podAffinity", "podAntiAffinity") if pod.affinity.get(k)] if pod.affinity else ()
             if unsupported:
                 raise ValueError(f"affinity.{unsupported[0]}: inter-pod affinity is not supported yet; "
                                  "remove it or use another scheduler for this pod")

@@ -202,9 +202,10 @@ class Framework:
 
     def signature(self, pod: PodInfo) -> Hashable | None:
         """Equal signatures mean equal filter and score results; None: no batching."""
-        if not self.batching or pod.uid in self.state.nominator.nominated_uids():
+        record = pod.pod
+        if not self.batching or record.uid in self.state.nominator.nominated_uids():
             return None
-        parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), pod.priority]
+        parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), record.priority]
         for plugin in self._signers:
             part = plugin.sign(pod)
             if part is UNSIGNABLE:
@@ -381,7 +382,10 @@ class Framework:
                 won = 0
                 while won < fitting and (rival is None or (-(base + scores[won]), row) < rival):
                     won += 1
-                for _ in range(won):
+                if won and not self.profile.reserve and not self.profile.permit:
+                    out += self._place_run(cycle, pods[k:k + won], row)  # nothing can refuse them
+                    k += won
+                for _ in range(won if self.profile.reserve or self.profile.permit else 0):
                     placement = self._place(cycle, pods[k], row)
                     out.append(placement)
                     self._attempt_done()
@@ -458,6 +462,17 @@ class Framework:
                 self._unreserve(cycle, pod, row)
                 return Placement(pod, st, row, node)
         return Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row))
+
+    def _place_run(self, cycle: CycleState, pods: Sequence[PodInfo], row: int) -> list[Placement]:
+        """Place pods of one class on one node at once, when no Reserve or Permit plugin could
+        refuse one: the claims are assumed together, then each pod is bound."""
+        node = self.state.names[row]
+        self.state.assume_many([hold_id(p.uid, p.attempt, node) for p in pods], row, pods[0].request)
+        out = []
+        for pod in pods:
+            out.append(Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row)))
+            self._attempt_done()
+        return out
 
     def _bind(self, cycle: CycleState, pod: PodInfo, row: int) -> list[Output]:
         for plugin in self.profile.bind:

@@ -112,10 +112,14 @@ class BalancedAllocation:
         return balanced_score(requested, state.allocatable_view[rows][:, c.columns])
 
     def score_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, steps: int) -> list[int]:
-        c: Counted = cycle.read(NAME)
-        request, _ = request_list(pod)
+        terms = cycle.read(NAME + "/steps")
+        if terms is None:  # what does not depend on the node, once per cycle
+            c: Counted = cycle.read(NAME)
+            request, _ = request_list(pod)
+            terms = [(col, request[col]) for col, _ in c.pairs]
+            cycle.write(NAME + "/steps", terms)
         requested, allocatable = state.requested_row(row), state.allocatable_row(row)
-        counted = [(requested[col], request[col], allocatable[col]) for col, _ in c.pairs if allocatable[col] > 0]
+        counted = [(requested[col], req, allocatable[col]) for col, req in terms if allocatable[col] > 0]
         out = []
         for k in range(1, steps + 1):
             fractions = [min((used + k * req) / alloc, 1.0) for used, req, alloc in counted]

@@ -175,20 +175,27 @@ class Fit:
         return self._scorer(requested, state.allocatable_view[rows][:, c.columns], c.weights)
 
     def score_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, steps: int) -> list[int]:
-        c = self._counted(cycle, pod, state)
-        request, _ = request_list(pod)
+        per_class = cycle.read(NAME + "/steps")
+        if per_class is None:  # what does not depend on the node, once per cycle
+            c = self._counted(cycle, pod, state)
+            request, _ = request_list(pod)
+            terms = [(col, request[col], weight) for col, weight in c.pairs]
+            per_class = (terms, self.args.strategy == LEAST_ALLOCATED)
+            cycle.write(NAME + "/steps", per_class)
+        terms, least = per_class
         requested, allocatable = state.requested_row(row), state.allocatable_row(row)
-        least = self.args.strategy == LEAST_ALLOCATED
-        pairs = [(requested[col], request[col], allocatable[col], weight) for col, weight in c.pairs if allocatable[col] > 0]
-        weight_sum = sum(w for *_, w in pairs)
+        present = [(requested[col], req, allocatable[col], w) for col, req, w in terms if allocatable[col] > 0]
+        weight_sum = sum(w for *_, w in present)
+        if not weight_sum:
+            return [0] * steps
         out = []
         for k in range(1, steps + 1):
             total = 0
-            for used, req, alloc, weight in pairs:
+            for used, req, alloc, weight in present:
                 r = used + k * req
                 per = max(alloc - r, 0) * MAX_NODE_SCORE // alloc if least else min(r, alloc) * MAX_NODE_SCORE // alloc
                 total += per * weight
-            out.append(total // weight_sum if weight_sum else 0)
+            out.append(total // weight_sum)
         return out
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
