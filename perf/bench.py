@@ -95,13 +95,14 @@ def _measure(core: SchedulerCore, pods: list[Pod], batch: int,
     start = timer()
     for pod in pods:
         core.add(pod)
-    placed = 0
+    produced: list[list[Any]] = []
     while core.pending:
         outputs = core.schedule(batch)
         if not outputs:
             break
-        placed += sum(1 for o in outputs if isinstance(o.record, Claim))
+        produced.append(outputs)
     wall = (timer() - start) / 1e9
+    placed = sum(1 for outputs in produced for o in outputs if isinstance(o.record, Claim))
     latencies = [ns for fw in core.frameworks.values() for ns in (fw.attempts_ns or [])]
     return wall, latencies, placed
 

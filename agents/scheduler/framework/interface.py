@@ -6,17 +6,21 @@ A scheduling cycle for one pod (or one equivalence class of pods, see `runtime`)
               -> PreScore -> Score (+ normalize) -> Reserve -> Permit -> Bind
 
 Plugins work on whole node axes at once: a Filter returns a boolean mask over the rows it is
-given, a Score an int64 array in [0, 100] over them. `rows` is either `ALL` (every node:
-`slice(None)`, so plugins index views, never copies) or an index array (the class path asks
-again for the one node a pod just landed on). Plugins read the shared `ClusterState`; they
-never write it: the runtime assumes and forgets claims.
+given, a Score an int64 array in [0, 100] over them. `rows` is `ALL` (every node:
+`slice(None)`, so plugins index views, never copies), a boolean mask or an index array.
+Plugins read the shared `ClusterState`; they never write it: the runtime assumes and forgets
+claims.
 
 `CycleState` is per-cycle scratch keyed by plugin name: PreFilter / PreScore compute once what
 Filter / Score read for every node. A plugin that depends on allocation (what a placement
 changes) says so with `DYNAMIC = True` and also answers for one node and the next few pods of
 a class in plain Python (`fit_steps`, `score_steps`: numpy's per-call cost dwarfs the
-arithmetic on one row); the class path asks only those, only about the node that changed. A plugin contributes to a pod's equivalence signature with `sign(pod)`;
-a plugin that cannot sign a pod returns `UNSIGNABLE`, which sends the pod down the full path.
+arithmetic on one row); the class path asks only those, only about the node that changed.
+
+A plugin contributes to a pod's equivalence signature with `sign(pod)`; a plugin that cannot
+sign a pod returns `UNSIGNABLE`, which sends the pod down the full path. A plugin whose
+results depend only on the pod's request vector and priority (always part of the signature)
+says `SIGNATURE_FREE = True` instead of signing.
 """
 
 from __future__ import annotations

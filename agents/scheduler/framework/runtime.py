@@ -179,7 +179,7 @@ class Framework:
         self.timings: dict[tuple[str, str], int] = defaultdict(int)
         self.waiting: dict[str, Waiting] = {}
         self._signers = [p for p in plugins.all() if isinstance(p, SignPlugin)]
-        unsigned = [p for p in plugins.all() if not isinstance(p, SignPlugin)
+        unsigned = [p for p in plugins.all() if not isinstance(p, SignPlugin) and not getattr(p, "SIGNATURE_FREE", False)
                     and isinstance(p, (FilterPlugin, ScorePlugin, PreFilterPlugin))]
         self.batching = (plugins.percentage_of_nodes_to_score == 100 and not unsigned
                          and not any(p.DYNAMIC and (p.NORMALIZES or not isinstance(p, DynamicScorePlugin))
@@ -358,40 +358,38 @@ class Framework:
             dynamic_total += w * ev.scores[p.NAME]
         dynamic_filters: list[Any] = [p for p in self.profile.filter if p.DYNAMIC and p.NAME not in cycle.skip_filter]
         ranking = Ranking(static_total + dynamic_total, feasible)
+        tentative_free = not self.profile.reserve and not self.profile.permit
         out: list[Placement] = []
-        k, chunk = 0, 1
+        k, chunk = 0, 2
         while k < len(pods):
             if not ranking:
                 return out + [self.schedule_one(p) for p in pods[k:]]
             row = ranking.pop()
-            placement = self._place(cycle, pods[k], row)
-            out.append(placement)
-            self._attempt_done()
-            k += 1
-            if not placement.placed and placement.status.code != Code.WAIT:
-                return out + [self.schedule_one(p) for p in pods[k:]]
-            # The node won that pod. Its scores for the next pods of the class (after 1, 2,
-            # ... more of them) come in one go; it keeps taking pods while it still outbids
-            # the best other node, as one-by-one placement would do.
+            # The node won the next pod. Its scores for the pods after it (with 1, 2, ...
+            # more of the class on it) come in one go; it keeps taking pods while it still
+            # outbids the best other node, as one-by-one placement would do.
+            certain = 1  # the first pod is the node's: it is the ranking's head
             while k < len(pods):
                 steps = min(chunk, len(pods) - k)
                 fitting = self._fit_steps(cycle, first, row, steps, dynamic_filters)
                 scores = self._score_steps(cycle, first, row, fitting, dynamic_scores)
                 rival = ranking.peek()
                 base = int(static_total[row])
-                won = 0
+                won = min(certain, fitting)
                 while won < fitting and (rival is None or (-(base + scores[won]), row) < rival):
                     won += 1
-                if won and not self.profile.reserve and not self.profile.permit:
+                if tentative_free:
                     out += self._place_run(cycle, pods[k:k + won], row)  # nothing can refuse them
                     k += won
-                for _ in range(won if self.profile.reserve or self.profile.permit else 0):
-                    placement = self._place(cycle, pods[k], row)
-                    out.append(placement)
-                    self._attempt_done()
-                    k += 1
-                    if not placement.placed and placement.status.code != Code.WAIT:
-                        return out + [self.schedule_one(p) for p in pods[k:]]
+                else:
+                    for _ in range(won):
+                        placement = self._place(cycle, pods[k], row)
+                        out.append(placement)
+                        self._attempt_done()
+                        k += 1
+                        if not placement.placed and placement.status.code != Code.WAIT:
+                            return out + [self.schedule_one(p) for p in pods[k:]]
+                certain = 0
                 # Look as far ahead next time as this node went (doubling while it keeps winning).
                 chunk = min(2 * steps if won == steps else won + 1, 1024)
                 if won == steps:
@@ -466,6 +464,8 @@ class Framework:
     def _place_run(self, cycle: CycleState, pods: Sequence[PodInfo], row: int) -> list[Placement]:
         """Place pods of one class on one node at once, when no Reserve or Permit plugin could
         refuse one: the claims are assumed together, then each pod is bound."""
+        if not pods:
+            return []
         node = self.state.names[row]
         self.state.assume_many([hold_id(p.uid, p.attempt, node) for p in pods], row, pods[0].request)
         out = []

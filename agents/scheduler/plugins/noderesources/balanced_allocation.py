@@ -10,7 +10,7 @@ where std is the population standard deviation of the fractions (for exactly two
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -91,13 +91,11 @@ def balanced_score(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np
 class BalancedAllocation:
     NAME: ClassVar[str] = NAME
     DYNAMIC: ClassVar[bool] = True
+    SIGNATURE_FREE: ClassVar[bool] = True  # reads only the request and priority, in every signature
     NORMALIZES: ClassVar[bool] = False
 
     def __init__(self, args: BalancedAllocationArgs | None = None) -> None:
         self.args = args or BalancedAllocationArgs()
-
-    def sign(self, pod: PodInfo) -> Hashable:
-        return ()
 
     def pre_score(self, cycle: CycleState, pod: PodInfo, state: ClusterState, feasible: Mask) -> Status:
         counted = Counted.of(self.args.resources, state.space.index, pod.request)
@@ -120,6 +118,10 @@ class BalancedAllocation:
             cycle.write(NAME + "/steps", terms)
         requested, allocatable = state.requested_row(row), state.allocatable_row(row)
         counted = [(requested[col], req, allocatable[col]) for col, req in terms if allocatable[col] > 0]
+        if len(counted) == 2:  # the usual cpu and memory, without the general machinery
+            (u0, r0, a0), (u1, r1, a1) = counted
+            return [int((1.0 - abs((min((u0 + k * r0) / a0, 1.0) - min((u1 + k * r1) / a1, 1.0)) / 2))
+                        * MAX_NODE_SCORE) for k in range(1, steps + 1)]
         out = []
         for k in range(1, steps + 1):
             fractions = [min((used + k * req) / alloc, 1.0) for used, req, alloc in counted]

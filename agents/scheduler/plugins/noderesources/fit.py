@@ -18,7 +18,7 @@ its mean. Unlike kube-scheduler, pods without cpu / memory requests are not coun
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -110,15 +110,13 @@ def _weighted_mean(numerator: npt.NDArray[np.int64], allocatable: npt.NDArray[np
 class Fit:
     NAME: ClassVar[str] = NAME
     DYNAMIC: ClassVar[bool] = True
+    SIGNATURE_FREE: ClassVar[bool] = True  # reads only the request and priority, in every signature
     NORMALIZES: ClassVar[bool] = False
     EVENTS: ClassVar[ClusterEvent] = ClusterEvent.ANY
 
     def __init__(self, args: FitArgs | None = None) -> None:
         self.args = args or FitArgs()
         self._scorer = least_allocated if self.args.strategy == LEAST_ALLOCATED else most_allocated
-
-    def sign(self, pod: PodInfo) -> Hashable:
-        return ()  # the request and priority are in every signature already
 
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
         """Precompute what others' nominations take from each node (None when nothing)."""
