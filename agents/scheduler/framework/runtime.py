@@ -468,10 +468,11 @@ class Framework:
             return []
         node = self.state.names[row]
         self.state.assume_many([hold_id(p.uid, p.attempt, node) for p in pods], row, pods[0].request)
-        out = []
-        for pod in pods:
-            out.append(Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row)))
-            self._attempt_done()
+        out = [Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row)) for pod in pods]
+        if self.attempts_ns is not None:  # decided together: each gets an equal share of the run
+            now = self.timer()
+            self.attempts_ns += [(now - self._attempt_start) // len(pods)] * len(pods)
+            self._attempt_start = now
         return out
 
     def _bind(self, cycle: CycleState, pod: PodInfo, row: int) -> list[Output]:
