@@ -3,9 +3,11 @@
 One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) and one
 `Framework` per profile over it, and one `SchedulingQueue`. Data flow:
 
-- `add(pod)`: a pod for one of our profiles (`schedulerName`) enters the queue. Pods that can
-  never be placed as they are (an unknown profile, an unknown or negative resource) get a
-  final SchedulingFeedback at once and are not retried until the pod changes.
+- `add(pod)`: a pod for one of our profiles (`schedulerName`) enters the queue, with
+  Koordinator's QoS class and priority defaults filled in (`koordinator`). Pods that can never
+  be placed as they are (an unknown profile, an unknown or negative resource, a QoS label
+  Koordinator does not know) get a final SchedulingFeedback at once and are not retried
+  until the pod changes.
 - `schedule(limit)`: pops up to `limit` pods in queue order, hands each run of consecutive
   pods of one profile to that profile's framework (equivalence classes are found there), and
   turns the placements into records: Claims (Bind), Nominations and EvictionCommands
@@ -32,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.ports import Clock, Output
+from agents.scheduler import koordinator
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework.interface import PodInfo
 from agents.scheduler.framework.profiles import SchedulerConfig, default_config
@@ -131,6 +134,7 @@ class SchedulerCore:
             if unsupported:
                 raise ValueError(f"affinity.{unsupported[0]}: inter-pod affinity is not supported yet; "
                                  "remove it or use another scheduler for this pod")
+            pod = koordinator.with_defaults(pod)
             info = self.pod_info(pod)
         except ValueError as exc:
             self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)
