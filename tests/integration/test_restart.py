@@ -60,7 +60,17 @@ async def test_replacement_worker_recovers_committed_capacity() -> None:
                 after = [Pod(uid=f"after-{i}", name=f"a{i}", requests=ResourceList(cpu=1000)) for i in range(8)]
                 await h.publish(topics.PODS, after)
                 await h.wait_for(Binding, lambda b: b.uid.startswith("after-"), count=4, timeout=60)
-                await h.wait_for(SchedulingFeedback, lambda f: f.uid.startswith("after-"), count=4, timeout=30)
+                # The replacement re-reads every pod; until the owners report the commits its
+                # predecessor's last batch made, it may claim a bound pod again (the decider
+                # releases that claim) and briefly see less room. So wait for the end state:
+                # four other pods told there is no room, and not bound.
+                def unplaced(f: SchedulingFeedback) -> bool:
+                    return f.uid.startswith("after-") and not h.seen(Binding, lambda b: b.uid == f.uid)
+
+                deadline = asyncio.get_running_loop().time() + 30
+                while len({f.uid for f in h.seen(SchedulingFeedback, unplaced)}) < 4:
+                    assert asyncio.get_running_loop().time() < deadline, "no end state within 30 s"
+                    await asyncio.sleep(0.1)
 
                 bindings = h.seen(Binding)
                 result = check({n.name: n.allocatable for n in nodes}, {p.uid: p.requests for p in before + after},
