@@ -231,7 +231,7 @@ class Claim(Record):
     namespace: str = "default"
     name: str = ""
     creation_timestamp: float = 0.0
-    devices: tuple[str, ...] = ()  # GPU minors / RDMA VFs claimed
+    devices: tuple[str, ...] = ()  # devices claimed, e.g. "gpu/<minor>/<core>/<ratio>"
     numa_cells: tuple[int, ...] = ()
     gang_min: int = 0  # min-available of the pod's gang; 0 when it has none
     nominated_node: str = ""  # where the pod was nominated, cleared on accept
@@ -256,6 +256,7 @@ class Held(Record):
     name: str = ""
     gang_min: int = 0
     nominated_node: str = ""
+    devices: tuple[str, ...] = ()  # as claimed; the decider writes them on the Binding
     kind: str = field(default="Held", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -437,7 +438,8 @@ class NodeStateChange(Record):
     Node as last published (labels, taints, devices), sent when it changed in the batch;
     `nominations` are every pod nominated to the node, with their full claims; `committed` are
     the pods committed in the batch (terminations show up in `holds`), so that schedulers know
-    every bound pod's priority and request (preemption picks victims among them).
+    every bound pod's priority and request (preemption picks victims among them);
+    `device_usage` is what committed and held claims use of each GPU.
     """
 
     KIND: ClassVar[str] = "NodeStateChange"
@@ -451,6 +453,7 @@ class NodeStateChange(Record):
     node_record: Node | None = None
     nominations: tuple[Nomination, ...] = ()
     committed: tuple[BoundPod, ...] = ()
+    device_usage: dict[str, int] = field(default_factory=dict)  # "gpu/<minor>/core" | ".../ratio" -> used
     kind: str = field(default="NodeStateChange", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

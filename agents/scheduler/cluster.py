@@ -4,7 +4,8 @@ Structure of arrays over nodes (a fixed row per node name, a fixed column per re
 `allocatable`, `used` (committed + held, as the node's owner last published it) and `assumed`
 (claims this worker sent and has not yet seen decided: assume / forget, like kube-scheduler's
 cache); `requested` (used + assumed) and `free` (allocatable - requested) are kept current
-row by row, so every profile sees a placement the moment it is assumed. Beside the arrays: each node's record (labels, taints, devices), the pods bound on it
+row by row, so every profile sees a placement the moment it is assumed. GPUs, device by
+device, live in `gpus` (`GpuTable`) with the same assume / forget by hold id. Beside the arrays: each node's record (labels, taints, devices), the pods bound on it
 (priority and request, for preemption), and the nominator.
 
 Fed by every partition of `state-changes` (no consumer group), applied in arrival order: a
@@ -21,7 +22,7 @@ changes; filters read them instead of looping over nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Flag, auto
 
@@ -29,8 +30,9 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.scheduler.nominator import Nominator
+from agents.state import devices
 from agents.state.resources import ResourceSpace, Vector
-from schemas.records import BoundPod, Node, NodeStateChange, Taint
+from schemas.records import BoundPod, GpuDevice, Node, NodeStateChange, Taint
 
 _FREEING = frozenset({"released", "rejected", "terminated"})
 
@@ -43,6 +45,103 @@ class ClusterEvent(Flag):
     NODE_CHANGED = auto()  # labels, taints, allocatable or schedulability changed
     CAPACITY_FREED = auto()  # a hold released or rejected, a pod terminated, a nomination gone
     ANY = NODE_ADDED | NODE_CHANGED | CAPACITY_FREED
+
+
+class GpuTable:
+    """Every node's GPUs as arrays `[nodes x GPUs]` (columns in the order of the node's record;
+    minor -1 where a node has fewer): capacity of core and memory-ratio, memory, what the
+    owners report used, and what this worker assumes (claims out, per hold id)."""
+
+    def __init__(self, rows: int, width: int = 8) -> None:
+        self.minor = np.full((rows, width), -1, dtype=np.int64)
+        self.core_cap = np.zeros((rows, width), dtype=np.int64)
+        self.ratio_cap = np.zeros((rows, width), dtype=np.int64)
+        self.memory = np.zeros((rows, width), dtype=np.int64)
+        self.core_used = np.zeros((rows, width), dtype=np.int64)
+        self.ratio_used = np.zeros((rows, width), dtype=np.int64)
+        self.core_assumed = np.zeros((rows, width), dtype=np.int64)
+        self.ratio_assumed = np.zeros((rows, width), dtype=np.int64)
+        self._columns: dict[int, dict[int, int]] = {}  # row -> minor -> column
+        self._assumed: dict[str, tuple[int, list[tuple[int, int, int]]]] = {}  # hold id -> (row, [(col, core, ratio)])
+
+    _ARRAYS = ("minor", "core_cap", "ratio_cap", "memory", "core_used", "ratio_used", "core_assumed", "ratio_assumed")
+
+    def grow_rows(self, rows: int) -> None:
+        for name in self._ARRAYS:
+            a = getattr(self, name)
+            pad = np.full((rows - a.shape[0], a.shape[1]), -1 if name == "minor" else 0, dtype=np.int64)
+            setattr(self, name, np.concatenate([a, pad]))
+
+    def _grow_columns(self, width: int) -> None:
+        for name in self._ARRAYS:
+            a = getattr(self, name)
+            pad = np.full((a.shape[0], width - a.shape[1]), -1 if name == "minor" else 0, dtype=np.int64)
+            setattr(self, name, np.concatenate([a, pad], axis=1))
+
+    def set_node(self, row: int, gpus: Sequence[GpuDevice]) -> None:
+        if len(gpus) > self.minor.shape[1]:
+            self._grow_columns(len(gpus))
+        for name in ("core_cap", "ratio_cap", "memory"):
+            getattr(self, name)[row] = 0
+        self.minor[row] = -1
+        self._columns[row] = {}
+        for col, gpu in enumerate(gpus):
+            self.minor[row, col] = gpu.minor
+            self.core_cap[row, col], self.ratio_cap[row, col] = gpu.core, gpu.memory_ratio
+            self.memory[row, col] = gpu.memory
+            self._columns[row][gpu.minor] = col
+
+    def report(self, row: int, usage: Mapping[str, int]) -> bool:
+        """The owner's per-GPU usage; True when some GPU got room back."""
+        core, ratio = np.zeros_like(self.core_used[row]), np.zeros_like(self.ratio_used[row])
+        columns = self._columns.get(row, {})
+        for key, amount in usage.items():
+            kind, minor, what = key.split("/")
+            col = columns.get(int(minor))
+            if kind == "gpu" and col is not None:
+                (core if what == "core" else ratio)[col] = amount
+        freed = bool((core < self.core_used[row]).any() or (ratio < self.ratio_used[row]).any())
+        self.core_used[row], self.ratio_used[row] = core, ratio
+        return freed
+
+    def add_used(self, row: int, allocations: Sequence[devices.GpuAllocation]) -> None:
+        for a in allocations:
+            col = self._columns.get(row, {})[a.minor]
+            self.core_used[row, col] += a.core
+            self.ratio_used[row, col] += a.ratio
+
+    def assume(self, hold_id: str, row: int, allocations: Sequence[devices.GpuAllocation]) -> None:
+        if hold_id in self._assumed or not allocations:
+            return
+        columns = self._columns.get(row, {})
+        taken = [(columns[a.minor], a.core, a.ratio) for a in allocations]
+        for col, core, ratio in taken:
+            self.core_assumed[row, col] += core
+            self.ratio_assumed[row, col] += ratio
+        self._assumed[hold_id] = (row, taken)
+
+    def forget(self, hold_id: str) -> None:
+        assumed = self._assumed.pop(hold_id, None)
+        if assumed is not None:
+            row, taken = assumed
+            for col, core, ratio in taken:
+                self.core_assumed[row, col] -= core
+                self.ratio_assumed[row, col] -= ratio
+
+    def free_row(self, row: int) -> tuple[list[int], list[int], list[int], list[int]]:
+        """One node's GPUs: minors, free core, free memory-ratio, memory (Python lists)."""
+        present = self.minor[row] >= 0
+        core, ratio = self.free_core()[row], self.free_ratio()[row]
+        return (self.minor[row][present].tolist(), core[present].tolist(), ratio[present].tolist(),
+                self.memory[row][present].tolist())
+
+    def free_core(self) -> npt.NDArray[np.int64]:
+        out: npt.NDArray[np.int64] = self.core_cap - self.core_used - self.core_assumed
+        return out
+
+    def free_ratio(self) -> npt.NDArray[np.int64]:
+        out: npt.NDArray[np.int64] = self.ratio_cap - self.ratio_used - self.ratio_assumed
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +186,7 @@ class ClusterState:
         self.bound: dict[str, PodOnNode] = {}  # uid -> where it runs
         self._bound_arrays: BoundArrays | None = None
         self.nominator = Nominator(space, self.index)
+        self.gpus = GpuTable(capacity)
         self._labels: dict[str, LabelColumn] = {}
         self._taints: tuple[npt.NDArray[np.intp], list[tuple[Taint, ...]]] | None = None
         self.version = 0  # grows whenever a node record changes
@@ -118,6 +218,7 @@ class ClusterState:
         self._requested = doubled(self._requested)  # type: ignore[assignment]
         self._free = doubled(self._free)  # type: ignore[assignment]
         self.present = doubled(self.present)  # type: ignore[assignment]
+        self.gpus.grow_rows(self.allocatable.shape[0])
         self.unschedulable = doubled(self.unschedulable)  # type: ignore[assignment]
 
     def _node_records_changed(self) -> None:
@@ -144,8 +245,11 @@ class ClusterState:
             event |= ClusterEvent.NODE_CHANGED
         if change.node_record is not None and self.records.get(row) != change.node_record:
             self.records[row] = change.node_record
+            self.gpus.set_node(row, change.node_record.gpus)
             self._node_records_changed()
             event |= ClusterEvent.NODE_CHANGED
+        if self.gpus.report(row, change.device_usage):
+            event |= ClusterEvent.CAPACITY_FREED
         before_noms = len(self.nominator)
         self.nominator.report(row, change.nominations)
         if len(self.nominator) < before_noms:
@@ -168,18 +272,20 @@ class ClusterState:
     def add_node(self, node: Node) -> int:
         """Library use: a node as its owner would report it, with nothing on it."""
         row = self._row(node.name)
-        self.allocatable[row] = self.space.allocatable(node.allocatable)
+        self.allocatable[row] = self.space.allocatable(devices.node_gpu_totals(node.allocatable, node.gpus))
         self._set_used(row, self.used[row].copy())
         self.present[row] = True
         self.unschedulable[row] = node.unschedulable
         self.records[row] = node
+        self.gpus.set_node(row, node.gpus)
         self._node_records_changed()
         return row
 
-    def add_bound(self, pod: BoundPod, node: str) -> None:
+    def add_bound(self, pod: BoundPod, node: str, gpus: Sequence[devices.GpuAllocation] = ()) -> None:
         """Library use: a pod already running on `node` (its request counts as used)."""
         row = self.index[node]
-        vector = self.space.pod_request(pod.requests)
+        vector = self.space.pod_request(devices.with_gpu_totals(pod.requests))
+        self.gpus.add_used(row, gpus)
         self._set_used(row, self.used[row] + vector)
         self.bound[pod.uid] = PodOnNode(row, vector, pod)
         self._bound_arrays = None
@@ -205,6 +311,7 @@ class ClusterState:
             self._free[row] -= fresh * request
 
     def forget(self, hold_id: str) -> None:
+        self.gpus.forget(hold_id)
         assumption = self.assumptions.pop(hold_id, None)
         if assumption is not None:
             row, request = assumption

@@ -41,6 +41,7 @@ from agents.scheduler.framework.profiles import SchedulerConfig, default_config
 from agents.scheduler.framework.runtime import Evaluation, Framework, Placement
 from agents.scheduler.framework.status import Code
 from agents.scheduler.queue import SchedulingQueue
+from agents.state import devices
 from agents.state.resources import ResourceSpace, UnknownResource, Vector
 from schemas import topics
 from schemas.records import (
@@ -108,14 +109,16 @@ class SchedulerCore:
                 if amount < 0:
                     raise ValueError(f"requests.{name}={amount}: a request cannot be negative")
             try:
-                request = self.space.pod_request(pod.requests)
+                request = self.space.pod_request(devices.with_gpu_totals(pod.requests))
             except UnknownResource as exc:
                 raise ValueError(f"requests.{exc.name}: unknown resource (known: {', '.join(self.space.names)})") from exc
             if len(self._requests) > 65536:
                 self._requests.clear()
             known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
         key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
-        return PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2])
+        qos, priority = koordinator.defaults(pod)
+        return PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
+                       priority=priority, qos=qos)
 
     def add(self, pod: Pod) -> list[Output]:
         """A new or updated pod. Returns final feedback for pods that cannot be placed as they are."""
@@ -134,7 +137,6 @@ class SchedulerCore:
             if unsupported:
                 raise ValueError(f"affinity.{unsupported[0]}: inter-pod affinity is not supported yet; "
                                  "remove it or use another scheduler for this pod")
-            pod = koordinator.with_defaults(pod)
             info = self.pod_info(pod)
         except ValueError as exc:
             self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)

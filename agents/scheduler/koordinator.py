@@ -9,7 +9,8 @@
 - The priority the scheduler uses: the pod's own when it is non-zero, else the default value
   of its class (prod 9500, mid 7500, batch 5500, free 3500; none 0).
 
-`with_defaults(pod)` applies them at the scheduler's edge; a QoS label with another value is
+The scheduler keeps them beside the pod (`defaults`; `PodInfo.qos`, `PodInfo.priority`), and
+`with_defaults(pod)` returns a copy with them filled in; a QoS label with another value is
 bad input (`KoordinatorError` names the field).
 """
 
@@ -62,20 +63,20 @@ def qos_class(pod: Pod) -> str:
     return {GUARANTEED: "LSR", BURSTABLE: "LS", BEST_EFFORT: "BE"}[kube_qos(pod)]
 
 
-def priority_class(pod: Pod) -> str:
-    """The pod's Koordinator priority class, or "" when it has none and its QoS implies none."""
+def priority_class(pod: Pod, qos: str | None = None) -> str:
+    """The pod's Koordinator priority class (`qos`: its QoS class, when already known)."""
     if pod.priority_class_name in PRIORITY_CLASSES:
         return pod.priority_class_name
     for name, (low, high, _) in PRIORITY_CLASSES.items():
         if low <= pod.priority <= high:
             return name
-    return BATCH if qos_class(pod) == "BE" else PROD
+    return BATCH if (qos or qos_class(pod)) == "BE" else PROD
 
 
-def priority(pod: Pod) -> int:
+def priority(pod: Pod, qos: str | None = None) -> int:
     if pod.priority != 0:
         return pod.priority
-    return PRIORITY_CLASSES[priority_class(pod)][2]
+    return PRIORITY_CLASSES[priority_class(pod, qos)][2]
 
 
 def with_defaults(pod: Pod) -> Pod:
@@ -84,3 +85,9 @@ def with_defaults(pod: Pod) -> Pod:
     if qos == pod.qos_class and value == pod.priority:
         return pod
     return dataclasses.replace(pod, qos_class=qos, priority=value)
+
+
+def defaults(pod: Pod) -> tuple[str, int]:
+    """(QoS class, priority) with Koordinator's defaults, without copying the pod."""
+    qos = qos_class(pod)
+    return qos, priority(pod, qos)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.ports import Output, Problem
+from agents.state import devices
 from schemas import topics
 from schemas.records import (
     Binding,
@@ -121,13 +122,14 @@ class Decider:
         state.waiting[hid] = {
             "uid": held.uid, "attempt": held.attempt, "node": held.node, "namespace": held.namespace,
             "name": held.name, "nominated_node": held.nominated_node, "gang_min": held.gang_min,
+            "devices": list(held.devices),
         }
         if len(state.waiting) >= held.gang_min:
             for wid, w in sorted(state.waiting.items()):
                 member = Held(
                     uid=w["uid"], attempt=w["attempt"], node=w["node"], decision_key=state.key,
                     namespace=w["namespace"], name=w["name"], gang_min=w["gang_min"],
-                    nominated_node=w["nominated_node"],
+                    nominated_node=w["nominated_node"], devices=tuple(w.get("devices", ())),
                 )
                 del state.waiting[wid]
                 self._accept(state, member, out)
@@ -146,9 +148,11 @@ class Decider:
         if held.nominated_node:
             out.first.append(Output(topics.NODE_INBOX, held.nominated_node,
                                     NominationCleared(uid=held.uid, node=held.nominated_node)))
+        allocated = devices.decode(held.devices)
         out.after_commit.append(Output(topics.BINDINGS, held.uid, Binding(
             uid=held.uid, namespace=held.namespace, name=held.name, node=held.node,
             attempt=held.attempt, decision_key=key,
+            annotations={devices.DEVICE_ALLOCATED: devices.annotation(allocated)} if allocated else {},
         )))
 
     @staticmethod

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
+from agents.state import devices
 from agents.state.resources import DEFAULT_MAX_PODS
 from schemas import topics
 from schemas.codec import decode_object, to_plain
@@ -67,6 +68,7 @@ class HoldEntry:
     nominated_node: str = ""
     namespace: str = ""
     name: str = ""
+    devices: list[str] = field(default_factory=list)  # as claimed ("gpu/<minor>/<core>/<ratio>")
 
 
 @dataclass
@@ -90,6 +92,21 @@ class NodeState:
                 for name, amount in hold.requests.items():
                     total[name] = total.get(name, 0) + amount
         return total
+
+    def device_usage(self) -> dict[str, int]:
+        """Per GPU, the core and memory-ratio that committed and held claims use."""
+        usage: dict[str, int] = {}
+        for hold in self.holds.values():
+            if hold.status in COUNTED:
+                for a in devices.decode(hold.devices):
+                    usage[f"gpu/{a.minor}/core"] = usage.get(f"gpu/{a.minor}/core", 0) + a.core
+                    usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
+        return usage
+
+    def gpus(self) -> dict[int, tuple[int, int]]:
+        """minor -> (core, memory-ratio) capacity, from the Node record."""
+        return {int(g["minor"]): (int(g.get("core", 100)), int(g.get("memory_ratio", 100)))
+                for g in (self.record or {}).get("gpus", ())}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -156,6 +173,7 @@ class NodeOwner:
                 holds=touched,
                 node_record=_decode(state.record, Node) if record_changed and state.record else None,
                 nominations=tuple(state.nominations.values()),
+                device_usage=state.device_usage(),
                 committed=tuple(
                     BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
                              requests=ResourceList(h.requests))
@@ -192,7 +210,7 @@ class NodeOwner:
         if isinstance(record, Node):
             state.record = to_plain(record)
             state.exists = True
-            state.allocatable = dict(record.allocatable)
+            state.allocatable = devices.node_gpu_totals(record.allocatable, record.gpus)
             state.allocatable.setdefault("pods", DEFAULT_MAX_PODS)
             state.unschedulable = record.unschedulable
             return True
@@ -233,6 +251,7 @@ class NodeOwner:
                 requests=dict(claim.requests), priority=claim.priority,
                 status=REJECTED if reason else HELD, reason=reason, gang_min=claim.gang_min,
                 nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
+                devices=list(claim.devices),
             )
             state.holds[hid] = hold
             touched[hid] = hold.status
@@ -246,7 +265,7 @@ class NodeOwner:
             result.outputs.append(Output(topics.HOLDS, claim.decision_key, Held(
                 uid=claim.uid, attempt=claim.attempt, node=claim.node, decision_key=claim.decision_key,
                 namespace=claim.namespace, name=claim.name, gang_min=claim.gang_min,
-                nominated_node=claim.nominated_node,
+                nominated_node=claim.nominated_node, devices=claim.devices,
             )))
 
     def _refusal(self, state: NodeState, claim: Claim) -> str:
@@ -265,4 +284,19 @@ class NodeOwner:
         for name, amount in claim.requests.items():
             if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:
                 return REASON_INSUFFICIENT.format(name)
+        return self._device_refusal(state, claim)
+
+    @staticmethod
+    def _device_refusal(state: NodeState, claim: Claim) -> str:
+        """The claimed GPUs exist and have room for their share (devices, not only totals)."""
+        claimed = devices.decode(claim.devices)
+        if not claimed:
+            return ""
+        gpus, usage = state.gpus(), state.device_usage()
+        for a in claimed:
+            if a.minor not in gpus:
+                return f"gpu {a.minor} does not exist on the node"
+            core, ratio = gpus[a.minor]
+            if usage.get(f"gpu/{a.minor}/core", 0) + a.core > core or usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio > ratio:
+                return f"Insufficient gpu {a.minor}"
         return ""

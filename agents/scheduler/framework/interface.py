@@ -59,14 +59,13 @@ class PodInfo:
     arrival: int = 0  # the queue's arrival order
     derived: dict[str, Any] = field(default_factory=dict)  # per-pod parses, by plugin name
     request_key: bytes = b""  # the request vector's bytes (part of every signature)
+    priority: int = 0  # the priority scheduling uses (Koordinator's default when the pod states none)
+    qos: str = ""  # Koordinator QoS class (the label, else what the Kubernetes QoS implies)
 
     @property
     def uid(self) -> str:
         return self.pod.uid
 
-    @property
-    def priority(self) -> int:
-        return self.pod.priority
 
 
 class CycleState:
@@ -185,7 +184,8 @@ class DynamicScorePlugin(ScorePlugin, Protocol):
 @runtime_checkable
 class ReservePlugin(Plugin, Protocol):
     def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> Status:
-        """Claim what the pod takes on `row` beyond its resource vector (the runtime assumes that)."""
+        """Claim what the pod takes on `row` beyond its resource vector (the runtime assumes that).
+        Not called when the plugin's PreFilter returned SKIP for the cycle."""
 
     def unreserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> None:
         """Undo `reserve`. Must be idempotent: it may run for a pod that was never reserved."""

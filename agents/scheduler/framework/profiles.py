@@ -35,6 +35,7 @@ from agents.scheduler.framework.runtime import ProfilePlugins
 from agents.scheduler.plugins import (
     defaultbinder,
     defaultpreemption,
+    deviceshare,
     nodeaffinity,
     noderesources,
     nodeunschedulable,
@@ -64,6 +65,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (tainttoleration.NAME, 3),
     (noderesources.FIT_NAME, 1),
     (noderesources.BALANCED_NAME, 1),
+    (deviceshare.NAME, 0),
     (defaultpreemption.NAME, 0),
     (defaultbinder.NAME, 0),
 )

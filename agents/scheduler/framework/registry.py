@@ -15,6 +15,7 @@ from typing import Any
 from agents.scheduler.plugins import (
     defaultbinder,
     defaultpreemption,
+    deviceshare,
     nodeaffinity,
     noderesources,
     nodeunschedulable,
@@ -39,6 +40,7 @@ REGISTRY: dict[str, Registration] = {
     noderesources.BALANCED_NAME: Registration(noderesources.BalancedAllocation, noderesources.BalancedAllocationArgs),
     defaultpreemption.NAME: Registration(defaultpreemption.DefaultPreemption, defaultpreemption.PreemptionArgs),
     defaultbinder.NAME: Registration(defaultbinder.DefaultBinder, NoArgs),
+    deviceshare.NAME: Registration(deviceshare.DeviceShare, NoArgs),
 }
 
 

@@ -205,7 +205,7 @@ class Framework:
         record = pod.pod
         if not self.batching or record.uid in self.state.nominator.nominated_uids():
             return None
-        parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), record.priority]
+        parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), pod.priority]
         for plugin in self._signers:
             part = plugin.sign(pod)
             if part is UNSIGNABLE:
@@ -358,7 +358,7 @@ class Framework:
             dynamic_total += w * ev.scores[p.NAME]
         dynamic_filters: list[Any] = [p for p in self.profile.filter if p.DYNAMIC and p.NAME not in cycle.skip_filter]
         ranking = Ranking(static_total + dynamic_total, feasible)
-        tentative_free = not self.profile.reserve and not self.profile.permit
+        tentative_free = not self._reserving(cycle) and not self.profile.permit
         out: list[Placement] = []
         k, chunk = 0, 2
         while k < len(pods):
@@ -446,7 +446,8 @@ class Framework:
         node = state.names[row]
         hid = hold_id(pod.uid, pod.attempt, node)
         state.assume(hid, row, pod.request)
-        for i, plugin in enumerate(self.profile.reserve):
+        reserving = self._reserving(cycle)
+        for i, plugin in enumerate(reserving):
             st: Status = self._timed(plugin, "Reserve", plugin.reserve, cycle, pod, state, row)
             if not st.ok:
                 self._unreserve(cycle, pod, row, upto=i + 1)
@@ -484,8 +485,14 @@ class Framework:
                 return outputs
         return []
 
+    def _reserving(self, cycle: CycleState) -> tuple[ReservePlugin, ...]:
+        """Reserve plugins, less those whose PreFilter said SKIP for this cycle (nothing to reserve)."""
+        if not cycle.skip_filter:
+            return self.profile.reserve
+        return tuple(p for p in self.profile.reserve if p.NAME not in cycle.skip_filter)
+
     def _unreserve(self, cycle: CycleState, pod: PodInfo, row: int, upto: int | None = None) -> None:
-        plugins = self.profile.reserve[:upto]
+        plugins = self._reserving(cycle)[:upto]
         for plugin in reversed(plugins):
             self._timed(plugin, "Unreserve", plugin.unreserve, cycle, pod, self.state, row)
         self.state.forget(hold_id(pod.uid, pod.attempt, self.state.names[row]))

@@ -2,7 +2,8 @@
 
 It produces the Claim for the node's owner (hold id = pod uid, attempt, node), with the full
 request, the priority, the decision key, the gang's min-available and the node the pod is
-nominated to (the decider clears that nomination when it accepts the pod). The Binding itself
+nominated to (the decider clears that nomination when it accepts the pod), and the devices a
+Reserve plugin chose (cycle key `DeviceShare/allocated`). The Binding itself
 is the decider's to write, once the owner holds the claim.
 """
 
@@ -18,6 +19,7 @@ from schemas import topics
 from schemas.records import GANG_MIN_AVAILABLE_ANNOTATION, Claim, ResourceList
 
 NAME = "DefaultBinder"
+DEVICES_KEY = "DeviceShare/allocated"  # where a device plugin's Reserve leaves the devices it chose
 
 
 class DefaultBinder:
@@ -39,7 +41,8 @@ class DefaultBinder:
         nominated = state.nominator.of(p.uid) if p.uid in state.nominator.nominated_uids() else None
         return [Output(topics.NODE_INBOX, node, Claim(
             uid=p.uid, attempt=pod.attempt, node=node, decision_key=pod.decision_key, requests=requests,
-            priority=p.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
+            priority=pod.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
             gang_min=int(gang_min) if gang_min.isdigit() else 0,
             nominated_node=nominated.node if nominated is not None else "",
+            devices=cycle.read(DEVICES_KEY) or (),
         ))]

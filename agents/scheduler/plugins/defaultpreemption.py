@@ -1,7 +1,7 @@
 """DefaultPreemption (PostFilter): make room for a pod by evicting pods of lower priority.
 
 Called when a pod fits nowhere. Candidate nodes are those that pass every filter except
-NodeResourcesFit and where the pod would fit if every pod of lower priority left (vectorized
+NodeResourcesFit and DeviceShare and where the pod would fit if every pod of lower priority left (vectorized
 over all bound pods). On each candidate (at most max(`minCandidateNodesPercentage`% of the
 nodes, `minCandidateNodesAbsolute`), in node order), victims are chosen as kube-scheduler
 does: remove every lower-priority pod, then reprieve them one by one from the highest
@@ -29,6 +29,7 @@ from agents.scheduler.plugins.noderesources.fit import NAME as FIT
 from schemas.records import Nomination, ResourceList
 
 NAME = "DefaultPreemption"
+RESOLVABLE = frozenset({FIT, "DeviceShare"})  # filters whose rejections evicting pods can fix
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class DefaultPreemption:
         n = state.size
         potential = state.schedulable_rows().copy()
         for name, mask in diagnosis.masks.items():
-            if name != FIT:
+            if name not in RESOLVABLE:
                 potential &= mask
         bound = state.bound_arrays()
         lower = bound.priorities < pod.priority

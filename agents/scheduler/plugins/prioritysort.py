@@ -17,4 +17,4 @@ class PrioritySort:
         pass
 
     def sort_key(self, pod: PodInfo) -> tuple[Any, ...]:
-        return (-pod.pod.priority, pod.arrival)
+        return (-pod.priority, pod.arrival)

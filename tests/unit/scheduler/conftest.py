@@ -10,6 +10,7 @@ import numpy as np
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.interface import ALL, CycleState, PodInfo
 from agents.scheduler.framework.status import Code
+from agents.state.devices import with_gpu_totals
 from agents.state.resources import ResourceSpace
 from schemas.records import BoundPod, Node, Pod, decision_key
 
@@ -21,9 +22,11 @@ def state_of(*nodes: Node, bound: dict[str, list[BoundPod]] | None = None) -> Cl
 
 
 def info(pod: Pod) -> PodInfo:
-    request = SPACE.pod_request(pod.requests)
+    """The pod as the framework sees it, with its own priority (no Koordinator defaults)."""
+    request = SPACE.pod_request(with_gpu_totals(pod.requests))
     return PodInfo(pod, request, np.flatnonzero(request),
-                   decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid), profile=pod.scheduler_name)
+                   decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid), profile=pod.scheduler_name,
+                   priority=pod.priority)
 
 
 def prepared(plugin: Any, pod: PodInfo, state: ClusterState) -> CycleState:

@@ -1,0 +1,122 @@
+"""DeviceShare (PreFilter, Filter, Reserve / Unreserve): GPUs by device, Koordinator's model.
+
+PreFilter parses the pod's GPU request (`agents.state.devices.gpu_request`); a request that
+cannot be valid (a share of 150 of one GPU, whole-GPU core and ratio that disagree) rejects
+the pod as unresolvable with the field and value; a pod without GPUs skips the plugin.
+Filter: a node passes when enough of its GPUs each have the free core and memory-ratio the
+request needs per GPU (`koordinator.sh/gpu-memory` is turned into that GPU's ratio).
+Reserve picks the concrete GPUs (`devices.choose`: shares packed onto the fullest GPU that
+fits, whole GPUs in minor order), assumes them in the shared state under the claim's hold id
+(so every profile sees them at once) and leaves them in the cycle for DefaultBinder, which
+puts them on the Claim; the owner checks them again, device by device, when it holds the
+claim. Unreserve gives them back (idempotent).
+
+Totals (`koordinator.sh/gpu-core`, `-memory-ratio`, `nvidia.com/gpu`) are NodeResourcesFit's
+business: the scheduler adds them to every GPU request, so nominations and preemption work on
+them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import ClassVar
+
+import numpy as np
+
+from agents.scheduler.cluster import ClusterEvent, ClusterState
+from agents.scheduler.framework import status
+from agents.scheduler.framework.interface import UNSIGNABLE, CycleState, Mask, PodInfo, Rows
+from agents.scheduler.framework.status import Status
+from agents.scheduler.plugins.args import NoArgs
+from agents.scheduler.plugins.defaultbinder import DEVICES_KEY
+from agents.state import devices
+from schemas.records import hold_id
+
+NAME = "DeviceShare"
+ALLOCATED = DEVICES_KEY  # cycle key: the GPUs Reserve chose for the pod being bound
+REASON = "Insufficient gpu devices"
+
+
+def _request(pod: PodInfo) -> devices.GpuRequest | None | devices.DeviceError:
+    cached = pod.derived.get(NAME, False)
+    if cached is False:
+        try:
+            cached = devices.gpu_request(pod.pod.requests)
+        except devices.DeviceError as exc:
+            cached = exc
+        pod.derived[NAME] = cached
+    return cached  # type: ignore[no-any-return]
+
+
+class DeviceShare:
+    NAME: ClassVar[str] = NAME
+    DYNAMIC: ClassVar[bool] = True
+    EVENTS: ClassVar[ClusterEvent] = ClusterEvent.ANY
+
+    def __init__(self, args: NoArgs | None = None) -> None:
+        pass
+
+    def sign(self, pod: PodInfo) -> Hashable:
+        req = _request(pod)
+        return UNSIGNABLE if isinstance(req, devices.DeviceError) else req
+
+    def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
+        req = _request(pod)
+        if isinstance(req, devices.DeviceError):
+            return status.unresolvable(NAME, str(req))
+        if req is None:
+            return status.SKIP
+        cycle.write(NAME, req)
+        return status.SUCCESS
+
+    def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
+        req: devices.GpuRequest = cycle.read(NAME)
+        table = state.gpus
+        n = state.size
+        core, ratio = table.free_core()[:n][rows], table.free_ratio()[:n][rows]
+        present = table.minor[:n][rows] >= 0
+        if req.memory:
+            memory = table.memory[:n][rows]
+            need = np.where(memory > 0, -(-req.memory * devices.WHOLE // np.maximum(memory, 1)), devices.WHOLE + 1)
+            need = np.maximum(need, req.ratio)
+        else:
+            need = np.full(core.shape, req.ratio)
+        fits = present & (core >= req.core) & (ratio >= need)
+        count = fits[:, 0].astype(np.int64) if fits.shape[1] else np.zeros(len(fits), dtype=np.int64)
+        for col in range(1, fits.shape[1]):
+            count += fits[:, col]
+        enough: Mask = count >= req.count
+        return enough
+
+    def explain(self, cycle: CycleState, pod: PodInfo, state: ClusterState, failed: Mask) -> dict[str, int]:
+        return {REASON: int(failed.sum())}
+
+    def fit_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, limit: int) -> int:
+        req: devices.GpuRequest = cycle.read(NAME)
+        minors, core, ratio, memory = state.gpus.free_row(row)
+        placed = 0
+        while placed < limit:
+            chosen = devices.choose(req, minors, core, ratio, memory)
+            if chosen is None:
+                break
+            for a in chosen:
+                i = minors.index(a.minor)
+                core[i] -= a.core
+                ratio[i] -= a.ratio
+            placed += 1
+        return placed
+
+    def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> Status:
+        req = cycle.read(NAME)
+        cycle.write(ALLOCATED, ())
+        if req is None:
+            return status.SUCCESS
+        chosen = devices.choose(req, *state.gpus.free_row(row))
+        if chosen is None:
+            return status.unschedulable(NAME, REASON)
+        state.gpus.assume(hold_id(pod.uid, pod.attempt, state.names[row]), row, chosen)
+        cycle.write(ALLOCATED, tuple(a.encode() for a in chosen))
+        return status.SUCCESS
+
+    def unreserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> None:
+        state.gpus.forget(hold_id(pod.uid, pod.attempt, state.names[row]))

@@ -1,0 +1,162 @@
+"""GPUs as devices (Koordinator's DeviceShare model), shared by the scheduler and the owners.
+
+A node's GPUs come from its record (`Node.gpus`: minor, model, memory, and per-GPU capacity
+of `koordinator.sh/gpu-core` and `koordinator.sh/gpu-memory-ratio`, 100 each by default). A pod
+asks for GPUs in one of these ways (Koordinator's names):
+
+- `nvidia.com/gpu: N`: N whole GPUs (each core 100 and memory-ratio 100).
+- `koordinator.sh/gpu-core: C` and/or `koordinator.sh/gpu-memory-ratio: R`: up to 100, a
+  share of one GPU; above 100, whole GPUs (C / 100 of them), so multiples of 100 only.
+- `koordinator.sh/gpu.shared: S` with the above per GPU: a share of each of S GPUs.
+- `koordinator.sh/gpu-memory: M` (bytes, per GPU): the memory-ratio this takes on a GPU of
+  that node, rounded up, when larger than the ratio asked.
+
+Totals keep working as vectors (`with_gpu_totals` adds the core and ratio totals to a pod's
+request, `node_gpu_totals` to a node's allocatable), so NodeResourcesFit and the owners' totals
+see GPUs too; the device-level check (which GPU, how much of it) is `choose`, used by the
+scheduler's DeviceShare plugin and, on the claimed minors, by the owners.
+
+An allocation travels in `Claim.devices` / `Held.devices` as `gpu/<minor>/<core>/<ratio>` and
+ends on the Binding as `scheduling.koordinator.sh/device-allocated`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+NVIDIA_GPU = "nvidia.com/gpu"
+GPU_CORE = "koordinator.sh/gpu-core"
+GPU_RATIO = "koordinator.sh/gpu-memory-ratio"
+GPU_MEMORY = "koordinator.sh/gpu-memory"
+GPU_SHARED = "koordinator.sh/gpu.shared"
+DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
+WHOLE = 100
+
+
+class DeviceError(ValueError):
+    """A device request that cannot be valid; names the field and the value."""
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        super().__init__(f"{field}={value!r}: {reason}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    count: int  # GPUs
+    core: int  # per GPU, 0..100
+    ratio: int  # memory-ratio per GPU, 0..100
+    memory: int = 0  # bytes per GPU (0: none asked)
+
+    @property
+    def shared(self) -> bool:
+        return self.core < WHOLE or self.ratio < WHOLE
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAllocation:
+    minor: int
+    core: int
+    ratio: int
+
+    def encode(self) -> str:
+        return f"gpu/{self.minor}/{self.core}/{self.ratio}"
+
+
+def gpu_request(requests: Mapping[str, int]) -> GpuRequest | None:
+    """The pod's GPU request, None when it asks for none; raises DeviceError."""
+    whole = requests.get(NVIDIA_GPU, 0)
+    core, ratio = requests.get(GPU_CORE, 0), requests.get(GPU_RATIO, 0)
+    memory, shared = requests.get(GPU_MEMORY, 0), requests.get(GPU_SHARED, 0)
+    if not (whole or core or ratio or memory or shared):
+        return None
+    if whole:
+        if core or ratio or memory or shared:
+            raise DeviceError(f"requests.{NVIDIA_GPU}", whole, f"cannot be combined with {GPU_CORE}, {GPU_RATIO}, "
+                                                             f"{GPU_MEMORY} or {GPU_SHARED}")
+        return GpuRequest(whole, WHOLE, WHOLE)
+    if shared:
+        for name, value in ((GPU_CORE, core), (GPU_RATIO, ratio)):
+            if value > WHOLE:
+                raise DeviceError(f"requests.{name}", value, f"is per GPU with {GPU_SHARED}: at most 100")
+        if not (core or ratio or memory):
+            raise DeviceError(f"requests.{GPU_SHARED}", shared, f"needs {GPU_CORE}, {GPU_RATIO} or {GPU_MEMORY}")
+        return GpuRequest(shared, core, ratio, memory)
+    for name, value in ((GPU_CORE, core), (GPU_RATIO, ratio)):
+        if value > WHOLE and value % WHOLE:
+            raise DeviceError(f"requests.{name}", value, "a share above 100 must be whole GPUs (a multiple of 100)")
+    if core > WHOLE or ratio > WHOLE:
+        if core and ratio and core != ratio:
+            raise DeviceError(f"requests.{GPU_RATIO}", ratio, f"must equal {GPU_CORE} ({core}) for whole GPUs")
+        count = max(core, ratio) // WHOLE
+        if memory:
+            raise DeviceError(f"requests.{GPU_MEMORY}", memory, "cannot be asked with whole GPUs")
+        return GpuRequest(count, WHOLE, WHOLE)
+    if not core and not ratio and not memory:
+        return None
+    return GpuRequest(1, core, ratio, memory)
+
+
+def with_gpu_totals(requests: Mapping[str, int]) -> dict[str, int]:
+    """The request with the GPU core and memory-ratio totals it implies (for vector checks)."""
+    req = gpu_request(requests)
+    out = {k: v for k, v in requests.items() if k not in (GPU_MEMORY, GPU_SHARED)}  # device-level only
+    if req is not None:
+        out[GPU_CORE] = req.count * req.core
+        out[GPU_RATIO] = req.count * req.ratio
+    return out
+
+
+def node_gpu_totals(allocatable: Mapping[str, int], gpus: Sequence[object]) -> dict[str, int]:
+    """A node's allocatable with the core and memory-ratio totals of its GPUs."""
+    out = dict(allocatable)
+    if gpus:
+        out.setdefault(GPU_CORE, sum(int(getattr(g, "core", WHOLE)) for g in gpus))
+        out.setdefault(GPU_RATIO, sum(int(getattr(g, "memory_ratio", WHOLE)) for g in gpus))
+        out.setdefault(NVIDIA_GPU, len(gpus))
+    return out
+
+
+def ratio_needed(req: GpuRequest, gpu_memory: int) -> int:
+    """The memory-ratio the request takes on a GPU with `gpu_memory` bytes (> 100: cannot)."""
+    if not req.memory:
+        return req.ratio
+    if gpu_memory <= 0:
+        return WHOLE + 1
+    return max(req.ratio, -(-req.memory * WHOLE // gpu_memory))
+
+
+def choose(req: GpuRequest, minors: Sequence[int], free_core: Sequence[int], free_ratio: Sequence[int],
+           memory: Sequence[int]) -> list[GpuAllocation] | None:
+    """Which GPUs of one node the request takes, or None when they do not fit.
+
+    A share of one GPU goes to the GPU with the least free core that fits it (packing shares
+    together keeps whole GPUs free); whole GPUs are the first free ones in minor order."""
+    fitting = []
+    for i, minor in enumerate(minors):
+        ratio = ratio_needed(req, memory[i])
+        if free_core[i] >= req.core and free_ratio[i] >= ratio:
+            fitting.append((free_core[i], i, minor, ratio))
+    if len(fitting) < req.count:
+        return None
+    if req.shared:
+        fitting.sort()
+    return [GpuAllocation(minor, req.core, ratio) for _, _, minor, ratio in fitting[: req.count]]
+
+
+def decode(devices: Sequence[str]) -> list[GpuAllocation]:
+    """The GPU allocations in `Claim.devices` (other kinds of devices are skipped)."""
+    out = []
+    for item in devices:
+        parts = item.split("/")
+        if len(parts) == 4 and parts[0] == "gpu":
+            out.append(GpuAllocation(int(parts[1]), int(parts[2]), int(parts[3])))
+    return out
+
+
+def annotation(allocations: Sequence[GpuAllocation]) -> str:
+    """`scheduling.koordinator.sh/device-allocated`, as Koordinator writes it."""
+    return json.dumps({"gpu": [{"minor": a.minor, "resources": {GPU_CORE: str(a.core), GPU_RATIO: str(a.ratio)}}
+                               for a in allocations]}, separators=(",", ":"))
