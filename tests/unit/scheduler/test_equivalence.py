@@ -1,6 +1,7 @@
 """Equivalence classes: for random clusters and pod lists, batched placement equals one-by-one
 placement in the same order (DESIGN.md, "Equivalence classes"), including nodes filling up,
-scores normalized over the feasible nodes, nominations and pods that fit nowhere."""
+scores normalized over the feasible nodes, nominations, GPUs chosen device by device, and pods
+that fit nowhere."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from hypothesis import strategies as st
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.profiles import load
 from agents.scheduler.framework.runtime import Framework
-from schemas.records import Node, Nomination, Pod, ResourceList, Taint, Toleration
+from agents.state.devices import GPU_CORE, GPU_RATIO
+from schemas.records import GpuDevice, Node, Nomination, Pod, ResourceList, Taint, Toleration
 from tests.unit.scheduler.conftest import SPACE, info
 
 PROFILES = load("""
@@ -28,10 +30,10 @@ PREFER_ZONE = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution
 ]}}
 
 nodes = st.lists(st.builds(
-    lambda i, cpu, mem, zone, disk, taint, cordoned: (cpu, mem, zone, disk, taint, cordoned),
+    lambda i, cpu, mem, zone, disk, taint, cordoned, gpus: (cpu, mem, zone, disk, taint, cordoned, gpus),
     st.integers(), st.integers(1, 16).map(lambda c: c * 500), st.integers(1, 16).map(lambda m: m * 2**28),
     st.sampled_from(["z1", "z2", "z3"]), st.booleans(),
-    st.sampled_from([None, "soft", "hard"]), st.booleans(),
+    st.sampled_from([None, "soft", "hard"]), st.booleans(), st.sampled_from([0, 0, 1, 2, 4]),
 ), min_size=1, max_size=12)
 
 templates = st.lists(st.tuples(
@@ -41,16 +43,18 @@ templates = st.lists(st.tuples(
     st.booleans(),                               # tolerates the soft taint
     st.booleans(),                               # prefers zone z1
     st.sampled_from([{}, {"zone": "z2"}]),       # node selector
+    st.sampled_from([0, 0, 30, 50, 60, 100, 200]),  # GPU: a share of one (koordinator.sh/gpu-core), or whole ones
 ), min_size=1, max_size=4)
 
 
 def build(node_specs: list[tuple], nominated: bool) -> ClusterState:  # type: ignore[type-arg]
     out = []
-    for i, (cpu, mem, zone, disk, taint, cordoned) in enumerate(node_specs):
+    for i, (cpu, mem, zone, disk, taint, cordoned, gpus) in enumerate(node_specs):
         taints = () if taint is None else (Taint("spot", "1", "PreferNoSchedule" if taint == "soft" else "NoSchedule"),)
         labels = {"zone": zone, **({"disk": "ssd"} if disk else {})}
         out.append(Node(name=f"n{i:02d}", labels=labels, taints=taints, unschedulable=cordoned,
-                        allocatable=ResourceList({"cpu": cpu, "memory": mem, "pods": 6})))
+                        allocatable=ResourceList({"cpu": cpu, "memory": mem, "pods": 6}),
+                        gpus=tuple(GpuDevice(minor=g) for g in range(gpus))))
     state = ClusterState.from_records(SPACE, out)
     if nominated:
         state.nominator.nominate(Nomination(uid="someone", node="n00", priority=5,
@@ -61,10 +65,12 @@ def build(node_specs: list[tuple], nominated: bool) -> ClusterState:  # type: ig
 def pods_from(tpl: list[tuple], runs: list[tuple[int, int]]) -> list[Pod]:  # type: ignore[type-arg]
     out = []
     for t_index, count in runs:
-        cpu, mem, prio, tolerate, prefer, selector = tpl[t_index % len(tpl)]
+        cpu, mem, prio, tolerate, prefer, selector, gpu = tpl[t_index % len(tpl)]
+        gpu_requests = {GPU_CORE: gpu, GPU_RATIO: gpu} if gpu else {}
         for _ in range(count):
             uid = f"p{len(out):03d}"
-            out.append(Pod(uid=uid, name=uid, priority=prio, requests=ResourceList({"cpu": cpu, "memory": mem}),
+            out.append(Pod(uid=uid, name=uid, priority=prio,
+                           requests=ResourceList({"cpu": cpu, "memory": mem, **gpu_requests}),
                            tolerations=(Toleration("spot", "Exists"),) if tolerate else (),
                            affinity=PREFER_ZONE if prefer else {}, node_selector=selector))
     return out
@@ -76,7 +82,8 @@ def place(node_specs: list[tuple], nominated: bool, pods: list[Pod], profile: st
     infos = [info(p) for p in pods]
     for i, p in enumerate(infos):
         p.arrival = i
-    return [(p.pod.uid, p.node, p.status.code, p.diagnosis.message() if p.diagnosis else "")
+    return [(p.pod.uid, p.node, p.status.code, p.diagnosis.message() if p.diagnosis else "",
+             p.outputs[0].record.devices if p.outputs else ())  # type: ignore[attr-defined]
             for p in fw.schedule(infos, batching=batching)]
 
 
@@ -91,8 +98,8 @@ def test_batched_placement_equals_one_by_one(node_specs, tpl, runs, nominated, p
 
 
 def test_a_run_of_identical_pods_is_one_class() -> None:
-    node_specs = [(4000, 2**33, "z1", False, None, False)] * 3
-    pods = pods_from([(500, 2**28, 0, False, False, {})], [(0, 9)])
+    node_specs = [(4000, 2**33, "z1", False, None, False, 0)] * 3
+    pods = pods_from([(500, 2**28, 0, False, False, {}, 0)], [(0, 9)])
     state = build(node_specs, nominated=False)
     fw = Framework(PROFILES["default-scheduler"], state, timer=lambda: 0)
     infos = [info(p) for p in pods]
