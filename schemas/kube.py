@@ -4,9 +4,11 @@ The effective pod request follows Kubernetes (resource helpers, KEP-753 sidecars
 each resource, the larger of (sum of app containers + sum of sidecar init containers) and
 (each regular init container + the sidecars started before it), plus the pod overhead.
 A container without a request for cpu or memory gets its limit, as the API server defaults.
-Node devices: `nvidia.com/gpu` allocatable becomes that many whole GPUs (minors 0..N-1, model
-from the `nvidia.com/gpu.product` label); `koordinator.sh/rdma` allocatable becomes one NIC
-with that many virtual functions.
+Node devices: `nvidia.com/gpu` allocatable (or, without it, `koordinator.sh/gpu-core` / 100)
+becomes that many GPUs (minors 0..N-1, each core 100 and memory-ratio 100), their model from
+the `nvidia.com/gpu.product` label and their memory from `nvidia.com/gpu.memory` (MiB per GPU;
+both labels as NVIDIA's GPU feature discovery publishes them); `koordinator.sh/rdma`
+allocatable becomes one NIC with that many virtual functions.
 """
 
 from __future__ import annotations
@@ -176,9 +178,13 @@ def node_from_manifest(obj: dict[str, Any]) -> Node:
     labels = _str_map(meta.get("labels"), "metadata.labels")
     capacity = _resource_map(status.get("capacity"), "status.capacity")
     allocatable = _resource_map(status.get("allocatable"), "status.allocatable") or ResourceList(capacity)
+    memory_mib = labels.get("nvidia.com/gpu.memory", "0")
+    if not memory_mib.isdigit():
+        raise SchemaError("metadata.labels.nvidia.com/gpu.memory", memory_mib, "must be a whole number of MiB")
+    count = allocatable.get("nvidia.com/gpu", 0) or allocatable.get("koordinator.sh/gpu-core", 0) // 100
     gpus = tuple(
-        GpuDevice(minor=i, model=labels.get("nvidia.com/gpu.product", ""))
-        for i in range(allocatable.get("nvidia.com/gpu", 0))
+        GpuDevice(minor=i, model=labels.get("nvidia.com/gpu.product", ""), memory=int(memory_mib) * 2**20)
+        for i in range(count)
     )
     rdma_vfs = allocatable.get("koordinator.sh/rdma", 0)
     rdma = (RdmaDevice(name="rdma0", minor=0, vfs=rdma_vfs),) if rdma_vfs else ()
