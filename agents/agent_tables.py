@@ -76,6 +76,10 @@ class VersionedState:
         wrapped = self.raw(key)
         return None if wrapped is None else wrapped["state"]  # type: ignore[no-any-return]
 
+    def states(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every (key, state) this worker holds now (its assigned partitions)."""
+        return [(key.decode(), value["state"]) for key, value in list(self.table.items()) if value]
+
     def epoch(self, partition: int) -> int:
         """This worker's epoch for `partition` (see module docstring)."""
         restored = self.table.restored_epochs.get(partition, -1)

@@ -24,6 +24,9 @@ SCHEMA_VERSION = "1.0"
 
 GANG_NAME_ANNOTATION = "gang.scheduling.koordinator.sh/name"
 GANG_MIN_AVAILABLE_ANNOTATION = "gang.scheduling.koordinator.sh/min-available"
+GANG_WAITING_TIME_ANNOTATION = "gang.scheduling.koordinator.sh/waiting-time"
+GANG_MODE_ANNOTATION = "gang.scheduling.koordinator.sh/mode"
+GANG_DEFAULT_WAITING_S = 600.0
 POD_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io"
 QOS_LABEL = "koordinator.sh/qosClass"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -234,6 +237,8 @@ class Claim(Record):
     devices: tuple[str, ...] = ()  # devices claimed, e.g. "gpu/<minor>/<core>/<ratio>"
     numa_cells: tuple[int, ...] = ()
     gang_min: int = 0  # min-available of the pod's gang; 0 when it has none
+    gang_waiting_s: float = 0.0  # how long held members wait for the rest (0: the default, 600 s)
+    gang_strict: bool = True  # Strict mode: one member's failure releases the whole gang
     nominated_node: str = ""  # where the pod was nominated, cleared on accept
     kind: str = field(default="Claim", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
@@ -255,6 +260,8 @@ class Held(Record):
     namespace: str = "default"
     name: str = ""
     gang_min: int = 0
+    gang_waiting_s: float = 0.0
+    gang_strict: bool = True
     nominated_node: str = ""
     devices: tuple[str, ...] = ()  # as claimed; the decider writes them on the Binding
     kind: str = field(default="Held", init=False)
@@ -279,6 +286,19 @@ class Rejected(Record):
     @property
     def hold_id(self) -> str:
         return hold_id(self.uid, self.attempt, self.node)
+
+
+@dataclass(frozen=True, slots=True)
+class GangTimeout(Record):
+    """A gang's waiting time ran out (`round`: which wait). The deciders' agent appends it to
+    the gang's own `holds` partition when the timer it armed fires, so the decision to give
+    up comes from the log, never from a clock read inside the decider."""
+
+    KIND: ClassVar[str] = "GangTimeout"
+    decision_key: str
+    round: int
+    kind: str = field(default="GangTimeout", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -488,7 +508,7 @@ class ProfilingSample(Record):
 
 
 RECORD_TYPES: tuple[type[Record], ...] = (
-    Pod, PodDeleted, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, Commit, Release,
+    Pod, PodDeleted, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, Binding, Requeue, SchedulingFeedback,
     EvictionCommand, ReservationEvent, NodeStateChange, DeadLetter, ProfilingSample,
 )

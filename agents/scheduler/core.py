@@ -42,10 +42,12 @@ from agents.scheduler.framework.runtime import Evaluation, Framework, Placement
 from agents.scheduler.framework.status import Code
 from agents.scheduler.queue import SchedulingQueue
 from agents.state import devices
+from agents.state.gangs import gang_spec
 from agents.state.resources import ResourceSpace, UnknownResource, Vector
 from schemas import topics
 from schemas.records import (
     DEFAULT_SCHEDULER,
+    GANG_MIN_AVAILABLE_ANNOTATION,
     EvictionCommand,
     NodeStateChange,
     NominationCleared,
@@ -95,6 +97,7 @@ class SchedulerCore:
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
         self._arrival = 0
+        self._group_arrival: dict[str, int] = {}  # decision key -> arrival of its first pod
         # Request vectors by request map: pods of one template share one (read-only) vector.
         self._requests: dict[tuple[tuple[str, int], ...], tuple[Vector, npt.NDArray[np.intp], bytes]] = {}
 
@@ -117,8 +120,11 @@ class SchedulerCore:
             known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
         key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
         qos, priority = koordinator.defaults(pod)
-        return PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
+        info = PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
                        priority=priority, qos=qos)
+        if GANG_MIN_AVAILABLE_ANNOTATION in pod.annotations:
+            info.derived["gang"] = gang_spec(pod.annotations)
+        return info
 
     def add(self, pod: Pod) -> list[Output]:
         """A new or updated pod. Returns final feedback for pods that cannot be placed as they are."""
@@ -143,11 +149,13 @@ class SchedulerCore:
             return [self._feedback(pod, 0, str(exc), {}, final=True)]
         if tracked is not None and tracked.state == QUEUED:
             info.attempt, info.arrival = tracked.info.attempt, tracked.info.arrival
+            info.group_arrival = tracked.info.group_arrival
             tracked.info = info
             self.queue.update(info)
             return []
         self._arrival += 1
         info.arrival = self._arrival
+        info.group_arrival = self._group_arrival.setdefault(info.decision_key, self._arrival)
         if tracked is not None:
             info.attempt = tracked.info.attempt
         self.pods[pod.uid] = Tracked(info)

@@ -3,22 +3,31 @@
 Per micro-batch: decode, group by decision key, apply `Decider` to each key's ledger entry
 (changelog-backed table keyed like the input), produce `first` (Commits, Releases, Requeues),
 wait for the broker to acknowledge them, and only then produce the Bindings.
+
+Gang timers: the decider asks for them (`Decision.timers`); `GangTimers` arms each on the
+event loop (the wall clock lives here, at the edge) and, when one fires, appends
+`GangTimeout(key, round)` to the gang's `holds` partition, where the decider reads it like
+any other record. Timers live in memory: once the tables are recovered, the service arms one
+for every gang the table shows waiting (a full waiting time from then: after a restart a gang
+may wait longer than asked, never shorter).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, cast
 
 import faust
 
 from agents.agent_batches import micro_batches
 from agents.agent_tables import VersionedState
 from agents.intake import EpochFence, intake
-from agents.ports import AgentConfig, Outbox, deliver, stamp
+from agents.ports import AgentConfig, Outbox, Output, deliver, stamp
 from agents.state.ledger import Decider, Decision, LedgerState
-from schemas.records import Held, PodDeleted, PodTerminated, Record, Rejected
+from schemas import topics
+from schemas.records import GangTimeout, Held, PodDeleted, PodTerminated, Record, Rejected
 
-HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated)
+HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated, GangTimeout)
 
 
 def key_of(record: Record) -> str:
@@ -26,10 +35,39 @@ def key_of(record: Record) -> str:
     return key
 
 
+class GangTimers:
+    """Armed gang timers, by (decision key, round); firing sends GangTimeout to `holds`."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self.outbox = outbox
+        self.armed: dict[tuple[str, int], asyncio.TimerHandle] = {}
+
+    def arm(self, key: str, round_: int, seconds: float) -> None:
+        if (key, round_) in self.armed:
+            return
+        loop = asyncio.get_running_loop()
+        self.armed[(key, round_)] = loop.call_later(seconds, lambda: loop.create_task(self.fire(key, round_)))
+
+    async def fire(self, key: str, round_: int) -> None:
+        self.armed.pop((key, round_), None)
+        await deliver(self.outbox, [Output(topics.HOLDS, key, GangTimeout(decision_key=key, round=round_))])
+
+    def arm_waiting(self, states: list[tuple[str, dict[str, Any]]]) -> None:
+        for key, raw in states:
+            if raw.get("waiting") and raw.get("timer_s"):
+                self.arm(key, int(raw.get("round", 0)), float(raw["timer_s"]))
+
+
 def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
     table = VersionedState(app, config.table_name, config.partitions)
     decider = Decider()
     fence = EpochFence()
+    timers = GangTimers(outbox)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def rearm_gang_timers() -> None:
+        await cast(Any, app.tables).recovery.completed.wait()  # TableManager's; not on the protocol
+        timers.arm_waiting(table.states())
 
     @app.agent(holds, name="koordstream.deciders")
     async def deciders(stream: faust.StreamT[Any]) -> None:
@@ -49,3 +87,5 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
             # Commits are acknowledged by the broker before any Binding is sent.
             await deliver(outbox, decision.first + got.dead_letters + got.problem_letters(decision.problems))
             await deliver(outbox, decision.after_commit)
+            for key, round_, seconds in decision.timers:
+                timers.arm(key, round_, seconds)

@@ -11,6 +11,14 @@ re-sends exactly the recorded outputs:
 - a Rejected of the pod's current attempt requeues the pod with the next attempt;
 - a deleted pod releases what it holds; a deleted bound pod is terminated at its node.
 
+Gangs wait for their members with a timer: when a gang's first member is held, the decider
+asks its agent for a timer (`Decision.timers`: key, round, seconds); the agent arms it and,
+when it fires, appends `GangTimeout(key, round)` to the gang's own `holds` partition. If the
+gang is still waiting in that round, every held member is released and requeued together
+(the outcome is recorded per round, so a replayed timeout re-sends it). In Strict mode (the
+default) a member whose claim is rejected takes the gang's held members down with it, so the
+gang retries as a whole instead of keeping capacity held for a gang that cannot complete.
+
 Decisions are final: an accepted hold is never released, a bound pod never requeued.
 """
 
@@ -24,8 +32,10 @@ from agents.ports import Output, Problem
 from agents.state import devices
 from schemas import topics
 from schemas.records import (
+    GANG_DEFAULT_WAITING_S,
     Binding,
     Commit,
+    GangTimeout,
     Held,
     NominationCleared,
     PodDeleted,
@@ -57,6 +67,9 @@ class LedgerState:
     pods: dict[str, PodEntry] = field(default_factory=dict)
     decisions: dict[str, str] = field(default_factory=dict)
     waiting: dict[str, dict[str, Any]] = field(default_factory=dict)  # gang holds not yet decided
+    round: int = 0  # the gang's current wait; a timer belongs to one round
+    timer_s: float = 0.0  # the armed timer's length (0: none armed for this round)
+    gave_up: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # round -> members released
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +77,9 @@ class LedgerState:
             "pods": {uid: dict(p.__dict__) for uid, p in self.pods.items()},
             "decisions": self.decisions,
             "waiting": self.waiting,
+            "round": self.round,
+            "timer_s": self.timer_s,
+            "gave_up": self.gave_up,
         }
 
     @classmethod
@@ -73,6 +89,9 @@ class LedgerState:
             pods={uid: PodEntry(**p) for uid, p in raw["pods"].items()},
             decisions=dict(raw["decisions"]),
             waiting=dict(raw["waiting"]),
+            round=int(raw.get("round", 0)),
+            timer_s=float(raw.get("timer_s", 0.0)),
+            gave_up=dict(raw.get("gave_up", {})),
         )
 
 
@@ -83,6 +102,7 @@ class Decision:
     first: list[Output] = field(default_factory=list)
     after_commit: list[Output] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    timers: list[tuple[str, int, float]] = field(default_factory=list)  # (key, round, seconds) to arm
 
 
 class Decider:
@@ -98,6 +118,8 @@ class Decider:
                 entry = state.pods.setdefault(record.uid, PodEntry())
                 if entry.status == BOUND:
                     entry.status = TERMINATED
+            elif isinstance(record, GangTimeout):
+                self._timeout(state, record.round, out)
             else:
                 out.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on holds", record))
         return state
@@ -111,9 +133,10 @@ class Decider:
             self._resend(state, held, recorded, out)
             return
         entry = state.pods.setdefault(held.uid, PodEntry(namespace=held.namespace, name=held.name))
-        if entry.status != PENDING or any(w["uid"] == held.uid for w in state.waiting.values()):
+        stale = entry.status == PENDING and held.attempt < entry.attempt  # requeued since
+        if entry.status != PENDING or stale or any(w["uid"] == held.uid for w in state.waiting.values()):
             state.decisions[hid] = RELEASED
-            out.first.append(self._release(held, f"pod is {entry.status}"))
+            out.first.append(self._release(held, "an older attempt" if stale else f"pod is {entry.status}"))
             return
         if held.gang_min <= 1:
             self._accept(state, held, out)
@@ -122,9 +145,13 @@ class Decider:
         state.waiting[hid] = {
             "uid": held.uid, "attempt": held.attempt, "node": held.node, "namespace": held.namespace,
             "name": held.name, "nominated_node": held.nominated_node, "gang_min": held.gang_min,
-            "devices": list(held.devices),
+            "devices": list(held.devices), "strict": held.gang_strict,
         }
+        if not state.timer_s:
+            state.timer_s = held.gang_waiting_s or GANG_DEFAULT_WAITING_S
+            out.timers.append((state.key, state.round, state.timer_s))
         if len(state.waiting) >= held.gang_min:
+            state.round, state.timer_s = state.round + 1, 0.0  # complete: this round's timer is moot
             for wid, w in sorted(state.waiting.items()):
                 member = Held(
                     uid=w["uid"], attempt=w["attempt"], node=w["node"], decision_key=state.key,
@@ -178,6 +205,7 @@ class Decider:
         """
         hid = rejected.hold_id
         recorded = state.decisions.get(hid)
+        fresh = recorded is None
         if recorded is None:
             entry = state.pods.setdefault(rejected.uid, PodEntry())
             if entry.status == PENDING:
@@ -190,6 +218,45 @@ class Decider:
             out.first.append(Output(topics.REQUEUE, rejected.uid, Requeue(
                 uid=rejected.uid, attempt=int(recorded.rsplit(":", 1)[1]), decision_key=state.key,
                 reason=f"{rejected.node}: {rejected.reason}",
+            )))
+            reason = f"gang member {rejected.uid} was rejected (Strict mode)"
+            if fresh and any(w.get("strict", True) for w in state.waiting.values()):
+                self._give_up(state, reason, out, trigger=hid)
+            elif not fresh:  # a replay: re-send the give-up it caused, if any
+                for members in state.gave_up.values():
+                    if members and members[0].get("trigger") == hid:
+                        self._resend_give_up(state, members, reason, out)
+
+    # -- gangs that cannot complete -----------------------------------------------------------
+
+    def _timeout(self, state: LedgerState, round_: int, out: Decision) -> None:
+        recorded = state.gave_up.get(str(round_))
+        if recorded is not None:  # a replayed timeout: re-send what it did
+            self._resend_give_up(state, recorded, "gang waiting time exceeded", out)
+        elif round_ == state.round and state.timer_s and state.waiting:
+            self._give_up(state, "gang waiting time exceeded", out)
+
+    def _give_up(self, state: LedgerState, reason: str, out: Decision, trigger: str = "") -> None:
+        """Release every held member of the waiting gang and requeue them together."""
+        members = []
+        for wid, w in sorted(state.waiting.items()):
+            entry = state.pods.setdefault(w["uid"], PodEntry())
+            entry.attempt = max(entry.attempt, w["attempt"] + 1)
+            state.decisions[wid] = RELEASED
+            members.append({"uid": w["uid"], "attempt": w["attempt"], "node": w["node"], "next": entry.attempt,
+                            "trigger": trigger})
+        state.waiting.clear()
+        state.gave_up[str(state.round)] = members
+        state.round, state.timer_s = state.round + 1, 0.0
+        self._resend_give_up(state, members, reason, out)
+
+    def _resend_give_up(self, state: LedgerState, members: list[dict[str, Any]], reason: str, out: Decision) -> None:
+        for m in members:
+            out.first.append(Output(topics.NODE_INBOX, m["node"], Release(
+                uid=m["uid"], attempt=m["attempt"], node=m["node"], decision_key=state.key, reason=reason,
+            )))
+            out.first.append(Output(topics.REQUEUE, m["uid"], Requeue(
+                uid=m["uid"], attempt=m["next"], decision_key=state.key, reason=reason,
             )))
 
     # -- deletions ----------------------------------------------------------------------------

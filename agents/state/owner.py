@@ -265,6 +265,7 @@ class NodeOwner:
             result.outputs.append(Output(topics.HOLDS, claim.decision_key, Held(
                 uid=claim.uid, attempt=claim.attempt, node=claim.node, decision_key=claim.decision_key,
                 namespace=claim.namespace, name=claim.name, gang_min=claim.gang_min,
+                gang_waiting_s=claim.gang_waiting_s, gang_strict=claim.gang_strict,
                 nominated_node=claim.nominated_node, devices=claim.devices,
             )))
 

@@ -57,6 +57,7 @@ class PodInfo:
     attempt: int = 0
     profile: str = ""
     arrival: int = 0  # the queue's arrival order
+    group_arrival: int = 0  # arrival of the first pod with the same decision key (its gang)
     derived: dict[str, Any] = field(default_factory=dict)  # per-pod parses, by plugin name
     request_key: bytes = b""  # the request vector's bytes (part of every signature)
     priority: int = 0  # the priority scheduling uses (Koordinator's default when the pod states none)

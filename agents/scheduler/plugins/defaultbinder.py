@@ -1,7 +1,7 @@
 """DefaultBinder (Bind): binding a pod here means claiming the node in the commit protocol.
 
 It produces the Claim for the node's owner (hold id = pod uid, attempt, node), with the full
-request, the priority, the decision key, the gang's min-available and the node the pod is
+request, the priority, the decision key, the gang's min-available, waiting time and mode, and the node the pod is
 nominated to (the decider clears that nomination when it accepts the pod), and the devices a
 Reserve plugin chose (cycle key `DeviceShare/allocated`). The Binding itself
 is the decider's to write, once the owner holds the claim.
@@ -15,8 +15,9 @@ from agents.ports import Output
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.interface import CycleState, PodInfo
 from agents.scheduler.plugins.args import NoArgs
+from agents.state.gangs import gang_spec
 from schemas import topics
-from schemas.records import GANG_MIN_AVAILABLE_ANNOTATION, Claim, ResourceList
+from schemas.records import Claim, ResourceList
 
 NAME = "DefaultBinder"
 DEVICES_KEY = "DeviceShare/allocated"  # where a device plugin's Reserve leaves the devices it chose
@@ -37,12 +38,12 @@ class DefaultBinder:
                 self._requests.clear()
             requests = self._requests[key] = ResourceList(state.space.to_map(pod.request))
         p = pod.pod
-        gang_min = p.annotations.get(GANG_MIN_AVAILABLE_ANNOTATION, "0")
+        gang = pod.derived.get("gang") or gang_spec(p.annotations)  # validated when the pod was queued
         nominated = state.nominator.of(p.uid) if p.uid in state.nominator.nominated_uids() else None
         return [Output(topics.NODE_INBOX, node, Claim(
             uid=p.uid, attempt=pod.attempt, node=node, decision_key=pod.decision_key, requests=requests,
             priority=pod.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
-            gang_min=int(gang_min) if gang_min.isdigit() else 0,
+            gang_min=gang.min_available, gang_waiting_s=gang.waiting_s, gang_strict=gang.strict,
             nominated_node=nominated.node if nominated is not None else "",
             devices=cycle.read(DEVICES_KEY) or (),
         ))]

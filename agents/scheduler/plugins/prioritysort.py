@@ -1,4 +1,8 @@
-"""PrioritySort (QueueSort): higher priority first, then earlier arrival in the queue."""
+"""PrioritySort (QueueSort): higher priority first, then earlier arrival in the queue.
+
+Members of a gang sort together, at the arrival of the gang's first member, so that two gangs
+arriving interleaved are placed one after the other rather than each holding part of the
+capacity the other needs (Koordinator's Coscheduling sorts by gang the same way)."""
 
 from __future__ import annotations
 
@@ -17,4 +21,4 @@ class PrioritySort:
         pass
 
     def sort_key(self, pod: PodInfo) -> tuple[Any, ...]:
-        return (-pod.priority, pod.arrival)
+        return (-pod.priority, pod.group_arrival or pod.arrival, pod.arrival)

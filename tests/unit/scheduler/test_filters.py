@@ -132,8 +132,9 @@ def test_malformed_affinity_is_unresolvable_and_names_the_field(affinity: dict[s
     assert status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE and field in status.message()
 
 
-def test_priority_sort_orders_by_priority_then_arrival() -> None:
-    pods = [info(make_pod(f"p{i}", priority=prio)) for i, prio in enumerate([0, 10, 10, 5])]
+def test_priority_sort_orders_by_priority_then_arrival_with_gangs_together() -> None:
+    pods = [info(make_pod(f"p{i}", priority=prio)) for i, prio in enumerate([0, 10, 10, 5, 10])]
     for i, p in enumerate(pods):
         p.arrival = i
-    assert [p.uid for p in sorted(pods, key=PrioritySort().sort_key)] == ["p1", "p2", "p3", "p0"]
+    pods[4].group_arrival = 1  # p4 belongs to p1's gang
+    assert [p.uid for p in sorted(pods, key=PrioritySort().sort_key)] == ["p1", "p4", "p2", "p3", "p0"]

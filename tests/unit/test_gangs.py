@@ -1,0 +1,178 @@
+"""Gangs: annotations validated, the waiting-time timeout releasing a partial gang (as a
+record, replayed safely), Strict mode, and two gangs competing for the same capacity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents.scheduler.cluster import ClusterState
+from agents.scheduler.core import SchedulerCore
+from agents.state.gangs import GangError, GangSpec, gang_spec, parse_duration
+from agents.state.ledger import Decider, Decision, LedgerState
+from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from agents.state.resources import ResourceSpace
+from schemas import topics
+from schemas.records import (
+    Binding,
+    GangTimeout,
+    Held,
+    NodeStateChange,
+    Pod,
+    Rejected,
+    Release,
+    Requeue,
+    ResourceList,
+    SchedulingFeedback,
+)
+from tests.builders import make_node
+
+GANG = "gang.scheduling.koordinator.sh/"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("600s", 600), ("10m", 600), ("1h30m", 5400), ("1.5s", 1.5),
+                                               ("250ms", 0.25)])
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("annotations", "expected"), [
+    ({}, GangSpec(0)),
+    ({GANG + "min-available": "3"}, GangSpec(3, 600.0, True)),
+    ({GANG + "min-available": "2", GANG + "waiting-time": "30s", GANG + "mode": "NonStrict"}, GangSpec(2, 30.0, False)),
+], ids=["none", "defaults", "all"])
+def test_gang_specs(annotations: dict[str, str], expected: GangSpec) -> None:
+    assert gang_spec(annotations) == expected
+
+
+@pytest.mark.parametrize(("annotations", "field"), [
+    ({GANG + "min-available": "three"}, GANG + "min-available"),
+    ({GANG + "min-available": "5", GANG + "total-number": "4"}, GANG + "min-available"),
+    ({GANG + "min-available": "2", GANG + "waiting-time": "soon"}, GANG + "waiting-time"),
+    ({GANG + "min-available": "2", GANG + "mode": "Lenient"}, GANG + "mode"),
+], ids=["not-a-number", "min-over-total", "bad-duration", "bad-mode"])
+def test_bad_gang_annotations_name_the_field(annotations: dict[str, str], field: str) -> None:
+    with pytest.raises(GangError) as err:
+        gang_spec(annotations)
+    assert err.value.field == f"metadata.annotations.{field}"
+
+
+def held(uid: str, node: str = "n1", attempt: int = 0, **kw: Any) -> Held:
+    return Held(uid=uid, attempt=attempt, node=node, decision_key="ns/g", gang_min=3, **kw)
+
+
+def run(state: LedgerState, *records: Any) -> Decision:
+    out = Decision()
+    Decider().apply(state, list(records), out)
+    return out
+
+
+def kinds(out: Decision) -> list[tuple[str, str, int]]:
+    return sorted((type(o.record).__name__, o.record.uid, o.record.attempt) for o in out.first)  # type: ignore[attr-defined]
+
+
+def test_a_partial_gang_is_released_and_requeued_when_its_waiting_time_runs_out() -> None:
+    state = LedgerState("ns/g")
+    out = run(state, held("a", gang_waiting_s=30.0), held("b", gang_waiting_s=30.0))
+    assert out.first == [] and out.timers == [("ns/g", 0, 30.0)]
+    out = run(state, GangTimeout(decision_key="ns/g", round=0))
+    assert kinds(out) == [("Release", "a", 0), ("Release", "b", 0), ("Requeue", "a", 1), ("Requeue", "b", 1)]
+    assert state.waiting == {} and state.round == 1
+    # A replayed timeout re-sends the same outputs; a stale one does nothing.
+    assert kinds(run(state, GangTimeout(decision_key="ns/g", round=0))) == kinds(out)
+    assert run(state, GangTimeout(decision_key="ns/g", round=7)).first == []
+    # The next wait asks for a new timer; a late Held of the old attempt is released.
+    again = run(state, held("a", attempt=1), held("b", node="n2", attempt=0))
+    assert again.timers == [("ns/g", 1, 600.0)] and kinds(again) == [("Release", "b", 0)]
+
+
+def test_a_complete_gang_is_bound_and_its_timer_is_moot() -> None:
+    state = LedgerState("ns/g")
+    out = run(state, held("a"), held("b"), held("c"))
+    assert sum(isinstance(o.record, Binding) for o in out.after_commit) == 3
+    assert run(state, GangTimeout(decision_key="ns/g", round=0)).first == []
+
+
+@pytest.mark.parametrize(("strict", "expected"), [
+    (True, [("Release", "a", 0), ("Release", "b", 0), ("Requeue", "a", 1), ("Requeue", "b", 1), ("Requeue", "c", 1)]),
+    (False, [("Requeue", "c", 1)]),
+], ids=["strict", "non-strict"])
+def test_strict_mode_takes_the_gang_down_with_a_rejected_member(strict: bool, expected: list[tuple[str, str, int]]) -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a", gang_strict=strict), held("b", gang_strict=strict))
+    rejected = Rejected(uid="c", attempt=0, node="n1", decision_key="ns/g", reason="Insufficient cpu")
+    out = run(state, rejected)
+    assert kinds(out) == expected
+    assert kinds(run(state, rejected)) == expected  # a replay re-sends, never re-decides
+
+
+class Cluster:
+    """Scheduler, owners and deciders in one process, records routed by topic until quiet."""
+
+    def __init__(self, *nodes: Any) -> None:
+        self.now = 0.0
+        space = ResourceSpace()
+        self.core = SchedulerCore(space, ClusterState(space), lambda: self.now)
+        self.owner, self.decider = NodeOwner(), Decider()
+        self.nodes: dict[str, NodeState] = {}
+        self.ledgers: dict[str, LedgerState] = {}
+        self.bindings: dict[str, str] = {}
+        self.timers: list[tuple[str, int, float]] = []
+        self.route([*(o for n in nodes for o in self._to_owner(n.name, [n]))])
+
+    def _to_owner(self, node: str, records: list[Any]) -> list[Any]:
+        result = OwnerResult()
+        self.owner.apply(self.nodes.setdefault(node, NodeState(node)), records, result)
+        return result.outputs
+
+    def route(self, outputs: list[Any]) -> None:
+        while outputs:
+            o = outputs.pop(0)
+            r = o.record
+            if o.topic == topics.NODE_INBOX:
+                outputs += self._to_owner(o.key, [r])
+            elif o.topic == topics.HOLDS:
+                out = Decision()
+                self.decider.apply(self.ledgers.setdefault(o.key, LedgerState(o.key)), [r], out)
+                outputs += out.first + out.after_commit
+                self.timers += out.timers
+            elif o.topic == topics.STATE_CHANGES:
+                self.core.apply_state_changes([r])
+            elif o.topic == topics.REQUEUE:
+                self.core.requeue(r)
+            elif o.topic == topics.BINDINGS:
+                assert r.uid not in self.bindings, f"{r.uid} bound twice"
+                self.bindings[r.uid] = r.node
+
+    def step(self) -> None:
+        self.now += 5.0  # past every backoff
+        self.route(self.core.schedule(2))  # small batches, so gangs interleave
+
+
+def gang_pod(uid: str, gang: str) -> Pod:
+    return Pod(uid=uid, name=uid, annotations={GANG + "name": gang, GANG + "min-available": "2"},
+               requests=ResourceList(cpu=1000))
+
+
+def test_two_gangs_competing_for_the_same_capacity_do_not_deadlock_and_one_wins() -> None:
+    cluster = Cluster(make_node("n1", cpu=1000), make_node("n2", cpu=1000))  # room for one gang of 2
+    for uid in ("a1", "b1", "a2", "b2"):  # interleaved: each gang gets one member held first
+        cluster.core.add(gang_pod(uid, uid[0]))
+    for _ in range(10):
+        cluster.step()
+        if len(cluster.bindings) == 2:
+            break
+    assert sorted(cluster.bindings) in (["a1", "a2"], ["b1", "b2"])
+    assert set(cluster.bindings.values()) == {"n1", "n2"}
+    # Nothing stays held by the loser: the owners hold exactly the winner's two claims.
+    held_now = [h for n in cluster.nodes.values() for h in n.holds.values() if h.status in ("held", "committed")]
+    assert sorted(h.uid for h in held_now) == sorted(cluster.bindings)
+
+
+def test_bad_gang_annotation_is_final_feedback() -> None:
+    cluster = Cluster(make_node("n1"))
+    outputs = cluster.core.add(Pod(uid="g", name="g", annotations={GANG + "name": "x", GANG + "min-available": "0"}))
+    [feedback] = [o.record for o in outputs if isinstance(o.record, SchedulingFeedback)]
+    assert feedback.final and "min-available" in feedback.message
+    assert isinstance(NodeStateChange, type) and Release and Requeue  # record kinds used above
