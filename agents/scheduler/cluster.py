@@ -32,7 +32,7 @@ import numpy.typing as npt
 from agents.scheduler.nominator import Nominator
 from agents.state import devices
 from agents.state.resources import ResourceSpace, Vector
-from schemas.records import BoundPod, GpuDevice, Node, NodeStateChange, Taint
+from schemas.records import BoundPod, GpuDevice, Node, NodeStateChange, RdmaDevice, Taint
 
 _FREEING = frozenset({"released", "rejected", "terminated"})
 
@@ -144,6 +144,47 @@ class GpuTable:
         return out
 
 
+class NicTable:
+    """Every node's RDMA NICs: virtual functions per NIC, used (as the owners report) and
+    assumed here (per hold id). Few NICs per node: plain dicts."""
+
+    def __init__(self) -> None:
+        self.capacity: dict[int, dict[int, int]] = {}  # row -> minor -> VFs
+        self.used: dict[int, dict[int, int]] = {}
+        self.assumed: dict[int, dict[int, int]] = {}
+        self._assumed: dict[str, tuple[int, list[devices.RdmaAllocation]]] = {}
+
+    def set_node(self, row: int, nics: Sequence[RdmaDevice]) -> None:
+        self.capacity[row] = {n.minor: n.vfs for n in nics}
+
+    def report(self, row: int, usage: Mapping[str, int]) -> bool:
+        used = {int(k.split("/")[1]): v for k, v in usage.items() if k.startswith("rdma/")}
+        before = self.used.get(row, {})
+        self.used[row] = used
+        return any(used.get(minor, 0) < amount for minor, amount in before.items())
+
+    def assume(self, hold_id: str, row: int, allocations: Sequence[devices.RdmaAllocation]) -> None:
+        if hold_id in self._assumed or not allocations:
+            return
+        mine = self.assumed.setdefault(row, {})
+        for a in allocations:
+            mine[a.minor] = mine.get(a.minor, 0) + a.vfs
+        self._assumed[hold_id] = (row, list(allocations))
+
+    def forget(self, hold_id: str) -> None:
+        assumed = self._assumed.pop(hold_id, None)
+        if assumed is not None:
+            row, allocations = assumed
+            for a in allocations:
+                self.assumed[row][a.minor] -= a.vfs
+
+    def free_row(self, row: int) -> tuple[list[int], list[int]]:
+        """One node's NICs in minor order and their free virtual functions."""
+        capacity, used, assumed = self.capacity.get(row, {}), self.used.get(row, {}), self.assumed.get(row, {})
+        minors = sorted(capacity)
+        return minors, [capacity[m] - used.get(m, 0) - assumed.get(m, 0) for m in minors]
+
+
 @dataclass(frozen=True, slots=True)
 class LabelColumn:
     codes: npt.NDArray[np.intp]  # per row: the value's code, -1 where the node lacks the label
@@ -187,6 +228,7 @@ class ClusterState:
         self._bound_arrays: BoundArrays | None = None
         self.nominator = Nominator(space, self.index)
         self.gpus = GpuTable(capacity)
+        self.nics = NicTable()
         self._labels: dict[str, LabelColumn] = {}
         self._taints: tuple[npt.NDArray[np.intp], list[tuple[Taint, ...]]] | None = None
         self.version = 0  # grows whenever a node record changes
@@ -246,9 +288,10 @@ class ClusterState:
         if change.node_record is not None and self.records.get(row) != change.node_record:
             self.records[row] = change.node_record
             self.gpus.set_node(row, change.node_record.gpus)
+            self.nics.set_node(row, change.node_record.rdma)
             self._node_records_changed()
             event |= ClusterEvent.NODE_CHANGED
-        if self.gpus.report(row, change.device_usage):
+        if self.gpus.report(row, change.device_usage) | self.nics.report(row, change.device_usage):
             event |= ClusterEvent.CAPACITY_FREED
         before_noms = len(self.nominator)
         self.nominator.report(row, change.nominations)
@@ -272,20 +315,25 @@ class ClusterState:
     def add_node(self, node: Node) -> int:
         """Library use: a node as its owner would report it, with nothing on it."""
         row = self._row(node.name)
-        self.allocatable[row] = self.space.allocatable(devices.node_gpu_totals(node.allocatable, node.gpus))
+        self.allocatable[row] = self.space.allocatable(devices.node_gpu_totals(node.allocatable, node.gpus, node.rdma))
         self._set_used(row, self.used[row].copy())
         self.present[row] = True
         self.unschedulable[row] = node.unschedulable
         self.records[row] = node
         self.gpus.set_node(row, node.gpus)
+        self.nics.set_node(row, node.rdma)
         self._node_records_changed()
         return row
 
-    def add_bound(self, pod: BoundPod, node: str, gpus: Sequence[devices.GpuAllocation] = ()) -> None:
+    def add_bound(self, pod: BoundPod, node: str, gpus: Sequence[devices.GpuAllocation] = (),
+                  nics: Sequence[devices.RdmaAllocation] = ()) -> None:
         """Library use: a pod already running on `node` (its request counts as used)."""
         row = self.index[node]
         vector = self.space.pod_request(devices.with_gpu_totals(pod.requests))
         self.gpus.add_used(row, gpus)
+        used = self.nics.used.setdefault(row, {})
+        for n in nics:
+            used[n.minor] = used.get(n.minor, 0) + n.vfs
         self._set_used(row, self.used[row] + vector)
         self.bound[pod.uid] = PodOnNode(row, vector, pod)
         self._bound_arrays = None
@@ -312,6 +360,7 @@ class ClusterState:
 
     def forget(self, hold_id: str) -> None:
         self.gpus.forget(hold_id)
+        self.nics.forget(hold_id)
         assumption = self.assumptions.pop(hold_id, None)
         if assumption is not None:
             row, request = assumption

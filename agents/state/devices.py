@@ -16,8 +16,12 @@ request, `node_gpu_totals` to a node's allocatable), so NodeResourcesFit and the
 see GPUs too; the device-level check (which GPU, how much of it) is `choose`, used by the
 scheduler's DeviceShare plugin and, on the claimed minors, by the owners.
 
-An allocation travels in `Claim.devices` / `Held.devices` as `gpu/<minor>/<core>/<ratio>` and
-ends on the Binding as `scheduling.koordinator.sh/device-allocated`.
+RDMA: nodes list their NICs (`Node.rdma`: minor, virtual functions); `koordinator.sh/rdma: N`
+asks for N virtual functions, taken from the NICs in minor order. RDMA comes with GPUs (the
+NICs serve GPU traffic): a pod asking for RDMA without GPUs is refused.
+
+An allocation travels in `Claim.devices` / `Held.devices` as `gpu/<minor>/<core>/<ratio>` or
+`rdma/<minor>/<vfs>` and ends on the Binding as `scheduling.koordinator.sh/device-allocated`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ GPU_CORE = "koordinator.sh/gpu-core"
 GPU_RATIO = "koordinator.sh/gpu-memory-ratio"
 GPU_MEMORY = "koordinator.sh/gpu-memory"
 GPU_SHARED = "koordinator.sh/gpu.shared"
+RDMA = "koordinator.sh/rdma"
 DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 WHOLE = 100
 
@@ -99,6 +104,45 @@ def gpu_request(requests: Mapping[str, int]) -> GpuRequest | None:
     return GpuRequest(1, core, ratio, memory)
 
 
+@dataclass(frozen=True, slots=True)
+class RdmaAllocation:
+    minor: int
+    vfs: int
+
+    def encode(self) -> str:
+        return f"rdma/{self.minor}/{self.vfs}"
+
+
+def rdma_request(requests: Mapping[str, int]) -> int:
+    """Virtual functions the pod asks for (0: none); raises DeviceError."""
+    vfs = requests.get(RDMA, 0)
+    if vfs and gpu_request(requests) is None:
+        raise DeviceError(f"requests.{RDMA}", vfs, "RDMA is allocated with GPUs, and the pod asks for none")
+    return vfs
+
+
+def choose_vfs(vfs: int, minors: Sequence[int], free: Sequence[int]) -> list[RdmaAllocation] | None:
+    """Virtual functions from the NICs in minor order, or None when there are too few."""
+    out, left = [], vfs
+    for minor, room in zip(minors, free, strict=True):
+        take = min(room, left)
+        if take > 0:
+            out.append(RdmaAllocation(minor, take))
+            left -= take
+        if not left:
+            return out
+    return None if left else out
+
+
+def decode_rdma(devices: Sequence[str]) -> list[RdmaAllocation]:
+    out = []
+    for item in devices:
+        parts = item.split("/")
+        if len(parts) == 3 and parts[0] == "rdma":
+            out.append(RdmaAllocation(int(parts[1]), int(parts[2])))
+    return out
+
+
 def with_gpu_totals(requests: Mapping[str, int]) -> dict[str, int]:
     """The request with the GPU core and memory-ratio totals it implies (for vector checks)."""
     req = gpu_request(requests)
@@ -109,9 +153,12 @@ def with_gpu_totals(requests: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def node_gpu_totals(allocatable: Mapping[str, int], gpus: Sequence[object]) -> dict[str, int]:
-    """A node's allocatable with the core and memory-ratio totals of its GPUs."""
+def node_gpu_totals(allocatable: Mapping[str, int], gpus: Sequence[object],
+                    nics: Sequence[object] = ()) -> dict[str, int]:
+    """A node's allocatable with the totals of its GPUs (core, memory-ratio) and NICs (VFs)."""
     out = dict(allocatable)
+    if nics:
+        out.setdefault(RDMA, sum(int(getattr(n, "vfs", 0)) for n in nics))
     if gpus:
         out.setdefault(GPU_CORE, sum(int(getattr(g, "core", WHOLE)) for g in gpus))
         out.setdefault(GPU_RATIO, sum(int(getattr(g, "memory_ratio", WHOLE)) for g in gpus))
@@ -156,7 +203,12 @@ def decode(devices: Sequence[str]) -> list[GpuAllocation]:
     return out
 
 
-def annotation(allocations: Sequence[GpuAllocation]) -> str:
+def annotation(allocations: Sequence[GpuAllocation], nics: Sequence[RdmaAllocation] = ()) -> str:
     """`scheduling.koordinator.sh/device-allocated`, as Koordinator writes it."""
-    return json.dumps({"gpu": [{"minor": a.minor, "resources": {GPU_CORE: str(a.core), GPU_RATIO: str(a.ratio)}}
-                               for a in allocations]}, separators=(",", ":"))
+    out: dict[str, list[dict[str, object]]] = {}
+    if allocations:
+        out["gpu"] = [{"minor": a.minor, "resources": {GPU_CORE: str(a.core), GPU_RATIO: str(a.ratio)}}
+                      for a in allocations]
+    if nics:
+        out["rdma"] = [{"minor": n.minor, "resources": {RDMA: str(n.vfs)}} for n in nics]
+    return json.dumps(out, separators=(",", ":"))

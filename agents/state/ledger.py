@@ -175,11 +175,11 @@ class Decider:
         if held.nominated_node:
             out.first.append(Output(topics.NODE_INBOX, held.nominated_node,
                                     NominationCleared(uid=held.uid, node=held.nominated_node)))
-        allocated = devices.decode(held.devices)
+        allocated, nics = devices.decode(held.devices), devices.decode_rdma(held.devices)
         out.after_commit.append(Output(topics.BINDINGS, held.uid, Binding(
             uid=held.uid, namespace=held.namespace, name=held.name, node=held.node,
             attempt=held.attempt, decision_key=key,
-            annotations={devices.DEVICE_ALLOCATED: devices.annotation(allocated)} if allocated else {},
+            annotations={devices.DEVICE_ALLOCATED: devices.annotation(allocated, nics)} if allocated or nics else {},
         )))
 
     @staticmethod

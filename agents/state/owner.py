@@ -101,7 +101,13 @@ class NodeState:
                 for a in devices.decode(hold.devices):
                     usage[f"gpu/{a.minor}/core"] = usage.get(f"gpu/{a.minor}/core", 0) + a.core
                     usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
+                for n in devices.decode_rdma(hold.devices):
+                    usage[f"rdma/{n.minor}/vfs"] = usage.get(f"rdma/{n.minor}/vfs", 0) + n.vfs
         return usage
+
+    def nics(self) -> dict[int, int]:
+        """minor -> virtual functions, from the Node record."""
+        return {int(n["minor"]): int(n.get("vfs", 0)) for n in (self.record or {}).get("rdma", ())}
 
     def gpus(self) -> dict[int, tuple[int, int]]:
         """minor -> (core, memory-ratio) capacity, from the Node record."""
@@ -210,7 +216,7 @@ class NodeOwner:
         if isinstance(record, Node):
             state.record = to_plain(record)
             state.exists = True
-            state.allocatable = devices.node_gpu_totals(record.allocatable, record.gpus)
+            state.allocatable = devices.node_gpu_totals(record.allocatable, record.gpus, record.rdma)
             state.allocatable.setdefault("pods", DEFAULT_MAX_PODS)
             state.unschedulable = record.unschedulable
             return True
@@ -290,10 +296,15 @@ class NodeOwner:
     @staticmethod
     def _device_refusal(state: NodeState, claim: Claim) -> str:
         """The claimed GPUs exist and have room for their share (devices, not only totals)."""
-        claimed = devices.decode(claim.devices)
-        if not claimed:
+        claimed, vfs = devices.decode(claim.devices), devices.decode_rdma(claim.devices)
+        if not claimed and not vfs:
             return ""
-        gpus, usage = state.gpus(), state.device_usage()
+        gpus, usage, nics = state.gpus(), state.device_usage(), state.nics()
+        for n in vfs:
+            if n.minor not in nics:
+                return f"rdma {n.minor} does not exist on the node"
+            if usage.get(f"rdma/{n.minor}/vfs", 0) + n.vfs > nics[n.minor]:
+                return f"Insufficient rdma {n.minor}"
         for a in claimed:
             if a.minor not in gpus:
                 return f"gpu {a.minor} does not exist on the node"

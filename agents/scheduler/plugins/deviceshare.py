@@ -1,12 +1,13 @@
 """DeviceShare (PreFilter, Filter, Reserve / Unreserve): GPUs by device, Koordinator's model.
 
-PreFilter parses the pod's GPU request (`agents.state.devices.gpu_request`); a request that
-cannot be valid (a share of 150 of one GPU, whole-GPU core and ratio that disagree) rejects
-the pod as unresolvable with the field and value; a pod without GPUs skips the plugin.
+PreFilter parses the pod's GPU and RDMA request (`agents.state.devices`); a request that
+cannot be valid (a share of 150 of one GPU, whole-GPU core and ratio that disagree, RDMA
+without GPUs) rejects the pod as unresolvable with the field and value; a pod without devices
+skips the plugin.
 Filter: a node passes when enough of its GPUs each have the free core and memory-ratio the
 request needs per GPU (`koordinator.sh/gpu-memory` is turned into that GPU's ratio).
 Reserve picks the concrete GPUs (`devices.choose`: shares packed onto the fullest GPU that
-fits, whole GPUs in minor order), assumes them in the shared state under the claim's hold id
+fits, whole GPUs in minor order) and RDMA virtual functions (NICs in minor order), assumes them in the shared state under the claim's hold id
 (so every profile sees them at once) and leaves them in the cycle for DefaultBinder, which
 puts them on the Claim; the owner checks them again, device by device, when it holds the
 claim. Unreserve gives them back (idempotent).
@@ -37,11 +38,16 @@ ALLOCATED = DEVICES_KEY  # cycle key: the GPUs Reserve chose for the pod being b
 REASON = "Insufficient gpu devices"
 
 
-def _request(pod: PodInfo) -> devices.GpuRequest | None | devices.DeviceError:
+DeviceAsk = tuple[devices.GpuRequest | None, int]  # GPUs, RDMA virtual functions
+
+
+def _request(pod: PodInfo) -> DeviceAsk | None | devices.DeviceError:
+    """What the pod asks of devices (None: nothing), parsed once per pod."""
     cached = pod.derived.get(NAME, False)
     if cached is False:
         try:
-            cached = devices.gpu_request(pod.pod.requests)
+            gpu, vfs = devices.gpu_request(pod.pod.requests), devices.rdma_request(pod.pod.requests)
+            cached = (gpu, vfs) if gpu is not None or vfs else None
         except devices.DeviceError as exc:
             cached = exc
         pod.derived[NAME] = cached
@@ -57,22 +63,25 @@ class DeviceShare:
         pass
 
     def sign(self, pod: PodInfo) -> Hashable:
-        req = _request(pod)
-        return UNSIGNABLE if isinstance(req, devices.DeviceError) else req
+        ask = _request(pod)
+        return UNSIGNABLE if isinstance(ask, devices.DeviceError) else ask
 
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
-        req = _request(pod)
-        if isinstance(req, devices.DeviceError):
-            return status.unresolvable(NAME, str(req))
-        if req is None:
+        ask = _request(pod)
+        if isinstance(ask, devices.DeviceError):
+            return status.unresolvable(NAME, str(ask))
+        if ask is None:
             return status.SKIP
-        cycle.write(NAME, req)
+        cycle.write(NAME, ask)
         return status.SUCCESS
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
-        req: devices.GpuRequest = cycle.read(NAME)
-        table = state.gpus
+        req: devices.GpuRequest | None = cycle.read(NAME)[0]
         n = state.size
+        if req is None:  # RDMA only comes with GPUs; its totals are NodeResourcesFit's
+            every: Mask = np.ones(n, dtype=bool)[rows]
+            return every
+        table = state.gpus
         core, ratio = table.free_core()[:n][rows], table.free_ratio()[:n][rows]
         present = table.minor[:n][rows] >= 0
         if req.memory:
@@ -92,7 +101,9 @@ class DeviceShare:
         return {REASON: int(failed.sum())}
 
     def fit_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, limit: int) -> int:
-        req: devices.GpuRequest = cycle.read(NAME)
+        req: devices.GpuRequest | None = cycle.read(NAME)[0]
+        if req is None:
+            return limit
         minors, core, ratio, memory = state.gpus.free_row(row)
         placed = 0
         while placed < limit:
@@ -107,16 +118,22 @@ class DeviceShare:
         return placed
 
     def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> Status:
-        req = cycle.read(NAME)
+        ask: DeviceAsk | None = cycle.read(NAME)
         cycle.write(ALLOCATED, ())
-        if req is None:
+        if ask is None:
             return status.SUCCESS
-        chosen = devices.choose(req, *state.gpus.free_row(row))
-        if chosen is None:
-            return status.unschedulable(NAME, REASON)
-        state.gpus.assume(hold_id(pod.uid, pod.attempt, state.names[row]), row, chosen)
-        cycle.write(ALLOCATED, tuple(a.encode() for a in chosen))
+        gpu, vfs = ask
+        chosen = devices.choose(gpu, *state.gpus.free_row(row)) if gpu is not None else []
+        nics = devices.choose_vfs(vfs, *state.nics.free_row(row)) if vfs else []
+        if chosen is None or nics is None:
+            return status.unschedulable(NAME, REASON if chosen is None else "Insufficient rdma virtual functions")
+        hid = hold_id(pod.uid, pod.attempt, state.names[row])
+        state.gpus.assume(hid, row, chosen)
+        state.nics.assume(hid, row, nics)
+        cycle.write(ALLOCATED, tuple(a.encode() for a in chosen) + tuple(n.encode() for n in nics))
         return status.SUCCESS
 
     def unreserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> None:
-        state.gpus.forget(hold_id(pod.uid, pod.attempt, state.names[row]))
+        hid = hold_id(pod.uid, pod.attempt, state.names[row])
+        state.gpus.forget(hid)
+        state.nics.forget(hid)

@@ -5,6 +5,7 @@ nominator keeping a preemptor's GPUs from lower-priority pods (DESIGN.md's motiv
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -12,7 +13,7 @@ from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
 from agents.scheduler.framework.profiles import load
 from agents.state import devices
-from agents.state.devices import GpuAllocation, GpuRequest
+from agents.state.devices import GpuAllocation, GpuRequest, RdmaAllocation
 from agents.state.ledger import Decider, Decision, LedgerState
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from agents.state.resources import ResourceSpace
@@ -26,6 +27,7 @@ from schemas.records import (
     NodeStateChange,
     Nomination,
     Pod,
+    RdmaDevice,
     Rejected,
     Requeue,
     ResourceList,
@@ -136,32 +138,36 @@ def test_a_rejected_claim_gives_its_gpu_back_in_every_profile() -> None:
     assert [(c.uid, c.devices) for c in got] == [("b", ("gpu/0/100/100",))]
 
 
-def test_a_preemptors_gpus_stay_its_own_in_every_profile() -> None:
-    """A node with 8 GPUs busy with low-priority pods: a high-priority pod needing all 8
-    preempts and is nominated; a lower-priority pod of another profile arriving next does not
-    get those GPUs; the preemptor binds there once the victims are gone."""
-    victims = [BoundPod(uid=f"v{i}", name=f"v{i}", priority=1, requests=ResourceList({"cpu": 100, "nvidia.com/gpu": 1}))
-               for i in range(8)]
-    node = gpu_node("g8", gpus=8)
+def test_a_preemptors_gpus_and_vfs_stay_its_own_in_every_profile() -> None:
+    """A node with 8 GPUs and 8 RDMA VFs busy with low-priority pods: a high-priority pod
+    needing all of them preempts and is nominated; a lower-priority pod of another profile
+    arriving next does not get those GPUs or VFs; the preemptor binds there once the victims
+    are gone."""
+    one = {"cpu": 100, "nvidia.com/gpu": 1, devices.RDMA: 1}
+    victims = [BoundPod(uid=f"v{i}", name=f"v{i}", priority=1, requests=ResourceList(one)) for i in range(8)]
     space = ResourceSpace()
-    state = ClusterState.from_records(space, [node])
+    state = ClusterState.from_records(space, [rdma_node("g8")])
     for i, v in enumerate(victims):
-        state.add_bound(v, "g8", [GpuAllocation(i, 100, 100)])
+        state.add_bound(v, "g8", [GpuAllocation(i, 100, 100)], [RdmaAllocation(0, 1)])
     core = SchedulerCore(space, state, lambda: 1000.0, config=PROFILES)
-    core.add(whole("boss", 8, priority=100))
+    core.add(Pod(uid="boss", name="boss", priority=100,
+                 requests=ResourceList({"cpu": 100, "nvidia.com/gpu": 8, devices.RDMA: 8})))
     outputs = core.schedule()
     [nomination] = [o.record for o in outputs if isinstance(o.record, Nomination)]
     assert nomination.node == "g8" and nomination.requests["nvidia.com/gpu"] == 8
+    assert nomination.requests[devices.RDMA] == 8
     assert {o.record.uid for o in outputs if isinstance(o.record, EvictionCommand)} == {v.uid for v in victims}
-    # The victims are gone (the owner reports them terminated, its GPUs idle, the nomination on).
-    allocatable = ResourceList({"cpu": 32000, "memory": 256 * GI, "nvidia.com/gpu": 8, CORE: 800, RATIO: 800, "pods": 110})
+    # The victims are gone (the owner reports them terminated, its devices idle, the nomination on).
+    allocatable = ResourceList({"cpu": 64000, "memory": 512 * GI, "nvidia.com/gpu": 8, CORE: 800, RATIO: 800,
+                                devices.RDMA: 8, "pods": 110})
     core.apply_state_changes([NodeStateChange(node="g8", seq=5, allocatable=allocatable,
                                               holds={f"v{i}/0/g8": "terminated" for i in range(8)},
                                               nominations=(nomination,))])
-    core.add(whole("small", 1, priority=50, scheduler_name="other"))
+    core.add(Pod(uid="small", name="small", priority=50, scheduler_name="other", requests=ResourceList(one)))
     core.queue.clock = lambda: 2000.0  # past every backoff
     got = claims(core.schedule())
-    assert [(c.uid, c.nominated_node, len(c.devices)) for c in got] == [("boss", "g8", 8)]
+    assert [(c.uid, c.nominated_node) for c in got] == [("boss", "g8")]
+    assert got[0].devices == tuple(f"gpu/{i}/100/100" for i in range(8)) + ("rdma/0/8",)
 
 
 def test_bad_gpu_request_is_final_feedback() -> None:
@@ -202,3 +208,45 @@ def test_the_binding_carries_the_device_allocated_annotation() -> None:
     [binding] = [o.record for o in decision.after_commit]
     assert json.loads(binding.annotations[devices.DEVICE_ALLOCATED]) == {
         "gpu": [{"minor": 3, "resources": {CORE: "50", RATIO: "50"}}]}
+
+
+def rdma_node(name: str) -> Node:
+    return Node(name=name, allocatable=ResourceList({"cpu": 64000, "memory": 512 * GI, "nvidia.com/gpu": 8}),
+                gpus=tuple(GpuDevice(minor=i) for i in range(8)), rdma=(RdmaDevice(name="mlx5_0", minor=0, vfs=8),))
+
+
+def test_rdma_comes_with_gpus_and_takes_virtual_functions() -> None:
+    with pytest.raises(devices.DeviceError) as err:
+        devices.rdma_request({devices.RDMA: 2})
+    assert err.value.field == f"requests.{devices.RDMA}"
+    assert devices.choose_vfs(3, [0, 1], [2, 4]) == [RdmaAllocation(0, 2), RdmaAllocation(1, 1)]
+    assert devices.choose_vfs(7, [0, 1], [2, 4]) is None
+    core = core_of(rdma_node("r"))
+    core.add(Pod(uid="big", name="big", requests=ResourceList({"cpu": 100, "nvidia.com/gpu": 7, devices.RDMA: 7})))
+    core.add(Pod(uid="two", name="two", requests=ResourceList({"cpu": 100, "nvidia.com/gpu": 1, devices.RDMA: 2})))
+    core.add(Pod(uid="one", name="one", requests=ResourceList({"cpu": 100, "nvidia.com/gpu": 1, devices.RDMA: 1})))
+    got = {c.uid: c.devices for c in claims(core.schedule())}
+    assert got == {"big": tuple(f"gpu/{i}/100/100" for i in range(7)) + ("rdma/0/7",),
+                   "one": ("gpu/7/100/100", "rdma/0/1")}  # "two" needs 2 VFs, 1 is left
+
+
+def test_owners_check_virtual_functions_and_the_binding_names_them() -> None:
+    state, owner = NodeState("g"), NodeOwner()
+    two_nics = replace(rdma_node("g"), rdma=(RdmaDevice(name="mlx5_0", minor=0, vfs=4),
+                                             RdmaDevice(name="mlx5_1", minor=1, vfs=4)))
+    owner.apply(state, [two_nics], OwnerResult())
+    result = OwnerResult()
+    # b fits by totals (6 of 8 VFs) but not on NIC 0, which a already holds 4 of
+    claims_ = [Claim(uid=uid, attempt=0, node="g", decision_key=uid,
+                     requests=ResourceList({"cpu": 100, "nvidia.com/gpu": 1, CORE: 100, RATIO: 100, devices.RDMA: vfs}),
+                     devices=(f"gpu/{gpu}/100/100", f"rdma/0/{vfs}")) for uid, gpu, vfs in (("a", 0, 4), ("b", 1, 2))]
+    owner.apply(state, claims_, result)
+    verdicts = {r.uid: getattr(r, "reason", "held") for r in (o.record for o in result.outputs)
+                if isinstance(r, (Held, Rejected))}
+    assert verdicts == {"a": "held", "b": "Insufficient rdma 0"}
+    [held] = [o.record for o in result.outputs if isinstance(o.record, Held)]
+    decision = Decision()
+    Decider().apply(LedgerState("a"), [held], decision)
+    [binding] = [o.record for o in decision.after_commit]
+    assert json.loads(binding.annotations[devices.DEVICE_ALLOCATED])["rdma"] == [
+        {"minor": 0, "resources": {devices.RDMA: "4"}}]
