@@ -29,6 +29,7 @@ GANG_MODE_ANNOTATION = "gang.scheduling.koordinator.sh/mode"
 GANG_DEFAULT_WAITING_S = 600.0
 POD_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io"
 QOS_LABEL = "koordinator.sh/qosClass"
+QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
@@ -126,6 +127,7 @@ class BoundPod:
     name: str = ""
     priority: int = 0
     requests: ResourceList = field(default_factory=_resources)
+    quota: str = ""  # the elastic quota it counts against ("" for none)
 
 
 # --- inputs from the cluster -----------------------------------------------------------------
@@ -240,6 +242,7 @@ class Claim(Record):
     gang_waiting_s: float = 0.0  # how long held members wait for the rest (0: the default, 600 s)
     gang_strict: bool = True  # Strict mode: one member's failure releases the whole gang
     nominated_node: str = ""  # where the pod was nominated, cleared on accept
+    quota: str = ""  # the elastic quota the pod counts against
     kind: str = field(default="Claim", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -229,6 +229,9 @@ class ClusterState:
         self.nominator = Nominator(space, self.index)
         self.gpus = GpuTable(capacity)
         self.nics = NicTable()
+        # Elastic quotas: what bound pods and claims not yet committed use, per quota name.
+        self.quota_used: dict[str, Vector] = {}
+        self._quota_claims: dict[str, tuple[str, Vector]] = {}  # hold id -> (quota, request)
         self._labels: dict[str, LabelColumn] = {}
         self._taints: tuple[npt.NDArray[np.intp], list[tuple[Taint, ...]]] | None = None
         self.version = 0  # grows whenever a node record changes
@@ -297,11 +300,15 @@ class ClusterState:
         self.nominator.report(row, change.nominations)
         if len(self.nominator) < before_noms:
             event |= ClusterEvent.CAPACITY_FREED
-        for pod in change.committed:
-            self.bound[pod.uid] = PodOnNode(row, self.space.pod_request(pod.requests), pod)
+        for pod in change.committed:  # requests as claimed: GPU totals included already
+            newly = PodOnNode(row, self.space.pod_request(pod.requests), pod)
+            self.bound[pod.uid] = newly
             self._bound_arrays = None
+            self._count_quota(pod.quota, newly.vector)
         for hid, status in change.holds.items():
             self.forget(hid)
+            if status != "held":
+                self.forget_quota(hid)  # committed: the bound pod counts now; otherwise: gone
             if status in _FREEING:
                 event |= ClusterEvent.CAPACITY_FREED
                 if status == "terminated":
@@ -310,6 +317,7 @@ class ClusterState:
                     if placed is not None and placed.row == row:
                         del self.bound[uid]
                         self._bound_arrays = None
+                        self._count_quota(placed.pod.quota, -placed.vector)
         return event
 
     def add_node(self, node: Node) -> int:
@@ -327,15 +335,17 @@ class ClusterState:
 
     def add_bound(self, pod: BoundPod, node: str, gpus: Sequence[devices.GpuAllocation] = (),
                   nics: Sequence[devices.RdmaAllocation] = ()) -> None:
-        """Library use: a pod already running on `node` (its request counts as used)."""
+        """Library use: a pod already running on `node` (its request, GPU totals included, counts
+        as used)."""
         row = self.index[node]
-        vector = self.space.pod_request(devices.with_gpu_totals(pod.requests))
+        vector = self.space.pod_request(pod.requests)
         self.gpus.add_used(row, gpus)
         used = self.nics.used.setdefault(row, {})
         for n in nics:
             used[n.minor] = used.get(n.minor, 0) + n.vfs
         self._set_used(row, self.used[row] + vector)
         self.bound[pod.uid] = PodOnNode(row, vector, pod)
+        self._count_quota(pod.quota, vector)
         self._bound_arrays = None
 
     # -- assume / forget ----------------------------------------------------------------------
@@ -366,6 +376,22 @@ class ClusterState:
             row, request = assumption
             self._requested[row] -= request
             self._free[row] += request
+
+    def _count_quota(self, quota: str, vector: Vector) -> None:
+        if quota:
+            current = self.quota_used.get(quota)
+            self.quota_used[quota] = vector.copy() if current is None else current + vector
+
+    def assume_quota(self, hold_id: str, quota: str, request: Vector) -> None:
+        """A claim counts against its quota from Reserve until the owner decides it."""
+        if quota and hold_id not in self._quota_claims:
+            self._quota_claims[hold_id] = (quota, request)
+            self._count_quota(quota, request)
+
+    def forget_quota(self, hold_id: str) -> None:
+        claim = self._quota_claims.pop(hold_id, None)
+        if claim is not None:
+            self._count_quota(claim[0], -claim[1])
 
     def _set_used(self, row: int, used: Vector) -> None:
         """The owner's figure changed: what this worker assumes on top stays (requested - used

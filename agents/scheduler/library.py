@@ -22,15 +22,18 @@ from agents.scheduler.core import SchedulerCore, schedule_all
 from agents.scheduler.framework import profiles as profile_config
 from agents.scheduler.framework.profiles import SchedulerConfig
 from agents.scheduler.framework.runtime import rejections_table, scores_table
+from agents.state import devices
 from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas.kube import load_manifests
 from schemas.records import (
+    QUOTA_LABEL,
     BoundPod,
     Claim,
     EvictionCommand,
     Node,
     Nomination,
     Pod,
+    ResourceList,
     SchedulingFeedback,
 )
 
@@ -67,7 +70,8 @@ class Scheduler:
         by_node: dict[str, list[BoundPod]] = {}
         for pod in bound:
             by_node.setdefault(pod.node_name, []).append(BoundPod(
-                uid=pod.uid, namespace=pod.namespace, name=pod.name, priority=pod.priority, requests=pod.requests))
+                uid=pod.uid, namespace=pod.namespace, name=pod.name, priority=pod.priority,
+                requests=ResourceList(devices.with_gpu_totals(pod.requests)), quota=pod.labels.get(QUOTA_LABEL, "")))
         self.state = ClusterState.from_records(self.space, nodes, by_node)
         config = profile_config.load(profiles) if isinstance(profiles, str) else profiles
         self.core = SchedulerCore(self.space, self.state, lambda: 0.0, config=config, batching=batching)
@@ -89,8 +93,10 @@ class Scheduler:
             if isinstance(r, Claim):
                 # Stand in for the owner and the decider: the claim is held and committed.
                 self.state.forget(r.hold_id)
+                self.state.forget_quota(r.hold_id)
                 self.state.add_bound(BoundPod(uid=r.uid, namespace=r.namespace, name=r.name, priority=r.priority,
-                                              requests=r.requests), r.node)
+                                              requests=r.requests, quota=r.quota), r.node,
+                                     devices.decode(r.devices), devices.decode_rdma(r.devices))
                 self.core.bound.add(r.uid)
                 self.core.pods.pop(r.uid, None)
                 decisions[r.uid] = Decision(r.uid, r.name, node=r.node)

@@ -69,6 +69,7 @@ class HoldEntry:
     namespace: str = ""
     name: str = ""
     devices: list[str] = field(default_factory=list)  # as claimed ("gpu/<minor>/<core>/<ratio>")
+    quota: str = ""
 
 
 @dataclass
@@ -182,7 +183,7 @@ class NodeOwner:
                 device_usage=state.device_usage(),
                 committed=tuple(
                     BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
-                             requests=ResourceList(h.requests))
+                             requests=ResourceList(h.requests), quota=h.quota)
                     for hid, status in touched.items() if status == COMMITTED
                     for h in (state.holds[hid],)
                 ),
@@ -257,7 +258,7 @@ class NodeOwner:
                 requests=dict(claim.requests), priority=claim.priority,
                 status=REJECTED if reason else HELD, reason=reason, gang_min=claim.gang_min,
                 nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
-                devices=list(claim.devices),
+                devices=list(claim.devices), quota=claim.quota,
             )
             state.holds[hid] = hold
             touched[hid] = hold.status

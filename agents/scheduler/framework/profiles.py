@@ -36,6 +36,7 @@ from agents.scheduler.plugins import (
     defaultbinder,
     defaultpreemption,
     deviceshare,
+    elasticquota,
     nodeaffinity,
     noderesources,
     nodeunschedulable,
@@ -66,6 +67,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (noderesources.FIT_NAME, 1),
     (noderesources.BALANCED_NAME, 1),
     (deviceshare.NAME, 0),
+    (elasticquota.NAME, 0),
     (defaultpreemption.NAME, 0),
     (defaultbinder.NAME, 0),
 )

@@ -16,6 +16,7 @@ from agents.scheduler.plugins import (
     defaultbinder,
     defaultpreemption,
     deviceshare,
+    elasticquota,
     nodeaffinity,
     noderesources,
     nodeunschedulable,
@@ -41,6 +42,7 @@ REGISTRY: dict[str, Registration] = {
     defaultpreemption.NAME: Registration(defaultpreemption.DefaultPreemption, defaultpreemption.PreemptionArgs),
     defaultbinder.NAME: Registration(defaultbinder.DefaultBinder, NoArgs),
     deviceshare.NAME: Registration(deviceshare.DeviceShare, NoArgs),
+    elasticquota.NAME: Registration(elasticquota.ElasticQuota, elasticquota.ElasticQuotaArgs),
 }
 
 

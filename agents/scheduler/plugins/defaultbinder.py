@@ -17,7 +17,7 @@ from agents.scheduler.framework.interface import CycleState, PodInfo
 from agents.scheduler.plugins.args import NoArgs
 from agents.state.gangs import gang_spec
 from schemas import topics
-from schemas.records import Claim, ResourceList
+from schemas.records import QUOTA_LABEL, Claim, ResourceList
 
 NAME = "DefaultBinder"
 DEVICES_KEY = "DeviceShare/allocated"  # where a device plugin's Reserve leaves the devices it chose
@@ -45,5 +45,5 @@ class DefaultBinder:
             priority=pod.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
             gang_min=gang.min_available, gang_waiting_s=gang.waiting_s, gang_strict=gang.strict,
             nominated_node=nominated.node if nominated is not None else "",
-            devices=cycle.read(DEVICES_KEY) or (),
+            devices=cycle.read(DEVICES_KEY) or (), quota=p.labels.get(QUOTA_LABEL, ""),
         ))]

@@ -9,7 +9,8 @@ priority down while the pod still fits. The node where the disruption is least w
 lowest highest-victim priority, then the lowest sum of victim priorities, then the fewest
 victims, then the lowest node index.
 
-The result nominates the pod on that node with its full claim (others' filters count it from
+A preemptor with an elastic quota takes victims only from its own quota. The result
+nominates the pod on that node with its full claim (others' filters count it from
 then on) and names the victims; the scheduler sends their EvictionCommands. While victims it
 chose for a pod are still bound, that pod does not preempt again (it waits for them).
 """
@@ -26,7 +27,7 @@ from agents.scheduler.cluster import ClusterState, PodOnNode
 from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo, PostFilterResult
 from agents.scheduler.plugins.args import ArgsError
 from agents.scheduler.plugins.noderesources.fit import NAME as FIT
-from schemas.records import Nomination, ResourceList
+from schemas.records import QUOTA_LABEL, Nomination, ResourceList
 
 NAME = "DefaultPreemption"
 RESOLVABLE = frozenset({FIT, "DeviceShare"})  # filters whose rejections evicting pods can fix
@@ -78,6 +79,9 @@ class DefaultPreemption:
                 potential &= mask
         bound = state.bound_arrays()
         lower = bound.priorities < pod.priority
+        quota = pod.pod.labels.get(QUOTA_LABEL, "")
+        if quota:  # preemption stays inside the preemptor's quota
+            lower &= np.array([p.pod.quota == quota for p in bound.pods], dtype=bool)
         if not potential.any() or not lower.any():
             return None
         removable = np.zeros((n, len(state.space)), dtype=np.int64)
