@@ -8,11 +8,14 @@ Node devices: `nvidia.com/gpu` allocatable (or, without it, `koordinator.sh/gpu-
 becomes that many GPUs (minors 0..N-1, each core 100 and memory-ratio 100), their model from
 the `nvidia.com/gpu.product` label and their memory from `nvidia.com/gpu.memory` (MiB per GPU;
 both labels as NVIDIA's GPU feature discovery publishes them); `koordinator.sh/rdma`
-allocatable becomes one NIC with that many virtual functions.
+allocatable becomes one NIC with that many virtual functions. NUMA cells come from the
+annotation `node.koordinator.sh/cpu-topology` as Koordinator's koordlet writes it
+(`{"detail": [{"id": cpu, "core": core, "socket": socket, "node": numa cell}, ...]}`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -27,6 +30,7 @@ from schemas.records import (
     GpuDevice,
     Node,
     NodeCondition,
+    NumaCell,
     OwnerReference,
     Pod,
     RdmaDevice,
@@ -168,6 +172,25 @@ def pod_from_manifest(obj: dict[str, Any]) -> Pod:
     )
 
 
+CPU_TOPOLOGY_ANNOTATION = "node.koordinator.sh/cpu-topology"
+
+
+def _numa_cells(raw: str | None) -> tuple[NumaCell, ...]:
+    if not raw:
+        return ()
+    field = f"metadata.annotations.{CPU_TOPOLOGY_ANNOTATION}"
+    try:
+        detail = json.loads(raw).get("detail")
+        cpus = sorted((int(d["node"]), int(d["id"]), int(d["core"])) for d in detail)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise SchemaError(field, raw[:80], 'must be {"detail": [{"id", "core", "node"}, ...]}') from None
+    cells: dict[int, list[tuple[int, int]]] = {}
+    for node, cpu, core in cpus:
+        cells.setdefault(node, []).append((cpu, core))
+    return tuple(NumaCell(id=node, cpus=tuple(c for c, _ in items), cores=tuple(k for _, k in items))
+                 for node, items in sorted(cells.items()))
+
+
 def node_from_manifest(obj: dict[str, Any]) -> Node:
     """A v1 Node manifest to a `Node` record (devices: see module docstring)."""
     meta = obj.get("metadata") or {}
@@ -186,6 +209,7 @@ def node_from_manifest(obj: dict[str, Any]) -> Node:
         GpuDevice(minor=i, model=labels.get("nvidia.com/gpu.product", ""), memory=int(memory_mib) * 2**20)
         for i in range(count)
     )
+    numa = _numa_cells(_str_map(meta.get("annotations"), "metadata.annotations").get(CPU_TOPOLOGY_ANNOTATION))
     rdma_vfs = allocatable.get("koordinator.sh/rdma", 0)
     rdma = (RdmaDevice(name="rdma0", minor=0, vfs=rdma_vfs),) if rdma_vfs else ()
     taints = tuple(
@@ -208,6 +232,7 @@ def node_from_manifest(obj: dict[str, Any]) -> Node:
         conditions=conditions,
         gpus=gpus,
         rdma=rdma,
+        numa=numa,
     )
 
 

@@ -116,6 +116,7 @@ class NumaCell:
     id: int
     cpus: tuple[int, ...] = ()
     memory: int = 0  # bytes
+    cores: tuple[int, ...] = ()  # the physical core of each CPU (same order); empty: one CPU per core
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.scheduler.nominator import Nominator
-from agents.state import devices
+from agents.state import cpus, devices
 from agents.state.resources import ResourceSpace, Vector
 from schemas.records import BoundPod, GpuDevice, Node, NodeStateChange, RdmaDevice, Taint
 
@@ -185,6 +185,44 @@ class NicTable:
         return minors, [capacity[m] - used.get(m, 0) - assumed.get(m, 0) for m in minors]
 
 
+class CpuTable:
+    """Every node's NUMA cells and the CPUs bound on it: the owners' report and this worker's
+    assumptions (per hold id). Vectors of free CPUs per node (total and in its fullest-free
+    cell) let filters prune before the exact choice (`agents.state.cpus.choose`)."""
+
+    def __init__(self) -> None:
+        self.cells: dict[int, list[cpus.Cell]] = {}
+        self.policy: dict[int, str] = {}
+        self.used: dict[int, set[int]] = {}  # row -> CPUs the owner reports bound
+        self._assumed: dict[str, tuple[int, set[int]]] = {}
+        self._assumed_rows: dict[int, set[int]] = {}
+
+    def set_node(self, row: int, node: Node) -> None:
+        self.cells[row] = cpus.cells_of(node.numa)
+        self.policy[row] = node.labels.get(cpus.NUMA_POLICY_LABEL, "None")
+
+    def report(self, row: int, usage: Mapping[str, int]) -> bool:
+        used = {int(k.split("/")[1]) for k, v in usage.items() if k.startswith("cpu/") and v}
+        before = self.used.get(row, set())
+        self.used[row] = used
+        return bool(before - used)
+
+    def bound(self, row: int) -> set[int]:
+        return self.used.get(row, set()) | self._assumed_rows.get(row, set())
+
+    def assume(self, hold_id: str, row: int, sets: Sequence[cpus.CpuSet]) -> None:
+        taken = {c for s in sets for c in s.cpus}
+        if hold_id in self._assumed or not taken:
+            return
+        self._assumed[hold_id] = (row, taken)
+        self._assumed_rows.setdefault(row, set()).update(taken)
+
+    def forget(self, hold_id: str) -> None:
+        assumed = self._assumed.pop(hold_id, None)
+        if assumed is not None:
+            self._assumed_rows[assumed[0]] -= assumed[1]
+
+
 @dataclass(frozen=True, slots=True)
 class LabelColumn:
     codes: npt.NDArray[np.intp]  # per row: the value's code, -1 where the node lacks the label
@@ -229,6 +267,7 @@ class ClusterState:
         self.nominator = Nominator(space, self.index)
         self.gpus = GpuTable(capacity)
         self.nics = NicTable()
+        self.cpus = CpuTable()
         # Elastic quotas: what bound pods and claims not yet committed use, per quota name.
         self.quota_used: dict[str, Vector] = {}
         self._quota_claims: dict[str, tuple[str, Vector]] = {}  # hold id -> (quota, request)
@@ -292,9 +331,11 @@ class ClusterState:
             self.records[row] = change.node_record
             self.gpus.set_node(row, change.node_record.gpus)
             self.nics.set_node(row, change.node_record.rdma)
+            self.cpus.set_node(row, change.node_record)
             self._node_records_changed()
             event |= ClusterEvent.NODE_CHANGED
-        if self.gpus.report(row, change.device_usage) | self.nics.report(row, change.device_usage):
+        if (self.gpus.report(row, change.device_usage) | self.nics.report(row, change.device_usage)
+                | self.cpus.report(row, change.device_usage)):
             event |= ClusterEvent.CAPACITY_FREED
         before_noms = len(self.nominator)
         self.nominator.report(row, change.nominations)
@@ -330,6 +371,7 @@ class ClusterState:
         self.records[row] = node
         self.gpus.set_node(row, node.gpus)
         self.nics.set_node(row, node.rdma)
+        self.cpus.set_node(row, node)
         self._node_records_changed()
         return row
 
@@ -371,6 +413,7 @@ class ClusterState:
     def forget(self, hold_id: str) -> None:
         self.gpus.forget(hold_id)
         self.nics.forget(hold_id)
+        self.cpus.forget(hold_id)
         assumption = self.assumptions.pop(hold_id, None)
         if assumption is not None:
             row, request = assumption

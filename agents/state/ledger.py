@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.ports import Output, Problem
-from agents.state import devices
+from agents.state import cpus, devices
 from schemas import topics
 from schemas.records import (
     GANG_DEFAULT_WAITING_S,
@@ -176,10 +176,13 @@ class Decider:
             out.first.append(Output(topics.NODE_INBOX, held.nominated_node,
                                     NominationCleared(uid=held.uid, node=held.nominated_node)))
         allocated, nics = devices.decode(held.devices), devices.decode_rdma(held.devices)
+        annotations = {devices.DEVICE_ALLOCATED: devices.annotation(allocated, nics)} if allocated or nics else {}
+        cpusets = cpus.decode(held.devices)
+        if cpusets:
+            annotations[cpus.RESOURCE_STATUS] = cpus.annotation(cpusets)
         out.after_commit.append(Output(topics.BINDINGS, held.uid, Binding(
             uid=held.uid, namespace=held.namespace, name=held.name, node=held.node,
-            attempt=held.attempt, decision_key=key,
-            annotations={devices.DEVICE_ALLOCATED: devices.annotation(allocated, nics)} if allocated or nics else {},
+            attempt=held.attempt, decision_key=key, annotations=annotations,
         )))
 
     @staticmethod

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
-from agents.state import devices
+from agents.state import cpus, devices
 from agents.state.resources import DEFAULT_MAX_PODS
 from schemas import topics
 from schemas.codec import decode_object, to_plain
@@ -104,6 +104,9 @@ class NodeState:
                     usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
                 for n in devices.decode_rdma(hold.devices):
                     usage[f"rdma/{n.minor}/vfs"] = usage.get(f"rdma/{n.minor}/vfs", 0) + n.vfs
+                for cpuset in cpus.decode(hold.devices):
+                    for cpu in cpuset.cpus:
+                        usage[f"cpu/{cpu}/used"] = 1
         return usage
 
     def nics(self) -> dict[int, int]:
@@ -297,10 +300,18 @@ class NodeOwner:
     @staticmethod
     def _device_refusal(state: NodeState, claim: Claim) -> str:
         """The claimed GPUs exist and have room for their share (devices, not only totals)."""
-        claimed, vfs = devices.decode(claim.devices), devices.decode_rdma(claim.devices)
-        if not claimed and not vfs:
+        claimed, vfs, cpusets = devices.decode(claim.devices), devices.decode_rdma(claim.devices), cpus.decode(claim.devices)
+        if not claimed and not vfs and not cpusets:
             return ""
         gpus, usage, nics = state.gpus(), state.device_usage(), state.nics()
+        if cpusets:
+            known = {c for cell in (state.record or {}).get("numa", ()) for c in cell.get("cpus", ())}
+            for cpuset in cpusets:
+                for cpu in cpuset.cpus:
+                    if cpu not in known:
+                        return f"cpu {cpu} does not exist on the node"
+                    if usage.get(f"cpu/{cpu}/used"):
+                        return f"cpu {cpu} is bound to another pod"
         for n in vfs:
             if n.minor not in nics:
                 return f"rdma {n.minor} does not exist on the node"

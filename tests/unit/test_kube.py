@@ -71,6 +71,20 @@ def test_node_manifest_converts_with_devices() -> None:
     assert node.rdma[0].vfs == 8 and node.taints[0].key == "gpu"
 
 
+def test_node_numa_cells_from_koordinators_cpu_topology_annotation() -> None:
+    import json as _json
+
+    detail = [{"id": cpu, "core": cpu // 2, "socket": 0, "node": cpu // 4} for cpu in range(8)]
+    [node] = load_manifests(_json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "numa-1", "annotations": {"node.koordinator.sh/cpu-topology": _json.dumps({"detail": detail})}},
+        "status": {"allocatable": {"cpu": "8"}}}))
+    assert [(c.id, c.cpus, c.cores) for c in node.numa] == [(0, (0, 1, 2, 3), (0, 0, 1, 1)), (1, (4, 5, 6, 7), (2, 2, 3, 3))]
+    with pytest.raises(SchemaError) as err:
+        load_manifests(_json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": "numa-2", "annotations": {"node.koordinator.sh/cpu-topology": "[1, 2]"}}}))
+    assert "cpu-topology" in err.value.field
+
+
 def test_json_list_of_manifests() -> None:
     text = '{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}]}'
     assert [r.name for r in load_manifests(text)] == ["a"]  # type: ignore[attr-defined]

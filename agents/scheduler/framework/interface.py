@@ -39,6 +39,7 @@ from agents.state.resources import Vector
 from schemas.records import Nomination, Pod
 
 ALL: slice = slice(None)
+ALLOCATED_SUFFIX = "/allocated"  # cycle key suffix under which Reserve plugins leave devices
 Rows = slice | npt.NDArray[np.intp]
 Mask = npt.NDArray[np.bool_]
 Scores = npt.NDArray[np.int64]
@@ -84,6 +85,10 @@ class CycleState:
 
     def read(self, key: str) -> Any:
         return self._data.get(key)
+
+    def allocated(self) -> tuple[str, ...]:
+        """Every device the pod's Reserve plugins chose (each writes `<NAME>/allocated`)."""
+        return tuple(d for key, value in self._data.items() if key.endswith(ALLOCATED_SUFFIX) for d in value)
 
 
 @dataclass(frozen=True, slots=True)

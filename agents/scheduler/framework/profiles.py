@@ -38,6 +38,7 @@ from agents.scheduler.plugins import (
     deviceshare,
     elasticquota,
     nodeaffinity,
+    nodenumaresource,
     noderesources,
     nodeunschedulable,
     prioritysort,
@@ -68,6 +69,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (noderesources.BALANCED_NAME, 1),
     (deviceshare.NAME, 0),
     (elasticquota.NAME, 0),
+    (nodenumaresource.NAME, 0),
     (defaultpreemption.NAME, 0),
     (defaultbinder.NAME, 0),
 )

@@ -18,6 +18,7 @@ from agents.scheduler.plugins import (
     deviceshare,
     elasticquota,
     nodeaffinity,
+    nodenumaresource,
     noderesources,
     nodeunschedulable,
     prioritysort,
@@ -43,6 +44,7 @@ REGISTRY: dict[str, Registration] = {
     defaultbinder.NAME: Registration(defaultbinder.DefaultBinder, NoArgs),
     deviceshare.NAME: Registration(deviceshare.DeviceShare, NoArgs),
     elasticquota.NAME: Registration(elasticquota.ElasticQuota, elasticquota.ElasticQuotaArgs),
+    nodenumaresource.NAME: Registration(nodenumaresource.NodeNUMAResource, NoArgs),
 }
 
 

@@ -2,8 +2,8 @@
 
 It produces the Claim for the node's owner (hold id = pod uid, attempt, node), with the full
 request, the priority, the decision key, the gang's min-available, waiting time and mode, and the node the pod is
-nominated to (the decider clears that nomination when it accepts the pod), and the devices a
-Reserve plugin chose (cycle key `DeviceShare/allocated`). The Binding itself
+nominated to (the decider clears that nomination when it accepts the pod), and the devices the Reserve
+plugins chose (`CycleState.allocated`). The Binding itself
 is the decider's to write, once the owner holds the claim.
 """
 
@@ -20,7 +20,6 @@ from schemas import topics
 from schemas.records import QUOTA_LABEL, Claim, ResourceList
 
 NAME = "DefaultBinder"
-DEVICES_KEY = "DeviceShare/allocated"  # where a device plugin's Reserve leaves the devices it chose
 
 
 class DefaultBinder:
@@ -45,5 +44,5 @@ class DefaultBinder:
             priority=pod.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
             gang_min=gang.min_available, gang_waiting_s=gang.waiting_s, gang_strict=gang.strict,
             nominated_node=nominated.node if nominated is not None else "",
-            devices=cycle.read(DEVICES_KEY) or (), quota=p.labels.get(QUOTA_LABEL, ""),
+            devices=cycle.allocated(), quota=p.labels.get(QUOTA_LABEL, ""),
         ))]

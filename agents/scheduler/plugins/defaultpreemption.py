@@ -30,7 +30,7 @@ from agents.scheduler.plugins.noderesources.fit import NAME as FIT
 from schemas.records import QUOTA_LABEL, Nomination, ResourceList
 
 NAME = "DefaultPreemption"
-RESOLVABLE = frozenset({FIT, "DeviceShare"})  # filters whose rejections evicting pods can fix
+RESOLVABLE = frozenset({FIT, "DeviceShare", "NodeNUMAResource"})  # filters whose rejections evicting pods can fix
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,21 @@ import numpy as np
 
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework import status
-from agents.scheduler.framework.interface import UNSIGNABLE, CycleState, Mask, PodInfo, Rows
+from agents.scheduler.framework.interface import (
+    ALLOCATED_SUFFIX,
+    UNSIGNABLE,
+    CycleState,
+    Mask,
+    PodInfo,
+    Rows,
+)
 from agents.scheduler.framework.status import Status
 from agents.scheduler.plugins.args import NoArgs
-from agents.scheduler.plugins.defaultbinder import DEVICES_KEY
 from agents.state import devices
 from schemas.records import hold_id
 
 NAME = "DeviceShare"
-ALLOCATED = DEVICES_KEY  # cycle key: the GPUs Reserve chose for the pod being bound
+ALLOCATED = NAME + ALLOCATED_SUFFIX  # cycle key: the devices Reserve chose for the pod being bound
 REASON = "Insufficient gpu devices"
 
 

@@ -26,7 +26,7 @@ def info(pod: Pod) -> PodInfo:
     request = SPACE.pod_request(with_gpu_totals(pod.requests))
     return PodInfo(pod, request, np.flatnonzero(request),
                    decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid), profile=pod.scheduler_name,
-                   priority=pod.priority)
+                   priority=pod.priority, qos=pod.qos_class)
 
 
 def prepared(plugin: Any, pod: PodInfo, state: ClusterState) -> CycleState:

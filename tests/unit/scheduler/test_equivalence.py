@@ -11,8 +11,18 @@ from hypothesis import strategies as st
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.profiles import load
 from agents.scheduler.framework.runtime import Framework
+from agents.state.cpus import NUMA_POLICY_LABEL
 from agents.state.devices import GPU_CORE, GPU_RATIO
-from schemas.records import GpuDevice, Node, Nomination, Pod, ResourceList, Taint, Toleration
+from schemas.records import (
+    GpuDevice,
+    Node,
+    Nomination,
+    NumaCell,
+    Pod,
+    ResourceList,
+    Taint,
+    Toleration,
+)
 from tests.unit.scheduler.conftest import SPACE, info
 
 PROFILES = load("""
@@ -30,10 +40,11 @@ PREFER_ZONE = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution
 ]}}
 
 nodes = st.lists(st.builds(
-    lambda i, cpu, mem, zone, disk, taint, cordoned, gpus: (cpu, mem, zone, disk, taint, cordoned, gpus),
+    lambda i, cpu, mem, zone, disk, taint, cordoned, gpus, numa: (cpu, mem, zone, disk, taint, cordoned, gpus, numa),
     st.integers(), st.integers(1, 16).map(lambda c: c * 500), st.integers(1, 16).map(lambda m: m * 2**28),
     st.sampled_from(["z1", "z2", "z3"]), st.booleans(),
     st.sampled_from([None, "soft", "hard"]), st.booleans(), st.sampled_from([0, 0, 1, 2, 4]),
+    st.sampled_from([None, None, "None", "SingleNUMANode", "Restricted"]),  # NUMA topology policy
 ), min_size=1, max_size=12)
 
 templates = st.lists(st.tuples(
@@ -44,17 +55,21 @@ templates = st.lists(st.tuples(
     st.booleans(),                               # prefers zone z1
     st.sampled_from([{}, {"zone": "z2"}]),       # node selector
     st.sampled_from([0, 0, 30, 50, 60, 100, 200]),  # GPU: a share of one (koordinator.sh/gpu-core), or whole ones
+    st.booleans(),                               # LSR: bound to CPUs when it asks for whole ones
 ), min_size=1, max_size=4)
 
 
 def build(node_specs: list[tuple], nominated: bool) -> ClusterState:  # type: ignore[type-arg]
     out = []
-    for i, (cpu, mem, zone, disk, taint, cordoned, gpus) in enumerate(node_specs):
+    for i, (cpu, mem, zone, disk, taint, cordoned, gpus, numa) in enumerate(node_specs):
         taints = () if taint is None else (Taint("spot", "1", "PreferNoSchedule" if taint == "soft" else "NoSchedule"),)
-        labels = {"zone": zone, **({"disk": "ssd"} if disk else {})}
+        labels = {"zone": zone, **({"disk": "ssd"} if disk else {}), **({NUMA_POLICY_LABEL: numa} if numa else {})}
+        per_cell = cpu // 2000  # two cells of whole CPUs, two threads per core
+        cells = tuple(NumaCell(c, tuple(range(c * per_cell, (c + 1) * per_cell)),
+                               cores=tuple(x // 2 for x in range(c * per_cell, (c + 1) * per_cell))) for c in range(2))
         out.append(Node(name=f"n{i:02d}", labels=labels, taints=taints, unschedulable=cordoned,
                         allocatable=ResourceList({"cpu": cpu, "memory": mem, "pods": 6}),
-                        gpus=tuple(GpuDevice(minor=g) for g in range(gpus))))
+                        gpus=tuple(GpuDevice(minor=g) for g in range(gpus)), numa=cells if numa else ()))
     state = ClusterState.from_records(SPACE, out)
     if nominated:
         state.nominator.nominate(Nomination(uid="someone", node="n00", priority=5,
@@ -65,11 +80,11 @@ def build(node_specs: list[tuple], nominated: bool) -> ClusterState:  # type: ig
 def pods_from(tpl: list[tuple], runs: list[tuple[int, int]]) -> list[Pod]:  # type: ignore[type-arg]
     out = []
     for t_index, count in runs:
-        cpu, mem, prio, tolerate, prefer, selector, gpu = tpl[t_index % len(tpl)]
+        cpu, mem, prio, tolerate, prefer, selector, gpu, lsr = tpl[t_index % len(tpl)]
         gpu_requests = {GPU_CORE: gpu, GPU_RATIO: gpu} if gpu else {}
         for _ in range(count):
             uid = f"p{len(out):03d}"
-            out.append(Pod(uid=uid, name=uid, priority=prio,
+            out.append(Pod(uid=uid, name=uid, priority=prio, qos_class="LSR" if lsr else "",
                            requests=ResourceList({"cpu": cpu, "memory": mem, **gpu_requests}),
                            tolerations=(Toleration("spot", "Exists"),) if tolerate else (),
                            affinity=PREFER_ZONE if prefer else {}, node_selector=selector))
@@ -98,8 +113,8 @@ def test_batched_placement_equals_one_by_one(node_specs, tpl, runs, nominated, p
 
 
 def test_a_run_of_identical_pods_is_one_class() -> None:
-    node_specs = [(4000, 2**33, "z1", False, None, False, 0)] * 3
-    pods = pods_from([(500, 2**28, 0, False, False, {}, 0)], [(0, 9)])
+    node_specs = [(4000, 2**33, "z1", False, None, False, 0, None)] * 3
+    pods = pods_from([(500, 2**28, 0, False, False, {}, 0, False)], [(0, 9)])
     state = build(node_specs, nominated=False)
     fw = Framework(PROFILES["default-scheduler"], state, timer=lambda: 0)
     infos = [info(p) for p in pods]

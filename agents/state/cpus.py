@@ -1,0 +1,172 @@
+"""CPU binding on NUMA nodes (Koordinator's NodeNUMAResource model), shared by the scheduler
+and the owners.
+
+A node's topology comes from its record (`Node.numa`: cells with their CPU ids and, in
+`NumaCell.cores`, the physical core of each CPU; without it every CPU is its own core) and its
+NUMA topology policy from the label `node.koordinator.sh/numa-topology-policy`:
+
+- `SingleNUMANode`: a pod's CPUs all come from one cell, or it does not fit;
+- `Restricted`: from as few cells as the request needs, or it does not fit;
+- `BestEffort` and `None` (the default): one cell when one has room, else as few as can.
+
+A pod is bound to CPUs when its Koordinator QoS is LSE or LSR and it asks for whole CPUs.
+Its CPU bind policy comes from the annotation `scheduling.koordinator.sh/resource-spec`
+(`{"preferredCPUBindPolicy": ...}`): `FullPCPUs` (the default) takes whole physical cores;
+`SpreadByPCPUs` takes one thread of each core before a second one. Within the cells chosen,
+the fullest cell that fits goes first (packing leaves whole cells for others).
+
+An allocation travels as `cpuset/<cell>/<cpu>,<cpu>,...` in `Claim.devices` and ends on the
+Binding as `scheduling.koordinator.sh/resource-status`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+NUMA_POLICY_LABEL = "node.koordinator.sh/numa-topology-policy"
+RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"
+RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
+NUMA_POLICIES = ("None", "BestEffort", "Restricted", "SingleNUMANode")
+FULL_PCPUS, SPREAD_BY_PCPUS = "FullPCPUs", "SpreadByPCPUs"
+BIND_POLICIES = (FULL_PCPUS, SPREAD_BY_PCPUS, "Default")
+BOUND_QOS = ("LSE", "LSR")
+
+
+class CpuError(ValueError):
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        super().__init__(f"{field}={value!r}: {reason}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class CpuRequest:
+    cpus: int
+    policy: str = FULL_PCPUS
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    id: int
+    cpus: tuple[int, ...]
+    cores: tuple[int, ...]  # physical core of each CPU, in the same order
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSet:
+    cell: int
+    cpus: tuple[int, ...]
+
+    def encode(self) -> str:
+        return f"cpuset/{self.cell}/{','.join(map(str, self.cpus))}"
+
+
+def cpu_request(qos: str, cpu_millis: int, annotations: Mapping[str, str]) -> CpuRequest | None:
+    """The pod's CPU binding request, or None when it is not bound; raises CpuError."""
+    raw = annotations.get(RESOURCE_SPEC)
+    policy = FULL_PCPUS
+    if raw:
+        try:
+            spec = json.loads(raw)
+        except ValueError:
+            raise CpuError(f"metadata.annotations.{RESOURCE_SPEC}", raw, "is not JSON") from None
+        asked = spec.get("preferredCPUBindPolicy", "Default") if isinstance(spec, dict) else None
+        if asked not in BIND_POLICIES:
+            raise CpuError(f"metadata.annotations.{RESOURCE_SPEC}.preferredCPUBindPolicy", asked,
+                           f"must be one of {', '.join(BIND_POLICIES)}")
+        policy = SPREAD_BY_PCPUS if asked == SPREAD_BY_PCPUS else FULL_PCPUS
+    if qos not in BOUND_QOS or cpu_millis <= 0 or cpu_millis % 1000:
+        return None
+    return CpuRequest(cpu_millis // 1000, policy)
+
+
+def cells_of(numa: Sequence[object]) -> list[Cell]:
+    out = []
+    for cell in numa:
+        cpus = tuple(getattr(cell, "cpus", ()))
+        cores = tuple(getattr(cell, "cores", ())) or cpus
+        out.append(Cell(int(getattr(cell, "id", 0)), cpus, cores))
+    return out
+
+
+def _take(req: CpuRequest, cell: Cell, used: set[int], want: int) -> list[int] | None:
+    """`want` CPUs of one cell by the bind policy, or None."""
+    by_core: dict[int, list[int]] = {}
+    for cpu, core in zip(cell.cpus, cell.cores, strict=True):
+        by_core.setdefault(core, []).append(cpu)
+    if req.policy == FULL_PCPUS:
+        picked: list[int] = []
+        for core in sorted(by_core):
+            threads = by_core[core]
+            if all(t not in used for t in threads) and len(picked) + len(threads) <= want:
+                picked += threads
+            if len(picked) == want:
+                return picked
+        return None
+    free_by_core = [[t for t in by_core[c] if t not in used] for c in sorted(by_core)]
+    picked = []
+    for depth in range(max((len(t) for t in free_by_core), default=0)):
+        for threads in free_by_core:
+            if depth < len(threads):
+                picked.append(threads[depth])
+                if len(picked) == want:
+                    return picked
+    return None
+
+
+def choose(req: CpuRequest, cells: Sequence[Cell], used: set[int], numa_policy: str) -> list[CpuSet] | None:
+    """The CPUs the request takes on one node, or None when it does not fit there."""
+    free = {c.id: sum(1 for cpu in c.cpus if cpu not in used) for c in cells}
+    one = sorted((free[c.id], c.id, c) for c in cells if free[c.id] >= req.cpus)
+    for _, _, cell in one:  # one cell when one has room: the fullest that fits
+        picked = _take(req, cell, used, req.cpus)
+        if picked is not None:
+            return [CpuSet(cell.id, tuple(picked))]
+    if numa_policy == "SingleNUMANode":
+        return None
+    ordered = sorted(cells, key=lambda c: (-free[c.id], c.id))
+    needed, total = 0, 0
+    for c in ordered:  # the fewest cells that could hold it
+        needed, total = needed + 1, total + free[c.id]
+        if total >= req.cpus:
+            break
+    if total < req.cpus:
+        return None
+    out, left = [], req.cpus
+    for c in ordered[:needed] if numa_policy == "Restricted" else ordered:
+        if not left:
+            break
+        picked = _take(req, c, used, min(left, free[c.id]))
+        if picked:
+            out.append(CpuSet(c.id, tuple(picked)))
+            left -= len(picked)
+    return out if not left else None
+
+
+def decode(devices: Sequence[str]) -> list[CpuSet]:
+    out = []
+    for item in devices:
+        parts = item.split("/")
+        if len(parts) == 3 and parts[0] == "cpuset":
+            out.append(CpuSet(int(parts[1]), tuple(int(c) for c in parts[2].split(",") if c)))
+    return out
+
+
+def _ranges(cpus: Sequence[int]) -> str:
+    out, ordered = [], sorted(cpus)
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def annotation(sets: Sequence[CpuSet]) -> str:
+    """`scheduling.koordinator.sh/resource-status`, as Koordinator writes it."""
+    return json.dumps({"cpuset": _ranges([c for s in sets for c in s.cpus]),
+                       "numaNodeResources": [{"node": s.cell, "resources": {"cpu": str(len(s.cpus))}} for s in sets]},
+                      separators=(",", ":"))
