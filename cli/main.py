@@ -138,6 +138,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if result["pods_placed"] == w.pods else 1
 
 
+def cmd_bench_trace(args: argparse.Namespace) -> int:
+    from perf.trace import POLICIES, bench_trace, parse_seeds
+
+    policies = list(POLICIES) if args.policy == "all" else [args.policy]
+    try:
+        result = bench_trace(args.nodes_csv, args.pods_csv, args.load, parse_seeds(args.seeds), policies,
+                             limit=args.limit, workers=args.workers)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]bench trace: {exc}[/red]")
+        return 2
+    table = Table(title=f"GPU allocation ratio (%), load {args.load:g}, seeds {args.seeds} (mean)")
+    for col in ("policy", "at 100% arrived", "final", "pods failed"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for policy, s in result["summary"].items():
+        table.add_row(policy, f"{s['at_100_mean']:.2f}", f"{s['final_mean']:.2f}", f"{s['pods_failed_mean']:.1f}")
+    console.print(table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from streams.publish import publish_file
 
@@ -235,6 +257,16 @@ def parser() -> argparse.ArgumentParser:
                    help="young-generation GC threshold, as worker.gc_threshold (0: Python's default)")
     b.add_argument("--json", help="write the result as JSON to this file")
     b.set_defaults(fn=cmd_bench)
+    t = bsub.add_parser("trace", help="replay the Alibaba GPU trace with GPU-placement policies (FGD and baselines)")
+    t.add_argument("--nodes-csv", required=True, help="node list (sn,cpu_milli,memory_mib,gpu,model)")
+    t.add_argument("--pods-csv", required=True, help="pod list (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
+    t.add_argument("--load", type=float, default=1.3, help="inflate the GPU request to this share of capacity")
+    t.add_argument("--seeds", default="42-51", help="a range like 42-51 or a list like 1,2,3")
+    t.add_argument("--policy", default="all", help="FGD, BestFit, GpuPacking, GpuClustering, DotProduct, Random, or all")
+    t.add_argument("--limit", type=int, default=0, help="use only the first N pods of the file (by name)")
+    t.add_argument("--workers", type=int, default=2, help="processes to run seeds and policies in")
+    t.add_argument("--json", help="write the results as JSON to this file")
+    t.set_defaults(fn=cmd_bench_trace)
     sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")
     common(sp)
     sp.add_argument("file")
