@@ -279,9 +279,6 @@ class ClusterState:
     def size(self) -> int:
         return len(self.names)
 
-    def row_of(self, node: str) -> int | None:
-        return self.index.get(node)
-
     def _row(self, node: str) -> int:
         row = self.index.get(node)
         if row is None:

@@ -520,8 +520,6 @@ class Framework:
         return [p for uid, w in list(self.waiting.items()) if w.deadline <= now
                 for p in (self.reject(uid, "timed out waiting in Permit"),) if p is not None]
 
-    def plugin_names(self) -> list[str]:
-        return [getattr(p, "NAME", "?") for p in self.profile.all()]
 
 
 def scores_table(ev: Evaluation, state: ClusterState) -> dict[str, dict[str, int]]:
