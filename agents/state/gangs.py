@@ -54,10 +54,13 @@ def parse_duration(text: str) -> float:
     return total
 
 
+NO_GANG = GangSpec(0)
+
+
 def gang_spec(annotations: Mapping[str, str]) -> GangSpec:
     raw_min = annotations.get(GANG_MIN_AVAILABLE_ANNOTATION, "")
     if not raw_min:
-        return GangSpec(0)
+        return NO_GANG
     field = f"metadata.annotations.{GANG_MIN_AVAILABLE_ANNOTATION}"
     if not raw_min.isdigit() or int(raw_min) < 1:
         raise GangError(field, raw_min, "must be a positive integer")

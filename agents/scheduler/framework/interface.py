@@ -39,7 +39,6 @@ from agents.state.resources import Vector
 from schemas.records import Nomination, Pod
 
 ALL: slice = slice(None)
-ALLOCATED_SUFFIX = "/allocated"  # cycle key suffix under which Reserve plugins leave devices
 Rows = slice | npt.NDArray[np.intp]
 Mask = npt.NDArray[np.bool_]
 Scores = npt.NDArray[np.int64]
@@ -73,10 +72,11 @@ class PodInfo:
 class CycleState:
     """Scratch for one cycle, keyed by plugin name (no globals between plugins)."""
 
-    __slots__ = ("_data", "skip_filter", "skip_score")
+    __slots__ = ("_allocated", "_data", "skip_filter", "skip_score")
 
     def __init__(self) -> None:
         self._data: dict[str, Any] = {}
+        self._allocated: dict[str, tuple[str, ...]] = {}
         self.skip_filter: set[str] = set()
         self.skip_score: set[str] = set()
 
@@ -86,9 +86,15 @@ class CycleState:
     def read(self, key: str) -> Any:
         return self._data.get(key)
 
+    def allocate(self, plugin: str, devices: tuple[str, ...]) -> None:
+        """A Reserve plugin's devices for the pod being placed (replacing its previous ones)."""
+        self._allocated[plugin] = devices
+
     def allocated(self) -> tuple[str, ...]:
-        """Every device the pod's Reserve plugins chose (each writes `<NAME>/allocated`)."""
-        return tuple(d for key, value in self._data.items() if key.endswith(ALLOCATED_SUFFIX) for d in value)
+        """Every device the pod's Reserve plugins chose, for the Claim."""
+        if not self._allocated:
+            return ()
+        return tuple(d for devices in self._allocated.values() for d in devices)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,6 @@ import numpy as np
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import (
-    ALLOCATED_SUFFIX,
     UNSIGNABLE,
     CycleState,
     Mask,
@@ -40,7 +39,6 @@ from agents.state import devices
 from schemas.records import hold_id
 
 NAME = "DeviceShare"
-ALLOCATED = NAME + ALLOCATED_SUFFIX  # cycle key: the devices Reserve chose for the pod being bound
 REASON = "Insufficient gpu devices"
 
 
@@ -125,7 +123,7 @@ class DeviceShare:
 
     def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> Status:
         ask: DeviceAsk | None = cycle.read(NAME)
-        cycle.write(ALLOCATED, ())
+        cycle.allocate(NAME, ())
         if ask is None:
             return status.SUCCESS
         gpu, vfs = ask
@@ -136,7 +134,7 @@ class DeviceShare:
         hid = hold_id(pod.uid, pod.attempt, state.names[row])
         state.gpus.assume(hid, row, chosen)
         state.nics.assume(hid, row, nics)
-        cycle.write(ALLOCATED, tuple(a.encode() for a in chosen) + tuple(n.encode() for n in nics))
+        cycle.allocate(NAME, tuple(a.encode() for a in chosen) + tuple(n.encode() for n in nics))
         return status.SUCCESS
 
     def unreserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> None:

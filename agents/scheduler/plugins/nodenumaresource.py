@@ -21,7 +21,6 @@ import numpy as np
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import (
-    ALLOCATED_SUFFIX,
     UNSIGNABLE,
     CycleState,
     Mask,
@@ -34,7 +33,6 @@ from agents.state import cpus
 from schemas.records import hold_id
 
 NAME = "NodeNUMAResource"
-ALLOCATED = NAME + ALLOCATED_SUFFIX
 REASON = "Insufficient NUMA-bound cpus"
 
 
@@ -106,13 +104,13 @@ class NodeNUMAResource:
 
     def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> Status:
         req: cpus.CpuRequest = cycle.read(NAME)
-        cycle.write(ALLOCATED, ())
+        cycle.allocate(NAME, ())
         cells = state.cpus.cells.get(row) or []
         chosen = cpus.choose(req, cells, state.cpus.bound(row), state.cpus.policy.get(row, "None"))
         if chosen is None:
             return status.unschedulable(NAME, REASON)
         state.cpus.assume(hold_id(pod.uid, pod.attempt, state.names[row]), row, chosen)
-        cycle.write(ALLOCATED, tuple(s.encode() for s in chosen))
+        cycle.allocate(NAME, tuple(s.encode() for s in chosen))
         return status.SUCCESS
 
     def unreserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> None:
