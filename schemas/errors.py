@@ -1,4 +1,5 @@
-"""The one error type of the edge: a record that cannot be accepted, naming field and value."""
+"""The errors of the edge: a record that cannot be accepted (`SchemaError`), and a value a pod
+or a configuration states that cannot be used (`FieldError`); both name the field and value."""
 
 from __future__ import annotations
 
@@ -26,3 +27,14 @@ class SchemaError(ValueError):
         """The same error with its field path placed under `prefix`."""
         field = f"{prefix}.{self.field}" if self.field and not self.field.startswith("[") else f"{prefix}{self.field}"
         return SchemaError(field, self.value, self.reason)
+
+
+class FieldError(ValueError):
+    """A value that decodes but cannot be used (a share of 150 of one GPU, a malformed
+    affinity, a quota with min above max): `field=value: reason`."""
+
+    def __init__(self, field: str, value: Any, reason: str) -> None:
+        super().__init__(f"{field}={value!r}: {reason}")
+        self.field = field
+        self.value = value
+        self.reason = reason

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from schemas.errors import FieldError
 from schemas.records import QOS_LABEL, ContainerResources, Pod
 
 QOS_CLASSES = ("LSE", "LSR", "LS", "BE", "SYSTEM")
@@ -33,10 +34,8 @@ GUARANTEED, BURSTABLE, BEST_EFFORT = "Guaranteed", "Burstable", "BestEffort"
 _COMPUTE = ("cpu", "memory")
 
 
-class KoordinatorError(ValueError):
-    def __init__(self, field: str, value: str, reason: str) -> None:
-        super().__init__(f"{field}={value!r}: {reason}")
-        self.field = field
+class KoordinatorError(FieldError):
+    """A Koordinator label or annotation with a value Koordinator does not know."""
 
 
 def kube_qos(pod: Pod) -> str:

@@ -25,6 +25,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from schemas.errors import FieldError
+
 NUMA_POLICY_LABEL = "node.koordinator.sh/numa-topology-policy"
 RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"
 RESOURCE_STATUS = "scheduling.koordinator.sh/resource-status"
@@ -34,10 +36,8 @@ BIND_POLICIES = (FULL_PCPUS, SPREAD_BY_PCPUS, "Default")
 BOUND_QOS = ("LSE", "LSR")
 
 
-class CpuError(ValueError):
-    def __init__(self, field: str, value: object, reason: str) -> None:
-        super().__init__(f"{field}={value!r}: {reason}")
-        self.field = field
+class CpuError(FieldError):
+    """A CPU binding request that cannot be valid."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from schemas.errors import FieldError
+
 NVIDIA_GPU = "nvidia.com/gpu"
 GPU_CORE = "koordinator.sh/gpu-core"
 GPU_RATIO = "koordinator.sh/gpu-memory-ratio"
@@ -40,12 +42,8 @@ DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 WHOLE = 100
 
 
-class DeviceError(ValueError):
+class DeviceError(FieldError):
     """A device request that cannot be valid; names the field and the value."""
-
-    def __init__(self, field: str, value: object, reason: str) -> None:
-        super().__init__(f"{field}={value!r}: {reason}")
-        self.field = field
 
 
 @dataclass(frozen=True, slots=True)

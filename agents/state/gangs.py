@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from schemas.errors import FieldError
 from schemas.records import (
     GANG_DEFAULT_WAITING_S,
     GANG_MIN_AVAILABLE_ANNOTATION,
@@ -28,10 +29,8 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
-class GangError(ValueError):
-    def __init__(self, field: str, value: str, reason: str) -> None:
-        super().__init__(f"{field}={value!r}: {reason}")
-        self.field = field
+class GangError(FieldError):
+    """Gang annotations that cannot be valid."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,14 +26,21 @@ from streams.worker import prepare
 from tests.integration.harness import PARTITIONS, Harness
 
 pytestmark = pytest.mark.integration
+WORKER = [sys.executable, "-m", "cli.main", "worker"]
+
+
+async def worker_env(broker: EmbeddedBroker) -> dict[str, str]:
+    """The environment of a worker on `broker`, its topics created."""
+    env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": broker.bootstrap,
+           "KOORDSTREAM_KAFKA_PARTITIONS": str(PARTITIONS)}
+    await prepare(load_settings(env=env))
+    return env
 
 
 async def test_replacement_worker_recovers_committed_capacity() -> None:
     async with EmbeddedBroker() as broker:
-        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": broker.bootstrap,
-               "KOORDSTREAM_KAFKA_PARTITIONS": str(PARTITIONS)}
-        await prepare(load_settings(env=env))
-        first = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+        env = await worker_env(broker)
+        first = spawn_tied(WORKER, env=env)
         second = None
         try:
             async with Harness(broker.bootstrap) as h:
@@ -55,7 +62,7 @@ async def test_replacement_worker_recovers_committed_capacity() -> None:
                                           key=b"r0", partition=partition_for("r0", PARTITIONS))
                 first.send_signal(signal.SIGKILL)
                 first.wait()
-                second = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+                second = spawn_tied(WORKER, env=env)
 
                 after = [Pod(uid=f"after-{i}", name=f"a{i}", requests=ResourceList(cpu=1000)) for i in range(8)]
                 await h.publish(topics.PODS, after)
@@ -87,10 +94,8 @@ async def test_pending_pods_survive_a_scheduler_restart() -> None:
     """A pod that fits nowhere waits in the scheduler's queue; the worker is killed; its
     replacement rebuilds the queue from the pods topic and places the pod once a node fits."""
     async with EmbeddedBroker() as broker:
-        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": broker.bootstrap,
-               "KOORDSTREAM_KAFKA_PARTITIONS": str(PARTITIONS)}
-        await prepare(load_settings(env=env))
-        first = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+        env = await worker_env(broker)
+        first = spawn_tied(WORKER, env=env)
         second = None
         try:
             async with Harness(broker.bootstrap) as h:
@@ -104,7 +109,7 @@ async def test_pending_pods_survive_a_scheduler_restart() -> None:
                 await asyncio.sleep(2.5)  # past the worker's offset commit interval
                 first.send_signal(signal.SIGKILL)
                 first.wait()
-                second = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
+                second = spawn_tied(WORKER, env=env)
                 await h.publish(topics.NODES, [Node(name="large", allocatable=ResourceList(cpu=4000, memory=2**32))])
                 [binding] = await h.wait_for(Binding, lambda b: b.uid == "waits", timeout=90)
                 assert binding.node == "large"

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from schemas.errors import FieldError
 
 
-class ArgsError(ValueError):
+class ArgsError(FieldError):
     """A plugin arg is wrong: names the field and the value."""
-
-    def __init__(self, field: str, value: Any, reason: str) -> None:
-        super().__init__(f"{field}={value!r}: {reason}")
-        self.field = field
-        self.value = value
-        self.reason = reason
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ them too.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import ClassVar
 
 import numpy as np
@@ -27,7 +26,6 @@ import numpy as np
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import (
-    UNSIGNABLE,
     CycleState,
     Mask,
     PodInfo,
@@ -35,6 +33,7 @@ from agents.scheduler.framework.interface import (
 )
 from agents.scheduler.framework.status import Status
 from agents.scheduler.plugins.args import NoArgs
+from agents.scheduler.plugins.parsed import ParsedPlugin
 from agents.state import devices
 from schemas.records import hold_id
 
@@ -45,20 +44,7 @@ REASON = "Insufficient gpu devices"
 DeviceAsk = tuple[devices.GpuRequest | None, int]  # GPUs, RDMA virtual functions
 
 
-def _request(pod: PodInfo) -> DeviceAsk | None | devices.DeviceError:
-    """What the pod asks of devices (None: nothing), parsed once per pod."""
-    cached = pod.derived.get(NAME, False)
-    if cached is False:
-        try:
-            gpu, vfs = devices.gpu_request(pod.pod.requests), devices.rdma_request(pod.pod.requests)
-            cached = (gpu, vfs) if gpu is not None or vfs else None
-        except devices.DeviceError as exc:
-            cached = exc
-        pod.derived[NAME] = cached
-    return cached  # type: ignore[no-any-return]
-
-
-class DeviceShare:
+class DeviceShare(ParsedPlugin):
     NAME: ClassVar[str] = NAME
     DYNAMIC: ClassVar[bool] = True
     EVENTS: ClassVar[ClusterEvent] = ClusterEvent.ANY
@@ -66,18 +52,10 @@ class DeviceShare:
     def __init__(self, args: NoArgs | None = None) -> None:
         pass
 
-    def sign(self, pod: PodInfo) -> Hashable:
-        ask = _request(pod)
-        return UNSIGNABLE if isinstance(ask, devices.DeviceError) else ask
-
-    def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
-        ask = _request(pod)
-        if isinstance(ask, devices.DeviceError):
-            return status.unresolvable(NAME, str(ask))
-        if ask is None:
-            return status.SKIP
-        cycle.write(NAME, ask)
-        return status.SUCCESS
+    def parse(self, pod: PodInfo) -> DeviceAsk | None:
+        """What the pod asks of devices: GPUs and RDMA virtual functions (None: nothing)."""
+        gpu, vfs = devices.gpu_request(pod.pod.requests), devices.rdma_request(pod.pod.requests)
+        return (gpu, vfs) if gpu is not None or vfs else None
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
         req: devices.GpuRequest | None = cycle.read(NAME)[0]

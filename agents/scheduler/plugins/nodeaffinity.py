@@ -27,16 +27,15 @@ from agents.scheduler.framework.interface import UNSIGNABLE, CycleState, Mask, P
 from agents.scheduler.framework.scoring import normalize
 from agents.scheduler.framework.status import Status
 from agents.scheduler.plugins.args import ArgsError
+from schemas.errors import FieldError
 
 NAME = "NodeAffinity"
 REASON = "node(s) didn't match Pod's node affinity/selector"
 OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
 
 
-class AffinityError(ValueError):
-    def __init__(self, field: str, value: Any, reason: str) -> None:
-        super().__init__(f"{field}={value!r}: {reason}")
-        self.field = field
+class AffinityError(FieldError):
+    """A node affinity that cannot be valid."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ once) and leaves them for the Claim; the owner checks them CPU by CPU; the decid
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import ClassVar
 
 import numpy as np
@@ -21,7 +20,6 @@ import numpy as np
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import (
-    UNSIGNABLE,
     CycleState,
     Mask,
     PodInfo,
@@ -29,6 +27,7 @@ from agents.scheduler.framework.interface import (
 )
 from agents.scheduler.framework.status import Status
 from agents.scheduler.plugins.args import NoArgs
+from agents.scheduler.plugins.parsed import ParsedPlugin
 from agents.state import cpus
 from schemas.records import hold_id
 
@@ -36,18 +35,7 @@ NAME = "NodeNUMAResource"
 REASON = "Insufficient NUMA-bound cpus"
 
 
-def _request(pod: PodInfo) -> cpus.CpuRequest | None | cpus.CpuError:
-    cached = pod.derived.get(NAME, False)
-    if cached is False:
-        try:
-            cached = cpus.cpu_request(pod.qos, pod.pod.requests.get("cpu", 0), pod.pod.annotations)
-        except cpus.CpuError as exc:
-            cached = exc
-        pod.derived[NAME] = cached
-    return cached  # type: ignore[no-any-return]
-
-
-class NodeNUMAResource:
+class NodeNUMAResource(ParsedPlugin):
     NAME: ClassVar[str] = NAME
     DYNAMIC: ClassVar[bool] = True
     EVENTS: ClassVar[ClusterEvent] = ClusterEvent.ANY
@@ -55,18 +43,8 @@ class NodeNUMAResource:
     def __init__(self, args: NoArgs | None = None) -> None:
         pass
 
-    def sign(self, pod: PodInfo) -> Hashable:
-        req = _request(pod)
-        return UNSIGNABLE if isinstance(req, cpus.CpuError) else req
-
-    def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
-        req = _request(pod)
-        if isinstance(req, cpus.CpuError):
-            return status.unresolvable(NAME, str(req))
-        if req is None:
-            return status.SKIP
-        cycle.write(NAME, req)
-        return status.SUCCESS
+    def parse(self, pod: PodInfo) -> cpus.CpuRequest | None:
+        return cpus.cpu_request(pod.qos, pod.pod.requests.get("cpu", 0), pod.pod.annotations)
 
     def _fits(self, req: cpus.CpuRequest, state: ClusterState, row: int) -> bool:
         cells = state.cpus.cells.get(row)
