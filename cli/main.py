@@ -109,7 +109,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from perf.bench import BasicWorkload, run_basic_repeated
 
     w = BasicWorkload(nodes=args.nodes, init_pods=args.init_pods, pods=args.pods, identical=args.identical,
-                      seed=args.seed, batch=args.batch, gc_threshold=args.gc_threshold)
+                      seed=args.seed, batch=args.batch, gc_threshold=args.gc_threshold,
+                      profiles=Path(args.profiles).read_text() if args.profiles else "")
     result = run_basic_repeated(w, args.runs)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
     table = Table(title=f"koordstream bench basic: {result['workload']} (median of {result['runs']})")
@@ -253,6 +254,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=42)
     b.add_argument("--batch", type=int, default=1000, help="pods per scheduling micro-batch")
     b.add_argument("--runs", type=int, default=3, help="repeat and report the median run")
+    b.add_argument("--profiles", help="scheduler profiles YAML (default: the default profile)")
     b.add_argument("--gc-threshold", type=int, default=50_000,
                    help="young-generation GC threshold, as worker.gc_threshold (0: Python's default)")
     b.add_argument("--json", help="write the result as JSON to this file")

@@ -27,6 +27,7 @@ import numpy as np
 
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
+from agents.scheduler.framework.profiles import load as load_profiles
 from agents.state.resources import ResourceSpace
 from schemas.records import BoundPod, Claim, Node, Pod, ResourceList
 from streams.process import tune_gc
@@ -46,6 +47,7 @@ class BasicWorkload:
     seed: int = 42
     batch: int = 1000
     gc_threshold: int = WorkerSettings().gc_threshold  # as the worker runs (0: Python's default)
+    profiles: str = ""  # scheduler profiles YAML text ("": the default profile)
 
 
 def make_nodes(count: int) -> list[Node]:
@@ -80,10 +82,11 @@ def _commit(core: SchedulerCore, outputs: list[Any]) -> int:
     return placed
 
 
-def _core(nodes: list[Node], batching: bool) -> SchedulerCore:
+def _core(nodes: list[Node], batching: bool, profiles: str = "") -> SchedulerCore:
     space = ResourceSpace()
     state = ClusterState.from_records(space, nodes)
-    return SchedulerCore(space, state, lambda: 0.0, batching=batching)
+    config = load_profiles(profiles) if profiles else None
+    return SchedulerCore(space, state, lambda: 0.0, batching=batching, config=config)
 
 
 def _measure(core: SchedulerCore, pods: list[Pod], batch: int,
@@ -111,7 +114,7 @@ def run_basic(w: BasicWorkload) -> dict[str, Any]:
     tune_gc(w.gc_threshold)
     rng = random.Random(w.seed)
     nodes = make_nodes(w.nodes)
-    core = _core(nodes, batching=True)
+    core = _core(nodes, batching=True, profiles=w.profiles)
     init = make_pods(w.init_pods, "init", None if w.identical else rng)
     _commit(core, [o for pod in init for o in core.add(pod)])
     while core.pending:
@@ -142,9 +145,10 @@ def run_basic(w: BasicWorkload) -> dict[str, Any]:
         "plugin_share": share,
         "peak_memory_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "gc_threshold": gc.get_threshold()[0],
+        "profile": "default" if not w.profiles else "from --profiles",
     }
     if w.identical:
-        one = _core(nodes, batching=False)
+        one = _core(nodes, batching=False, profiles=w.profiles)
         _commit(one, [o for pod in init for o in one.add(pod)])
         while one.pending:
             if not _commit(one, one.schedule(w.batch)):

@@ -30,3 +30,12 @@ def test_bench_identical_compares_with_one_by_one(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert KEYS | {"one_by_one_pods_per_s", "speedup"} <= set(result)
     assert result["one_by_one_pods_placed"] == 300
+
+
+def test_bench_takes_a_profiles_file(tmp_path: Path) -> None:
+    out = tmp_path / "kube.json"
+    profiles = Path(__file__).resolve().parents[2] / "perf" / "profiles" / "kube-default.yaml"
+    assert main(["bench", "basic", "--nodes", "30", "--init-pods", "10", "--pods", "100", "--runs", "1",
+                 "--profiles", str(profiles), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["profile"] == "from --profiles" and "DeviceShare" not in result["plugin_share"]
