@@ -34,7 +34,7 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +67,19 @@ class Cluster:
     gpu_count: npt.NDArray[np.int64]
     model: list[str]
     cpu_cap: npt.NDArray[np.int64]
-    tags: list[set[tuple[int, int]]]  # GpuClustering: the GPU request shapes running on each node
+    # GpuClustering: which GPU request shapes (gpus, milli per GPU) run on each node
+    tags: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
+    tag_ids: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def copy(self) -> Cluster:
         return Cluster(self.cpu.copy(), self.memory.copy(), self.gpu_left.copy(), self.gpu_count,
-                       self.model, self.cpu_cap, [set() for _ in self.model])
+                       self.model, self.cpu_cap, np.zeros((len(self.model), 16), dtype=bool))
+
+    def tag(self, row: int, shape: tuple[int, int]) -> None:
+        column = self.tag_ids.setdefault(shape, len(self.tag_ids))
+        if column >= self.tags.shape[1]:
+            self.tags = np.concatenate([self.tags, np.zeros_like(self.tags)], axis=1)
+        self.tags[row, column] = True
 
 
 def load_nodes(path: str | Path) -> Cluster:
@@ -79,9 +87,9 @@ def load_nodes(path: str | Path) -> Cluster:
         rows = list(csv.DictReader(f))
     if not rows:
         raise ValueError(f"{path}: no nodes")
-    for field in ("cpu_milli", "memory_mib", "gpu", "model"):
-        if field not in rows[0]:
-            raise ValueError(f"{path}: column {field!r} is missing")
+    for column in ("cpu_milli", "memory_mib", "gpu", "model"):
+        if column not in rows[0]:
+            raise ValueError(f"{path}: column {column!r} is missing")
     width = max(int(r["gpu"]) for r in rows) or 1
     gpu_left = np.full((len(rows), width), -1, dtype=np.int64)
     for i, r in enumerate(rows):
@@ -89,16 +97,16 @@ def load_nodes(path: str | Path) -> Cluster:
     cpu = np.array([int(r["cpu_milli"]) for r in rows], dtype=np.int64)
     return Cluster(cpu=cpu.copy(), memory=np.array([int(r["memory_mib"]) for r in rows], dtype=np.int64),
                    gpu_left=gpu_left, gpu_count=np.array([int(r["gpu"]) for r in rows], dtype=np.int64),
-                   model=[r["model"] for r in rows], cpu_cap=cpu, tags=[set() for _ in rows])
+                   model=[r["model"] for r in rows], cpu_cap=cpu)
 
 
 def load_pods(path: str | Path) -> list[TracePod]:
     out = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        for field in ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"):
-            if field not in (reader.fieldnames or ()):
-                raise ValueError(f"{path}: column {field!r} is missing")
+        for column in ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"):
+            if column not in (reader.fieldnames or ()):
+                raise ValueError(f"{path}: column {column!r} is missing")
         rows = sorted(reader, key=lambda r: r["name"])
     for r in rows:
         gpus, milli = int(r["num_gpu"]), int(r["gpu_milli"])
@@ -186,7 +194,7 @@ class Replay:
         if p.gpus:
             ok &= (c.gpu_left >= p.milli).sum(axis=1) >= p.gpus
             if p.models:
-                ok &= np.array([m in p.models for m in c.model])
+                ok &= np.isin(self.model_ids, [i for i, m in enumerate(self.models) if m in p.models])
         return ok
 
     def _gpu_choice(self, row: int, p: TracePod) -> list[int]:
@@ -213,7 +221,7 @@ class Replay:
         for g in gpus:
             c.gpu_left[row, g] -= p.milli
         if p.gpus:
-            c.tags[row].add((p.gpus, p.milli))
+            c.tag(row, (p.gpus, p.milli))
         if self.frag is not None:
             self.frag[row] = fragmentation(c.cpu[row:row + 1], c.gpu_left[row:row + 1],
                                            self.model_ids[row:row + 1], self.typ)[0]
@@ -230,10 +238,9 @@ class Replay:
         gpu_left = c.gpu_left[cand_rows].copy()
         if p.gpus == 1 and p.milli < MILLI:
             gpu_left[np.arange(len(cand_rows)), cand_gpus] -= p.milli
-        elif p.gpus:
-            for i, row in enumerate(cand_rows.tolist()):
-                for g in self._gpu_choice(row, p):
-                    gpu_left[i, g] -= p.milli
+        elif p.gpus:  # whole GPUs: the first free ones, as `_gpu_choice` takes them
+            free = gpu_left == MILLI
+            gpu_left -= (free & (np.cumsum(free, axis=1) <= p.gpus)) * p.milli
         new = fragmentation(c.cpu[cand_rows] - p.cpu, gpu_left, self.model_ids[cand_rows], self.typ)
         # score = sigmoid((old - new) / 1000) x 100, truncated, as the FGD simulator scores
         scores = (100.0 / (1.0 + np.exp(-(self.frag[cand_rows] - new) / 1000.0))).astype(np.int64)
@@ -262,28 +269,24 @@ class Replay:
         if self.policy == "GpuClustering":
             if not p.gpus:
                 return np.zeros(len(rows), dtype=np.int64)
-            tag = (p.gpus, p.milli)
-            base = np.array([75 if c.tags[r] == {tag} else 50 if tag in c.tags[r] else 25 if not c.tags[r] else 0
-                             for r in rows.tolist()], dtype=np.int64)
-            scored: npt.NDArray[np.int64] = base + 25 * (self.max_gpu - total_left) // self.max_gpu
-            return scored
+            column = c.tag_ids.get((p.gpus, p.milli))
+            shapes = c.tags[rows].sum(axis=1)
+            same = c.tags[rows, column] if column is not None else np.zeros(len(rows), dtype=bool)
+            base = np.where(same, np.where(shapes == 1, 75, 50), np.where(shapes == 0, 25, 0))
+            clustered: npt.NDArray[np.int64] = base + 25 * (self.max_gpu - total_left) // self.max_gpu
+            return clustered
         if self.policy == "GpuPacking":
             if not p.gpus:
                 return np.zeros(len(rows), dtype=np.int64)
             full_free = (left == MILLI).sum(axis=1)
-            out = np.empty(len(rows), dtype=np.int64)
-            for i, row in enumerate(rows.tolist()):
-                if full_free[i] == c.gpu_count[row]:
-                    out[i] = max(33 - full_free[i], full_free[i])
-                    continue
-                chosen = self._gpu_choice(row, p) if p.milli < MILLI else \
-                    [int(g) for g in np.argsort(left[i], kind="stable") if left[i][g] >= p.milli][: p.gpus]
-                fresh = sum(1 for g in chosen if left[i][g] == MILLI)
-                if fresh:
-                    out[i] = max(50 - fresh, 33)
-                else:
-                    out[i] = max(100 - sum(int(left[i][g]) * 100 // MILLI for g in chosen) // 10, 50)
-            return out
+            if p.milli >= MILLI:  # whole GPUs use free ones only
+                used = np.full(len(rows), max(50 - p.gpus, 33), dtype=np.int64)
+            else:  # a share goes to the fullest GPU that fits it
+                fullest = np.where(left >= p.milli, left, MILLI + 1).min(axis=1)
+                used = np.where(fullest == MILLI, 49, np.maximum(100 - (fullest * 100 // MILLI) // 10, 50))
+            packed: npt.NDArray[np.int64] = np.where(full_free == c.gpu_count[rows],
+                                                    np.maximum(33 - full_free, full_free), used)
+            return packed
         raise ValueError(f"policy={self.policy!r}: must be one of {', '.join(POLICIES)}")
 
 

@@ -246,6 +246,7 @@ class BoundArrays:
     rows: npt.NDArray[np.intp]
     priorities: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.int64]
+    quotas: npt.NDArray[np.object_]
 
 
 class ClusterState:
@@ -521,6 +522,7 @@ class ClusterState:
                 rows=np.array([p.row for p in placed], dtype=np.intp),
                 priorities=np.array([p.pod.priority for p in placed], dtype=np.int64),
                 vectors=np.array([p.vector for p in placed], dtype=np.int64).reshape(len(placed), len(self.space)),
+                quotas=np.array([p.pod.quota for p in placed], dtype=object),
             )
         return self._bound_arrays
 

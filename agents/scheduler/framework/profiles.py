@@ -30,20 +30,8 @@ from typing import Any
 import yaml
 
 from agents.scheduler.framework import interface as api
-from agents.scheduler.framework.registry import REGISTRY, args_from_mapping
+from agents.scheduler.framework.registry import DEFAULT_PLUGINS, REGISTRY, args_from_mapping
 from agents.scheduler.framework.runtime import ProfilePlugins
-from agents.scheduler.plugins import (
-    defaultbinder,
-    defaultpreemption,
-    deviceshare,
-    elasticquota,
-    nodeaffinity,
-    nodenumaresource,
-    noderesources,
-    nodeunschedulable,
-    prioritysort,
-    tainttoleration,
-)
 from agents.scheduler.plugins.args import ArgsError
 from schemas.records import DEFAULT_SCHEDULER
 
@@ -59,20 +47,6 @@ POINTS: dict[str, type] = {
     "permit": api.PermitPlugin,
     "bind": api.BindPlugin,
 }
-# The default plugins, in order, with their default score weights (kube-scheduler's).
-DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
-    (prioritysort.NAME, 0),
-    (nodeunschedulable.NAME, 0),
-    (nodeaffinity.NAME, 2),
-    (tainttoleration.NAME, 3),
-    (noderesources.FIT_NAME, 1),
-    (noderesources.BALANCED_NAME, 1),
-    (deviceshare.NAME, 0),
-    (elasticquota.NAME, 0),
-    (nodenumaresource.NAME, 0),
-    (defaultpreemption.NAME, 0),
-    (defaultbinder.NAME, 0),
-)
 TOP_LEVEL = frozenset({"apiVersion", "kind", "percentageOfNodesToScore", "profiles"})
 PROFILE_FIELDS = frozenset({"schedulerName", "plugins", "pluginConfig", "percentageOfNodesToScore"})
 

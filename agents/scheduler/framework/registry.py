@@ -24,7 +24,7 @@ from agents.scheduler.plugins import (
     prioritysort,
     tainttoleration,
 )
-from agents.scheduler.plugins.args import ArgsError, NoArgs
+from agents.scheduler.plugins.args import NoArgs, reject_unknown
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,29 @@ REGISTRY: dict[str, Registration] = {
 }
 
 
+# The default plugins of every profile, in order, with their default score weights
+# (kube-scheduler's, then Koordinator's).
+DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
+    (prioritysort.NAME, 0),
+    (nodeunschedulable.NAME, 0),
+    (nodeaffinity.NAME, 2),
+    (tainttoleration.NAME, 3),
+    (noderesources.FIT_NAME, 1),
+    (noderesources.BALANCED_NAME, 1),
+    (deviceshare.NAME, 0),
+    (elasticquota.NAME, 0),
+    (nodenumaresource.NAME, 0),
+    (defaultpreemption.NAME, 0),
+    (defaultbinder.NAME, 0),
+)
+
+
 def args_from_mapping(args_type: type[Any], raw: Mapping[str, Any] | None) -> Any:
     """Build and validate a plugin's args from YAML; unknown fields are errors."""
     raw = dict(raw or {})
     convert = getattr(args_type, "from_mapping", None)  # YAML names differ: it checks them itself
     if convert is None:
-        unknown = sorted(set(raw) - {f.name for f in dataclasses.fields(args_type)})
-        if unknown:
-            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        reject_unknown(raw, {f.name for f in dataclasses.fields(args_type)})
     args = convert(raw) if convert is not None else args_type(**raw)
     args.validate()
     return args

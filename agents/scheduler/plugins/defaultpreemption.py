@@ -25,7 +25,7 @@ import numpy as np
 
 from agents.scheduler.cluster import ClusterState, PodOnNode
 from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo, PostFilterResult
-from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.scheduler.plugins.noderesources.fit import NAME as FIT
 from schemas.records import QUOTA_LABEL, Nomination, ResourceList
 
@@ -42,9 +42,7 @@ class PreemptionArgs:
     def from_mapping(cls, raw: Mapping[str, Any]) -> PreemptionArgs:
         names = {"minCandidateNodesPercentage": "min_candidate_nodes_percentage",
                  "minCandidateNodesAbsolute": "min_candidate_nodes_absolute"}
-        unknown = sorted(set(raw) - set(names))
-        if unknown:
-            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        reject_unknown(raw, set(names))
         return cls(**{names[k]: v for k, v in raw.items()})
 
     def validate(self) -> None:
@@ -81,7 +79,7 @@ class DefaultPreemption:
         lower = bound.priorities < pod.priority
         quota = pod.pod.labels.get(QUOTA_LABEL, "")
         if quota:  # preemption stays inside the preemptor's quota
-            lower &= np.array([p.pod.quota == quota for p in bound.pods], dtype=bool)
+            lower &= bound.quotas == quota
         if not potential.any() or not lower.any():
             return None
         removable = np.zeros((n, len(state.space)), dtype=np.int64)

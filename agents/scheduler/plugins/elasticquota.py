@@ -30,7 +30,7 @@ from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import UNSIGNABLE, CycleState, PodInfo
 from agents.scheduler.framework.status import Status
-from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.state.resources import ResourceSpace, Vector
 from schemas.errors import SchemaError
 from schemas.quantity import to_canonical
@@ -65,9 +65,7 @@ class ElasticQuotaArgs:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ElasticQuotaArgs:
-        unknown = sorted(set(raw) - {"quotas"})
-        if unknown:
-            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        reject_unknown(raw, {"quotas"})
         items = raw.get("quotas") or []
         if not isinstance(items, list):
             raise ArgsError("quotas", items, "must be a list")
@@ -75,9 +73,7 @@ class ElasticQuotaArgs:
         for i, q in enumerate(items):
             if not isinstance(q, Mapping) or not isinstance(q.get("name"), str) or not q["name"]:
                 raise ArgsError(f"quotas[{i}].name", q.get("name") if isinstance(q, Mapping) else q, "is required")
-            extra = sorted(set(q) - {"name", "parent", "min", "max", "sharedWeight"})
-            if extra:
-                raise ArgsError(f"quotas[{i}].{extra[0]}", q[extra[0]], "unknown field")
+            reject_unknown(q, {"name", "parent", "min", "max", "sharedWeight"}, prefix=f"quotas[{i}].")
             weight = q.get("sharedWeight")
             quotas.append(QuotaSpec(name=q["name"], parent=str(q.get("parent") or ""),
                                     min=_amounts(q.get("min"), f"quotas[{i}].min"),

@@ -26,7 +26,7 @@ from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import UNSIGNABLE, CycleState, Mask, PodInfo, Rows, Scores
 from agents.scheduler.framework.scoring import normalize
 from agents.scheduler.framework.status import Status
-from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from schemas.errors import FieldError
 
 NAME = "NodeAffinity"
@@ -170,9 +170,7 @@ class NodeAffinityArgs:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> NodeAffinityArgs:
-        unknown = sorted(set(raw) - {"addedAffinity"})
-        if unknown:
-            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        reject_unknown(raw, {"addedAffinity"})
         return cls(added_affinity=raw.get("addedAffinity"))
 
     def validate(self) -> None:

@@ -28,7 +28,7 @@ from agents.scheduler.framework.interface import (
     Scores,
 )
 from agents.scheduler.framework.status import Status
-from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.args import reject_unknown
 from agents.scheduler.plugins.noderesources.resources import (
     DEFAULT_SPECS,
     Counted,
@@ -47,9 +47,7 @@ class BalancedAllocationArgs:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> BalancedAllocationArgs:
-        unknown = sorted(set(raw) - {"resources"})
-        if unknown:
-            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        reject_unknown(raw, {"resources"})
         return cls(resources=specs_from(raw.get("resources"), "resources"))
 
     def validate(self) -> None:

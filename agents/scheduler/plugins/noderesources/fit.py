@@ -36,7 +36,7 @@ from agents.scheduler.framework.interface import (
     Scores,
 )
 from agents.scheduler.framework.status import Status
-from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.scheduler.plugins.noderesources.resources import (
     DEFAULT_SPECS,
     Counted,
@@ -60,9 +60,7 @@ class FitArgs:
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> FitArgs:
-        unknown = sorted(set(raw) - {"scoringStrategy"})
-        if unknown:
-            raise ArgsError(unknown[0], raw[unknown[0]], "unknown field")
+        reject_unknown(raw, {"scoringStrategy"})
         strategy = raw.get("scoringStrategy") or {}
         if not isinstance(strategy, Mapping):
             raise ArgsError("scoringStrategy", strategy, "must be an object with type and resources")
