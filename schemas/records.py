@@ -6,11 +6,12 @@ version and reject an unknown major version. Resource amounts are `ResourceList`
 integers (cpu in millicores, everything else in base units); on the wire they are Kubernetes
 quantities. Change a record with `dataclasses.replace`.
 
-Keys (DESIGN.md, "Topics and keys"): `Pod`/`PodDeleted` by uid on `pods`; `Node`/`NodeDeleted`
+Keys (DESIGN.md, "Topics and keys"): `Pod`/`PodDeleted`/`Reservation` by uid on `pods`; `Node`/`NodeDeleted`
 by name on `nodes` and `node-inbox`; `Claim`, `Commit`, `Release`, `PodTerminated`,
 `Nomination`, `NominationCleared` by node on `node-inbox`; `Held`, `Rejected` and forwarded
 deletions by decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
-`EvictionCommand` by uid; `NodeStateChange` by node on `state-changes`.
+`EvictionCommand` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` by
+node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
 """
 
 from __future__ import annotations
@@ -131,6 +132,23 @@ class BoundPod:
     quota: str = ""  # the elastic quota it counts against ("" for none)
 
 
+@dataclass(frozen=True, slots=True)
+class ReservationOwner:
+    """Who may consume a reservation (Koordinator's `spec.owners[]`; one of three ways):
+    an object (the pod's uid, or namespace and name), a controller (the uid, or namespace,
+    kind and name, of the pod's controller owner reference), or a label selector."""
+
+    object_uid: str = ""
+    object_namespace: str = ""
+    object_name: str = ""
+    controller_uid: str = ""
+    controller_namespace: str = ""
+    controller_kind: str = ""
+    controller_name: str = ""
+    match_labels: dict[str, str] = field(default_factory=dict)
+    match_expressions: tuple[dict[str, Any], ...] = ()  # {key, operator: In|NotIn|Exists|DoesNotExist, values}
+
+
 # --- inputs from the cluster -----------------------------------------------------------------
 
 
@@ -179,6 +197,59 @@ class PodDeleted(Record):
     decision_key: str = ""
     kind: str = field(default="PodDeleted", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+RESERVATION_DEFAULT_TTL_S = 86400.0  # Koordinator's default ttl (24h) when neither ttl nor expires is set
+RESERVATION_POLICIES = ("", "Default", "Aligned", "Restricted")
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation(Record):
+    """A `scheduling.koordinator.sh/v1alpha1` Reservation: capacity held on one node for the
+    pods its `owners` match. Scheduled like a pod from its template (`requests` is the
+    template's effective request; selector, affinity, tolerations and priority come from it
+    too). `ttl_s` counts from `creation_timestamp`; `expires` is absolute (unix seconds); a
+    ttl of 0 never expires. `allocate_once`: the first pod that binds to it ends it.
+    `allocate_policy`: "" / Default / Aligned (a pod may take the rest from the node's free
+    capacity) or Restricted (resources the reservation holds must come from it alone)."""
+
+    KIND: ClassVar[str] = "Reservation"
+    uid: str
+    name: str
+    owners: tuple[ReservationOwner, ...] = ()
+    requests: ResourceList = field(default_factory=_resources)
+    ttl_s: float | None = None
+    expires: float | None = None
+    allocate_once: bool = True
+    allocate_policy: str = ""
+    creation_timestamp: float = 0.0
+    labels: dict[str, str] = field(default_factory=dict)
+    scheduler_name: str = DEFAULT_SCHEDULER
+    priority: int = 0
+    priority_class_name: str = ""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    affinity: dict[str, Any] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    kind: str = field(default="Reservation", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+    @property
+    def expires_at(self) -> float | None:
+        """When it expires (unix seconds), None for never."""
+        if self.expires is not None:
+            return self.expires
+        ttl = RESERVATION_DEFAULT_TTL_S if self.ttl_s is None else self.ttl_s
+        return self.creation_timestamp + ttl if ttl > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationState:
+    """An available reservation on a node, as its owner reports it: what it holds and what
+    the pods consuming it (held or committed) take of that."""
+
+    reservation: Reservation
+    allocated: ResourceList = field(default_factory=_resources)
+    consumers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +315,8 @@ class Claim(Record):
     gang_strict: bool = True  # Strict mode: one member's failure releases the whole gang
     nominated_node: str = ""  # where the pod was nominated, cleared on accept
     quota: str = ""  # the elastic quota the pod counts against
+    reservation: str = ""  # the uid of the reservation the pod consumes first
+    reserving: Reservation | None = None  # set when the claim is for a reservation itself
     kind: str = field(default="Claim", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -437,18 +510,31 @@ class EvictionCommand(Record):
 
 @dataclass(frozen=True, slots=True)
 class ReservationEvent(Record):
-    """A `scheduling.koordinator.sh/v1alpha1` Reservation changed phase."""
+    """A reservation changed phase, as its node's owner decided: Available (it holds capacity
+    on `node`), Succeeded (an allocate-once reservation was consumed), Failed (expired, or its
+    node was deleted; `reason` says which)."""
 
     KIND: ClassVar[str] = "ReservationEvent"
     name: str
     uid: str
     phase: str
     node: str = ""
+    reason: str = ""
     requests: ResourceList = field(default_factory=_resources)
-    owners: tuple[dict[str, Any], ...] = ()
-    ttl_seconds: int | None = None
-    allocate_once: bool = True
+    allocated: ResourceList = field(default_factory=_resources)
     kind: str = field(default="ReservationEvent", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationExpired(Record):
+    """A reservation's time ran out. The owners' agent appends it to the node's `node-inbox`
+    partition when the timer it armed fires; the owner ends the reservation when it reads it."""
+
+    KIND: ClassVar[str] = "ReservationExpired"
+    uid: str
+    node: str
+    kind: str = field(default="ReservationExpired", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
@@ -463,7 +549,8 @@ class NodeStateChange(Record):
     `nominations` are every pod nominated to the node, with their full claims; `committed` are
     the pods committed in the batch (terminations show up in `holds`), so that schedulers know
     every bound pod's priority and request (preemption picks victims among them);
-    `device_usage` is what committed and held claims use of each GPU.
+    `device_usage` is what committed and held claims use of each GPU; `reservations` are the
+    node's available reservations (`used` counts what is left in each, not yet consumed).
     """
 
     KIND: ClassVar[str] = "NodeStateChange"
@@ -478,6 +565,7 @@ class NodeStateChange(Record):
     nominations: tuple[Nomination, ...] = ()
     committed: tuple[BoundPod, ...] = ()
     device_usage: dict[str, int] = field(default_factory=dict)  # "gpu/<minor>/core" | ".../ratio" -> used
+    reservations: tuple[ReservationState, ...] = ()  # every available reservation on the node
     kind: str = field(default="NodeStateChange", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -512,9 +600,9 @@ class ProfilingSample(Record):
 
 
 RECORD_TYPES: tuple[type[Record], ...] = (
-    Pod, PodDeleted, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
+    Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, Binding, Requeue, SchedulingFeedback,
-    EvictionCommand, ReservationEvent, NodeStateChange, DeadLetter, ProfilingSample,
+    EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
 

@@ -19,7 +19,7 @@ from agents.agent_batches import micro_batches
 from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import AgentConfig, Clock, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
-from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue
+from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue, Reservation
 
 
 class SchedulerService:
@@ -45,11 +45,13 @@ class SchedulerService:
         self.wake.set()
 
     async def on_inputs(self, messages: Iterable[RawMessage]) -> None:
-        got = intake(messages, expect=(Pod, PodDeleted, Requeue))
+        got = intake(messages, expect=(Pod, PodDeleted, Requeue, Reservation))
         outputs: list[Output] = list(got.dead_letters)
         for record in got.records:
             if isinstance(record, Pod):
                 outputs += self.core.add(record)
+            elif isinstance(record, Reservation):
+                outputs += self.core.add_reservation(record)
             elif isinstance(record, PodDeleted):
                 outputs += self.core.delete(record)
             elif isinstance(record, Requeue):

@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.scheduler.nominator import Nominator
+from agents.scheduler.reservation_table import ReservationTable
 from agents.state import cpus, devices
 from agents.state.resources import ResourceSpace, Vector
 from schemas.records import BoundPod, GpuDevice, Node, NodeStateChange, RdmaDevice, Taint
@@ -269,6 +270,7 @@ class ClusterState:
         self.gpus = GpuTable(capacity)
         self.nics = NicTable()
         self.cpus = CpuTable()
+        self.reservations = ReservationTable(space)
         # Elastic quotas: what bound pods and claims not yet committed use, per quota name.
         self.quota_used: dict[str, Vector] = {}
         self._quota_claims: dict[str, tuple[str, Vector]] = {}  # hold id -> (quota, request)
@@ -334,6 +336,8 @@ class ClusterState:
             event |= ClusterEvent.NODE_CHANGED
         if (self.gpus.report(row, change.device_usage) | self.nics.report(row, change.device_usage)
                 | self.cpus.report(row, change.device_usage)):
+            event |= ClusterEvent.CAPACITY_FREED
+        if self.reservations.report(row, change.reservations):
             event |= ClusterEvent.CAPACITY_FREED
         before_noms = len(self.nominator)
         self.nominator.report(row, change.nominations)
@@ -408,10 +412,21 @@ class ClusterState:
             self._requested[row] += fresh * request
             self._free[row] -= fresh * request
 
+    def assume_reservation(self, hold_id: str, row: int, uid: str, consumed: Vector) -> None:
+        """The claim `hold_id` takes `consumed` of reservation `uid`: that part was already
+        counted on the node (as the reservation's remainder), so the node gets it back."""
+        if self.reservations.assume(hold_id, row, uid, consumed):
+            self._requested[row] -= consumed
+            self._free[row] += consumed
+
     def forget(self, hold_id: str) -> None:
         self.gpus.forget(hold_id)
         self.nics.forget(hold_id)
         self.cpus.forget(hold_id)
+        gave_back = self.reservations.forget(hold_id)
+        if gave_back is not None:
+            self._requested[gave_back[0]] += gave_back[1]
+            self._free[gave_back[0]] -= gave_back[1]
         assumption = self.assumptions.pop(hold_id, None)
         if assumption is not None:
             row, request = assumption

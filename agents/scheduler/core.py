@@ -7,7 +7,9 @@ One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) 
   Koordinator's QoS class and priority defaults filled in (`koordinator`). Pods that can never
   be placed as they are (an unknown profile, an unknown or negative resource, a QoS label
   Koordinator does not know) get a final SchedulingFeedback at once and are not retried
-  until the pod changes.
+  until the pod changes. `add_reservation(r)`: a Reservation enters the same way, as a pod
+  made from its template; a reservation that cannot be valid (no owners, an unknown
+  allocatePolicy, ttl and expires both set) gets final feedback naming the field.
 - `schedule(limit)`: pops up to `limit` pods in queue order, hands each run of consecutive
   pods of one profile to that profile's framework (equivalence classes are found there), and
   turns the placements into records: Claims (Bind), Nominations and EvictionCommands
@@ -40,8 +42,10 @@ from agents.scheduler.framework.interface import PodInfo
 from agents.scheduler.framework.profiles import SchedulerConfig, default_config
 from agents.scheduler.framework.runtime import Evaluation, Framework, Placement
 from agents.scheduler.framework.status import Code
+from agents.scheduler.plugins.reservation import DERIVED as RESERVATION
 from agents.scheduler.queue import SchedulingQueue
 from agents.state import devices
+from agents.state import reservations as rsv
 from agents.state.gangs import gang_spec
 from agents.state.resources import ResourceSpace, UnknownResource, Vector
 from schemas import topics
@@ -54,6 +58,7 @@ from schemas.records import (
     Pod,
     PodDeleted,
     Requeue,
+    Reservation,
     SchedulingFeedback,
     decision_key,
 )
@@ -126,7 +131,15 @@ class SchedulerCore:
             info.derived["gang"] = gang_spec(pod.annotations)
         return info
 
-    def add(self, pod: Pod) -> list[Output]:
+    def add_reservation(self, r: Reservation) -> list[Output]:
+        """A Reservation: scheduled like a pod made from its template (a "reserve pod")."""
+        pod = Pod(uid=r.uid, name=r.name, namespace="", labels=r.labels, scheduler_name=r.scheduler_name,
+                  priority=r.priority, priority_class_name=r.priority_class_name, requests=r.requests,
+                  node_selector=r.node_selector, affinity=r.affinity, tolerations=r.tolerations,
+                  creation_timestamp=r.creation_timestamp)
+        return self.add(pod, reservation=r)
+
+    def add(self, pod: Pod, *, reservation: Reservation | None = None) -> list[Output]:
         """A new or updated pod. Returns final feedback for pods that cannot be placed as they are."""
         if pod.node_name or pod.uid in self.bound:
             return []
@@ -143,7 +156,11 @@ class SchedulerCore:
             if unsupported:
                 raise ValueError(f"affinity.{unsupported[0]}: inter-pod affinity is not supported yet; "
                                  "remove it or use another scheduler for this pod")
+            if reservation is not None:
+                rsv.validate(reservation)
             info = self.pod_info(pod)
+            if reservation is not None:
+                info.derived[RESERVATION] = reservation
         except ValueError as exc:
             self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)
             return [self._feedback(pod, 0, str(exc), {}, final=True)]

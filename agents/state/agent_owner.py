@@ -4,11 +4,19 @@ Thin by design: decode a micro-batch (bad input to the dead-letter topic, a zomb
 dropped), group it by node, apply `NodeOwner` to each node's table entry (changelog-backed,
 keyed by node name like its input, so a table partition moves with its inbox partition), and
 produce the outputs stamped with their origin (inbox partition, this worker's epoch).
+
+Reservation expiry: the owner asks for a timer when a reservation becomes available
+(`OwnerResult.timers`); `ExpiryTimers` arms it on the event loop (the wall clock lives here,
+at the edge) and, when it fires, appends `ReservationExpired` to the node's inbox partition,
+where the owner reads it like any other record. Timers live in memory: once the tables are
+recovered, one is armed for every available reservation the table holds.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import time
+from typing import Any, cast
 
 import faust
 
@@ -16,6 +24,7 @@ from agents.agent_batches import micro_batches
 from agents.agent_tables import VersionedState
 from agents.intake import EpochFence, intake
 from agents.ports import AgentConfig, Outbox, Output, deliver, stamp
+from agents.state import reservations as rsv
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas import topics
 from schemas.records import (
@@ -28,9 +37,11 @@ from schemas.records import (
     PodTerminated,
     Record,
     Release,
+    ReservationExpired,
 )
 
-INBOX_KINDS = (Claim, Commit, Release, PodTerminated, Node, NodeDeleted, Nomination, NominationCleared)
+INBOX_KINDS = (Claim, Commit, Release, PodTerminated, Node, NodeDeleted, Nomination, NominationCleared,
+               ReservationExpired)
 
 
 def node_of(record: Record) -> str:
@@ -40,9 +51,43 @@ def node_of(record: Record) -> str:
     return node
 
 
+class ExpiryTimers:
+    """Armed reservation timers, by reservation uid; firing sends ReservationExpired to the inbox."""
+
+    def __init__(self, outbox: Outbox, clock: Any = time.time) -> None:
+        self.outbox = outbox
+        self.clock = clock
+        self.armed: dict[str, asyncio.TimerHandle] = {}
+
+    def arm(self, node: str, uid: str, expires_at: float) -> None:
+        if uid in self.armed:
+            return
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, expires_at - self.clock())
+        self.armed[uid] = loop.call_later(delay, lambda: loop.create_task(self.fire(node, uid)))
+
+    async def fire(self, node: str, uid: str) -> None:
+        self.armed.pop(uid, None)
+        await deliver(self.outbox, [Output(topics.NODE_INBOX, node, ReservationExpired(uid=uid, node=node))])
+
+    def arm_available(self, states: list[tuple[str, dict[str, Any]]]) -> None:
+        for _, raw in states:
+            state = NodeState.from_json(raw)
+            for uid, entry in state.reservations.items():
+                expires_at = state.reservation(uid).expires_at
+                if entry["phase"] == rsv.AVAILABLE and expires_at is not None:
+                    self.arm(state.name, uid, expires_at)
+
+
 def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
     table = VersionedState(app, config.table_name, config.partitions)
     owner = NodeOwner()
+    timers = ExpiryTimers(outbox)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def rearm_expiry_timers() -> None:
+        await cast(Any, app.tables).recovery.completed.wait()  # TableManager's; not on the protocol
+        timers.arm_available(table.states())
     # Decoded states, valid while the table still holds the very value we wrote (a restore
     # from the changelog after a rebalance puts other objects there, and we decode again).
     decoded: dict[str, tuple[object, NodeState]] = {}
@@ -74,3 +119,5 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
                 decoded[node] = (table.raw(node), state)
                 stamp(result.outputs, first_output, table.origin(source))
             await deliver(outbox, result.outputs + got.dead_letters + got.problem_letters(result.problems))
+            for node, uid, expires_at in result.timers:
+                timers.arm(node, uid, expires_at)

@@ -13,6 +13,13 @@ redelivered claim gets the recorded answer. A Release of a committed hold is ign
 are final); a Commit of a hold that is not held is a `Problem` (dead letter and alarm).
 Terminated pods leave tombstones so that nothing late re-allocates them.
 
+Reservations (`agents.state.reservations`) ride on the same machine: a claim that carries
+`reserving` is a reservation; once committed it is Available and holds its remainder (what
+its consumers have not taken). A claim that names a `reservation` consumes it first. The
+owner reports the phase changes as ReservationEvents, asks its agent for an expiry timer
+(`OwnerResult.timers`) and ends the reservation when the `ReservationExpired` record the
+timer appends comes back through the inbox.
+
 `NodeOwner.apply(state, records)` is pure: it returns the new state, the outputs (Held /
 Rejected to the deciders, PodTerminated for pods of a deleted node) and one `NodeStateChange`
 per batch for the schedulers' replicas.
@@ -26,6 +33,7 @@ from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
 from agents.state import cpus, devices
+from agents.state import reservations as rsv
 from agents.state.resources import DEFAULT_MAX_PODS
 from schemas import topics
 from schemas.codec import decode_object, to_plain
@@ -43,6 +51,10 @@ from schemas.records import (
     Record,
     Rejected,
     Release,
+    Reservation,
+    ReservationEvent,
+    ReservationExpired,
+    ReservationState,
     ResourceList,
 )
 
@@ -70,6 +82,9 @@ class HoldEntry:
     name: str = ""
     devices: list[str] = field(default_factory=list)  # as claimed ("gpu/<minor>/<core>/<ratio>")
     quota: str = ""
+    reservation: str = ""  # the reservation it consumes (uid)
+    consumed: dict[str, int] = field(default_factory=dict)  # what it takes of that reservation
+    reserving: dict[str, Any] | None = None  # the Reservation (plain) when the hold is one
 
 
 @dataclass
@@ -85,14 +100,54 @@ class NodeState:
     tombstones: set[str] = field(default_factory=set)
     seq: int = 0
     record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
+    reservations: dict[str, dict[str, str]] = field(default_factory=dict)  # uid -> {hold, phase}
 
     def used(self) -> dict[str, int]:
+        """Pods' full requests, plus what each reservation still holds for its consumers."""
         total: dict[str, int] = {}
         for hold in self.holds.values():
-            if hold.status in COUNTED:
-                for name, amount in hold.requests.items():
-                    total[name] = total.get(name, 0) + amount
+            if hold.status not in COUNTED:
+                continue
+            amounts = hold.requests
+            if hold.reserving is not None and hold.status == COMMITTED:
+                entry = self.reservations.get(hold.uid)
+                amounts = self.remaining(hold.uid) if entry is not None and entry["phase"] == rsv.AVAILABLE else {}
+            for name, amount in amounts.items():
+                total[name] = total.get(name, 0) + amount
         return total
+
+    def consumption(self, uid: str) -> tuple[dict[str, int], int]:
+        """What the held and committed pods consuming reservation `uid` take of it, and how many."""
+        taken: dict[str, int] = {}
+        count = 0
+        for hold in self.holds.values():
+            if hold.reservation == uid and hold.status in COUNTED:
+                count += 1
+                for name, amount in hold.consumed.items():
+                    taken[name] = taken.get(name, 0) + amount
+        return taken, count
+
+    def remaining(self, uid: str) -> dict[str, int]:
+        """What reservation `uid` still holds: its request less its consumers' parts."""
+        entry = self.reservations.get(uid)
+        if entry is None:
+            return {}
+        taken, _ = self.consumption(uid)
+        return {name: max(amount - taken.get(name, 0), 0) for name, amount in self.holds[entry["hold"]].requests.items()}
+
+    def reservation(self, uid: str) -> Reservation:
+        entry = self.reservations[uid]
+        plain = self.holds[entry["hold"]].reserving
+        assert plain is not None
+        return _decode(plain, Reservation)
+
+    def available_reservations(self) -> tuple[ReservationState, ...]:
+        out = []
+        for uid, entry in sorted(self.reservations.items()):
+            if entry["phase"] == rsv.AVAILABLE:
+                taken, count = self.consumption(uid)
+                out.append(ReservationState(self.reservation(uid), ResourceList(taken), count))
+        return tuple(out)
 
     def device_usage(self) -> dict[str, int]:
         """Per GPU, the core and memory-ratio that committed and held claims use."""
@@ -129,6 +184,7 @@ class NodeState:
             "tombstones": sorted(self.tombstones),
             "seq": self.seq,
             "record": self.record,
+            "reservations": self.reservations,
         }
 
     @classmethod
@@ -143,6 +199,7 @@ class NodeState:
             tombstones=set(raw["tombstones"]),
             seq=raw["seq"],
             record=raw.get("record"),
+            reservations={uid: dict(e) for uid, e in (raw.get("reservations") or {}).items()},
         )
 
 
@@ -150,6 +207,7 @@ class NodeState:
 class OwnerResult:
     outputs: list[Output] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    timers: list[tuple[str, str, float]] = field(default_factory=list)  # (node, reservation uid, expires at)
 
 
 R = TypeVar("R", bound=Record)
@@ -188,8 +246,9 @@ class NodeOwner:
                     BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
                              requests=ResourceList(h.requests), quota=h.quota)
                     for hid, status in touched.items() if status == COMMITTED
-                    for h in (state.holds[hid],)
+                    for h in (state.holds[hid],) if h.reserving is None  # a reservation is no victim
                 ),
+                reservations=state.available_reservations() if state.reservations else (),
             )))
         return state
 
@@ -202,6 +261,7 @@ class NodeOwner:
             if hold is not None and hold.status == HELD:
                 hold.status = COMMITTED
                 touched[record.hold_id] = COMMITTED
+                self._committed(state, record.hold_id, hold, result)
             elif hold is None or hold.status not in (COMMITTED, TERMINATED):
                 result.problems.append(Problem(
                     "hold_id", record.hold_id,
@@ -216,7 +276,9 @@ class NodeOwner:
             return False
         if isinstance(record, PodTerminated):
             self._terminate(state, record.uid, touched)
-            return False
+            return state.reservations.pop(record.uid, None) is not None  # a reservation deleted
+        if isinstance(record, ReservationExpired):
+            return self._end_reservation(state, record.uid, rsv.FAILED, rsv.REASON_EXPIRED, result)
         if isinstance(record, Node):
             state.record = to_plain(record)
             state.exists = True
@@ -228,6 +290,8 @@ class NodeOwner:
             if not state.exists:
                 return False
             state.exists = False
+            for uid in list(state.reservations):
+                self._end_reservation(state, uid, rsv.FAILED, rsv.REASON_NODE_DELETED, result)
             for hid, hold in list(state.holds.items()):
                 if hold.status == COMMITTED:
                     self._terminate(state, hold.uid, touched)
@@ -243,6 +307,39 @@ class NodeOwner:
             return state.nominations.pop(record.uid, None) is not None
         result.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on node-inbox", record))
         return False
+
+    def _committed(self, state: NodeState, hid: str, hold: HoldEntry, result: OwnerResult) -> None:
+        """A reservation becomes Available (and asks for its expiry timer); a pod consuming an
+        allocate-once reservation ends it."""
+        if hold.reserving is not None:
+            state.reservations[hold.uid] = {"hold": hid, "phase": rsv.AVAILABLE}
+            reservation = state.reservation(hold.uid)
+            self._event(state, hold.uid, rsv.AVAILABLE, "", result)
+            expires_at = reservation.expires_at
+            if expires_at is not None:
+                result.timers.append((state.name, hold.uid, expires_at))
+        elif hold.reservation:
+            entry = state.reservations.get(hold.reservation)
+            if entry is not None and entry["phase"] == rsv.AVAILABLE and state.reservation(hold.reservation).allocate_once:
+                self._end_reservation(state, hold.reservation, rsv.SUCCEEDED, "", result)
+
+    def _end_reservation(self, state: NodeState, uid: str, phase: str, reason: str, result: OwnerResult) -> bool:
+        """An available reservation stops holding its remainder (its consumers keep theirs)."""
+        entry = state.reservations.get(uid)
+        if entry is None or entry["phase"] != rsv.AVAILABLE:
+            return False
+        self._event(state, uid, phase, reason, result)  # with what was allocated when it ended
+        entry["phase"] = phase
+        return True
+
+    @staticmethod
+    def _event(state: NodeState, uid: str, phase: str, reason: str, result: OwnerResult) -> None:
+        reservation = state.reservation(uid)
+        taken, _ = state.consumption(uid)
+        result.outputs.append(Output(topics.RESERVATIONS, uid, ReservationEvent(
+            name=reservation.name, uid=uid, phase=phase, node=state.name, reason=reason,
+            requests=ResourceList(state.holds[state.reservations[uid]["hold"]].requests), allocated=ResourceList(taken),
+        )))
 
     def _terminate(self, state: NodeState, uid: str, touched: dict[str, str]) -> None:
         state.tombstones.add(uid)
@@ -262,7 +359,11 @@ class NodeOwner:
                 status=REJECTED if reason else HELD, reason=reason, gang_min=claim.gang_min,
                 nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
                 devices=list(claim.devices), quota=claim.quota,
+                reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
             )
+            if claim.reservation and not reason:
+                hold.reservation = claim.reservation
+                hold.consumed = rsv.consumed(claim.requests, state.remaining(claim.reservation))
             state.holds[hid] = hold
             touched[hid] = hold.status
         # A redelivered claim gets its recorded answer again; nothing changes.
@@ -287,6 +388,12 @@ class NodeOwner:
         if state.unschedulable:
             return REASON_NODE_UNSCHEDULABLE
         used = state.used()
+        if claim.reservation:
+            refusal = self._reservation_refusal(state, claim)
+            if refusal:
+                return refusal
+            for name, amount in state.remaining(claim.reservation).items():  # what the pod may take
+                used[name] = used.get(name, 0) - amount
         # A preemptor is not blocked by its own nomination; others' count when they outrank it.
         for uid, nomination in state.nominations.items():
             if uid != claim.uid and nomination.priority >= claim.priority:
@@ -296,6 +403,21 @@ class NodeOwner:
             if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:
                 return REASON_INSUFFICIENT.format(name)
         return self._device_refusal(state, claim)
+
+    @staticmethod
+    def _reservation_refusal(state: NodeState, claim: Claim) -> str:
+        entry = state.reservations.get(claim.reservation)
+        if entry is None or entry["phase"] != rsv.AVAILABLE:
+            return f"reservation {claim.reservation} is not available on the node"
+        reservation = state.reservation(claim.reservation)
+        if reservation.allocate_once and state.consumption(claim.reservation)[1]:
+            return f"reservation {reservation.name} is allocate-once and already taken"
+        if reservation.allocate_policy == rsv.RESTRICTED:
+            held = state.holds[state.reservations[claim.reservation]["hold"]].requests
+            short = rsv.restricted_shortfall(claim.requests, held, state.remaining(claim.reservation))
+            if short:
+                return f"Insufficient {short} in reservation {reservation.name} (Restricted)"
+        return ""
 
     @staticmethod
     def _device_refusal(state: NodeState, claim: Claim) -> str:

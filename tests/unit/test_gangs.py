@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from agents.scheduler.cluster import ClusterState
-from agents.scheduler.core import SchedulerCore
 from agents.state.gangs import GangError, GangSpec, gang_spec, parse_duration
 from agents.state.ledger import Decider, Decision, LedgerState
-from agents.state.owner import NodeOwner, NodeState, OwnerResult
-from agents.state.resources import ResourceSpace
-from schemas import topics
 from schemas.records import (
     Binding,
     GangTimeout,
@@ -27,6 +22,7 @@ from schemas.records import (
     SchedulingFeedback,
 )
 from tests.builders import make_node
+from tests.pipeline import Cluster
 
 GANG = "gang.scheduling.koordinator.sh/"
 
@@ -105,49 +101,6 @@ def test_strict_mode_takes_the_gang_down_with_a_rejected_member(strict: bool, ex
     out = run(state, rejected)
     assert kinds(out) == expected
     assert kinds(run(state, rejected)) == expected  # a replay re-sends, never re-decides
-
-
-class Cluster:
-    """Scheduler, owners and deciders in one process, records routed by topic until quiet."""
-
-    def __init__(self, *nodes: Any) -> None:
-        self.now = 0.0
-        space = ResourceSpace()
-        self.core = SchedulerCore(space, ClusterState(space), lambda: self.now)
-        self.owner, self.decider = NodeOwner(), Decider()
-        self.nodes: dict[str, NodeState] = {}
-        self.ledgers: dict[str, LedgerState] = {}
-        self.bindings: dict[str, str] = {}
-        self.timers: list[tuple[str, int, float]] = []
-        self.route([*(o for n in nodes for o in self._to_owner(n.name, [n]))])
-
-    def _to_owner(self, node: str, records: list[Any]) -> list[Any]:
-        result = OwnerResult()
-        self.owner.apply(self.nodes.setdefault(node, NodeState(node)), records, result)
-        return result.outputs
-
-    def route(self, outputs: list[Any]) -> None:
-        while outputs:
-            o = outputs.pop(0)
-            r = o.record
-            if o.topic == topics.NODE_INBOX:
-                outputs += self._to_owner(o.key, [r])
-            elif o.topic == topics.HOLDS:
-                out = Decision()
-                self.decider.apply(self.ledgers.setdefault(o.key, LedgerState(o.key)), [r], out)
-                outputs += out.first + out.after_commit
-                self.timers += out.timers
-            elif o.topic == topics.STATE_CHANGES:
-                self.core.apply_state_changes([r])
-            elif o.topic == topics.REQUEUE:
-                self.core.requeue(r)
-            elif o.topic == topics.BINDINGS:
-                assert r.uid not in self.bindings, f"{r.uid} bound twice"
-                self.bindings[r.uid] = r.node
-
-    def step(self) -> None:
-        self.now += 5.0  # past every backoff
-        self.route(self.core.schedule(2))  # small batches, so gangs interleave
 
 
 def gang_pod(uid: str, gang: str) -> Pod:

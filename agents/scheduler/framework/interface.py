@@ -72,13 +72,17 @@ class PodInfo:
 class CycleState:
     """Scratch for one cycle, keyed by plugin name (no globals between plugins)."""
 
-    __slots__ = ("_allocated", "_data", "skip_filter", "skip_score")
+    __slots__ = ("_allocated", "_data", "reservation", "reserved_room", "skip_filter", "skip_score")
 
     def __init__(self) -> None:
         self._data: dict[str, Any] = {}
         self._allocated: dict[str, tuple[str, ...]] = {}
         self.skip_filter: set[str] = set()
         self.skip_score: set[str] = set()
+        # Set by the Reservation plugin: per node, the room a reservation the pod may consume
+        # adds (read by NodeResourcesFit), and the uid of the one the placed pod consumes.
+        self.reserved_room: npt.NDArray[np.int64] | None = None
+        self.reservation = ""
 
     def write(self, key: str, value: Any) -> None:
         self._data[key] = value

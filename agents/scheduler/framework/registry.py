@@ -22,6 +22,7 @@ from agents.scheduler.plugins import (
     noderesources,
     nodeunschedulable,
     prioritysort,
+    reservation,
     tainttoleration,
 )
 from agents.scheduler.plugins.args import NoArgs, reject_unknown
@@ -45,6 +46,7 @@ REGISTRY: dict[str, Registration] = {
     deviceshare.NAME: Registration(deviceshare.DeviceShare, NoArgs),
     elasticquota.NAME: Registration(elasticquota.ElasticQuota, elasticquota.ElasticQuotaArgs),
     nodenumaresource.NAME: Registration(nodenumaresource.NodeNUMAResource, NoArgs),
+    reservation.NAME: Registration(reservation.Reservation, NoArgs),
 }
 
 
@@ -60,6 +62,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (deviceshare.NAME, 0),
     (elasticquota.NAME, 0),
     (nodenumaresource.NAME, 0),
+    (reservation.NAME, reservation.DEFAULT_WEIGHT),
     (defaultpreemption.NAME, 0),
     (defaultbinder.NAME, 0),
 )

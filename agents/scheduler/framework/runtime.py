@@ -205,6 +205,8 @@ class Framework:
         record = pod.pod
         if not self.batching or record.uid in self.state.nominator.nominated_uids():
             return None
+        if self.state.reservations and self.state.reservations.matches_any(record):
+            return None  # each placement changes what the reservation leaves for the next
         parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), pod.priority]
         for plugin in self._signers:
             part = plugin.sign(pod)

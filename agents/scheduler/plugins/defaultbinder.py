@@ -2,8 +2,9 @@
 
 It produces the Claim for the node's owner (hold id = pod uid, attempt, node), with the full
 request, the priority, the decision key, the gang's min-available, waiting time and mode, and the node the pod is
-nominated to (the decider clears that nomination when it accepts the pod), and the devices the Reserve
-plugins chose (`CycleState.allocated`). The Binding itself
+nominated to (the decider clears that nomination when it accepts the pod), the devices the Reserve
+plugins chose (`CycleState.allocated`), the reservation the pod consumes (`CycleState.reservation`),
+and, for a reservation itself, the Reservation. The Binding itself
 is the decider's to write, once the owner holds the claim.
 """
 
@@ -14,6 +15,7 @@ from typing import ClassVar
 from agents.ports import Output
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.interface import CycleState, PodInfo
+from agents.scheduler.plugins import reservation
 from agents.scheduler.plugins.args import NoArgs
 from agents.state.gangs import gang_spec
 from schemas import topics
@@ -45,4 +47,5 @@ class DefaultBinder:
             gang_min=gang.min_available, gang_waiting_s=gang.waiting_s, gang_strict=gang.strict,
             nominated_node=nominated.node if nominated is not None else "",
             devices=cycle.allocated(), quota=p.labels.get(QUOTA_LABEL, ""),
+            reservation=cycle.reservation, reserving=pod.derived.get(reservation.DERIVED),
         ))]

@@ -18,9 +18,9 @@ def test_default_profile_has_kube_schedulers_defaults() -> None:
     assert p.name == "default-scheduler" and p.percentage_of_nodes_to_score == 100
     assert names(p.filter) == ["NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeResourcesFit", "DeviceShare",
                                "NodeNUMAResource"]
-    assert names(p.reserve) == ["DeviceShare", "ElasticQuota", "NodeNUMAResource"]
+    assert names(p.reserve) == ["DeviceShare", "ElasticQuota", "NodeNUMAResource", "Reservation"]
     assert [(s.NAME, w) for s, w in p.score] == [("NodeAffinity", 2), ("TaintToleration", 3), ("NodeResourcesFit", 1),
-                                                 ("NodeResourcesBalancedAllocation", 1)]
+                                                 ("NodeResourcesBalancedAllocation", 1), ("Reservation", 1000)]
     assert names(p.post_filter) == ["DefaultPreemption"] and names(p.bind) == ["DefaultBinder"]
 
 

@@ -3,7 +3,8 @@ the node afterwards.
 
 Filter: for every resource the pod requests (`pods` included: one per pod), free capacity
 (allocatable - committed - held - assumed) less the claims of other pods nominated there with
-equal or higher priority covers the request. Reasons: "Insufficient <resource>", or
+equal or higher priority, plus the remainder of a reservation the pod may consume there
+(`CycleState.reserved_room`, from the Reservation plugin), covers the request. Reasons: "Insufficient <resource>", or
 "Too many pods".
 
 Score, by `scoringStrategy.type` over `scoringStrategy.resources` (default cpu and memory,
@@ -130,8 +131,12 @@ class Fit:
 
     def _room(self, cycle: CycleState, state: ClusterState, rows: Rows | Mask) -> npt.NDArray[np.int64]:
         taken = cycle.read(NAME)
-        free = state.free[rows]
-        return free if taken is None else free - taken[rows]  # type: ignore[no-any-return]
+        room: npt.NDArray[np.int64] = state.free[rows]
+        if taken is not None:
+            room = room - taken[rows]
+        if cycle.reserved_room is not None:  # a reservation the pod may consume
+            room = room + cycle.reserved_room[rows]
+        return room
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
         room = self._room(cycle, state, rows)
@@ -143,6 +148,8 @@ class Fit:
         taken = cycle.read(NAME)
         if taken is not None:
             free = [f - t for f, t in zip(free, taken[row].tolist(), strict=True)]
+        if cycle.reserved_room is not None:
+            free = [f + r for f, r in zip(free, cycle.reserved_room[row].tolist(), strict=True)]
         count = limit
         for c in columns:  # every requested column is positive (`pods` is 1)
             count = min(count, max(free[c], -1) // request[c])

@@ -1,0 +1,211 @@
+"""Reservations: scheduled like pods, holding capacity only their owners' pods may use; matching
+pods consume them first (Aligned, Restricted, allocate-once); expiry and deletion release what
+is left; bad reservations get final feedback naming the field. Through the in-process
+pipeline (scheduler core, owners, deciders), plus the owners' rules on their own."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.state import reservations as rsv
+from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from schemas.records import (
+    Commit,
+    OwnerReference,
+    Pod,
+    PodDeleted,
+    Rejected,
+    Reservation,
+    ReservationEvent,
+    ReservationExpired,
+    ReservationOwner,
+    ResourceList,
+    SchedulingFeedback,
+)
+from tests.builders import GI, make_claim, make_node, make_pod
+from tests.pipeline import Cluster
+
+WEB = (ReservationOwner(match_labels={"app": "web"}),)
+
+
+def reservation(uid: str = "r1", cpu: int = 2000, owners: tuple[ReservationOwner, ...] = WEB, **kw: Any) -> Reservation:
+    return Reservation(uid=uid, name=uid, owners=owners, requests=ResourceList(cpu=cpu, memory=GI), **kw)
+
+
+def web(uid: str, cpu: int = 1000) -> Pod:
+    return make_pod(uid, cpu=cpu, labels={"app": "web"})
+
+
+def phases(cluster: Cluster, uid: str) -> list[str]:
+    return [e.phase for e in cluster.events if isinstance(e, ReservationEvent) and e.uid == uid]
+
+
+def test_reserved_capacity_is_kept_from_others_and_consumed_first_by_its_owners() -> None:
+    cluster = Cluster(make_node("n1", cpu=4000), make_node("n2", cpu=4000))
+    cluster.core.add_reservation(reservation(cpu=3000))
+    cluster.settle()
+    x = cluster.bindings["r1"]
+    y = "n2" if x == "n1" else "n1"
+    assert phases(cluster, "r1") == [rsv.AVAILABLE]
+    assert cluster.used(x)["cpu"] == 3000
+    for uid in ("o1", "o2", "o3"):  # others: 2000 + 2000 fill y; 1500 fits nowhere (x has 1000 free)
+        cluster.core.add(make_pod(uid, cpu=2000 if uid != "o3" else 1500))
+        cluster.settle()
+    assert cluster.bindings["o1"] == cluster.bindings["o2"] == y and "o3" not in cluster.bindings
+    # An owner's pod goes to the reservation (x is fuller than nothing, but the reservation wins),
+    # consumes it, and ends it (allocate-once): what it left is the node's again, so o3 fits.
+    cluster.core.add(web("w1", cpu=2000))
+    cluster.settle()
+    assert cluster.bindings["w1"] == x
+    assert phases(cluster, "r1") == [rsv.AVAILABLE, rsv.SUCCEEDED]
+    assert cluster.bindings["o3"] == x
+    assert cluster.used(x)["cpu"] == 3500
+
+
+def test_matching_pods_prefer_the_reservation_over_an_emptier_node() -> None:
+    cluster = Cluster(make_node("n1", cpu=8000), make_node("n2", cpu=8000))
+    cluster.core.add_reservation(reservation(cpu=1000, allocate_once=False))
+    cluster.settle()
+    x = cluster.bindings["r1"]
+    cluster.core.add(web("w1", cpu=500))
+    cluster.core.add(web("w2", cpu=500))
+    cluster.settle()
+    assert cluster.bindings["w1"] == cluster.bindings["w2"] == x
+    taken, count = cluster.nodes[x].consumption("r1")
+    assert taken["cpu"] == 1000 and count == 2
+    assert cluster.used(x)["cpu"] == 1000  # the pods, inside the reservation: nothing more
+
+
+def test_aligned_takes_the_rest_from_the_node_and_restricted_does_not() -> None:
+    for policy, expected in (("Aligned", "n1"), ("Restricted", None)):
+        cluster = Cluster(make_node("n1", cpu=4000))
+        cluster.core.add_reservation(reservation(cpu=2000, allocate_once=False, allocate_policy=policy))
+        cluster.settle()
+        cluster.core.add(make_pod("o1", cpu=1000))  # the node keeps 1000 of its own free
+        cluster.settle()
+        cluster.core.add(web("w1", cpu=3000))  # 2000 from the reservation, 1000 from the node
+        cluster.settle()
+        assert cluster.bindings.get("w1") == expected, policy
+        assert cluster.nodes["n1"].consumption("r1")[0].get("cpu", 0) == (2000 if expected else 0)
+    # Restricted: a pod that fits inside the reservation still consumes it.
+    cluster.core.add(web("w2", cpu=1500))
+    cluster.settle()
+    assert cluster.bindings["w2"] == "n1"
+    assert cluster.nodes["n1"].consumption("r1")[0]["cpu"] == 1500
+
+
+def test_expiry_releases_what_is_left_and_a_replayed_expiry_changes_nothing() -> None:
+    cluster = Cluster(make_node("n1", cpu=4000))
+    cluster.core.add_reservation(reservation(cpu=3000, ttl_s=60.0, creation_timestamp=1000.0))
+    cluster.settle()
+    assert cluster.expiries == [("n1", "r1", 1060.0)]
+    cluster.core.add(make_pod("o1", cpu=2000))
+    cluster.settle()
+    assert "o1" not in cluster.bindings
+    expired = ReservationExpired(uid="r1", node="n1")
+    cluster.route(cluster._to_owner("n1", [expired]))  # the owners' agent appends it when due
+    cluster.settle()
+    assert phases(cluster, "r1") == [rsv.AVAILABLE, rsv.FAILED]
+    assert [e.reason for e in cluster.events][-1] == rsv.REASON_EXPIRED
+    assert cluster.bindings["o1"] == "n1"
+    cluster.route(cluster._to_owner("n1", [expired]))
+    assert len(cluster.events) == 2 and cluster.used("n1")["cpu"] == 2000
+
+
+def test_deleting_a_reservation_frees_it_and_its_consumers_keep_their_share() -> None:
+    cluster = Cluster(make_node("n1", cpu=4000))
+    cluster.core.add_reservation(reservation(cpu=3000, allocate_once=False))
+    cluster.settle()
+    cluster.core.add(web("w1", cpu=1000))
+    cluster.settle()
+    assert cluster.used("n1")["cpu"] == 3000
+    cluster.route(cluster.core.delete(PodDeleted(uid="r1", name="r1", namespace="")))
+    assert cluster.used("n1")["cpu"] == 1000  # w1 stays counted in full
+    cluster.core.add(make_pod("o1", cpu=3000))
+    cluster.settle()
+    assert cluster.bindings["o1"] == "n1"
+
+
+def test_owner_refuses_claims_on_taken_missing_or_too_small_reservations() -> None:
+    owner, state = NodeOwner(), NodeState("n1")
+
+    def apply(*records: Any) -> OwnerResult:
+        result = OwnerResult()
+        owner.apply(state, list(records), result)
+        return result
+
+    apply(make_node("n1", cpu=4000))
+    r = reservation(cpu=2000, allocate_policy="Restricted")
+    apply(make_claim("r1", cpu=2000, reserving=r), Commit(uid="r1", attempt=0, node="n1", decision_key="r1"))
+    refused = apply(make_claim("p1", cpu=2500, reservation="r1"), make_claim("p2", cpu=500, reservation="nope"))
+    reasons = [o.record.reason for o in refused.outputs if isinstance(o.record, Rejected)]
+    assert reasons == ["Insufficient cpu in reservation r1 (Restricted)", "reservation nope is not available on the node"]
+    apply(make_claim("p3", cpu=500, reservation="r1"))
+    assert state.consumption("r1") == ({"cpu": 500, "pods": 1}, 1)
+    again = apply(make_claim("p4", cpu=500, reservation="r1"))  # allocate-once: the first consumer has it
+    assert [o.record.reason for o in again.outputs if isinstance(o.record, Rejected)] == [
+        "reservation r1 is allocate-once and already taken"]
+    assert NodeState.from_json(state.to_json()).reservations == state.reservations
+
+
+@pytest.mark.parametrize(("owner", "pod", "matches"), [
+    (ReservationOwner(object_uid="u1"), make_pod("u1"), True),
+    (ReservationOwner(object_name="u1", object_namespace="other"), make_pod("u1"), False),
+    (ReservationOwner(controller_uid="rs1"),
+     make_pod("u1", owner_references=(OwnerReference(kind="ReplicaSet", name="web", uid="rs1", controller=True),)), True),
+    (ReservationOwner(controller_name="web", controller_kind="StatefulSet"),
+     make_pod("u1", owner_references=(OwnerReference(kind="ReplicaSet", name="web", uid="rs1", controller=True),)), False),
+    (ReservationOwner(match_expressions=({"key": "tier", "operator": "In", "values": ["a", "b"]},)),
+     make_pod("u1", labels={"tier": "b"}), True),
+    (ReservationOwner(match_expressions=({"key": "tier", "operator": "DoesNotExist"},)),
+     make_pod("u1", labels={"tier": "b"}), False),
+], ids=["object-uid", "object-namespace", "controller-uid", "controller-kind", "selector-in", "selector-absent"])
+def test_owners_match_by_object_controller_or_selector(owner: ReservationOwner, pod: Pod, matches: bool) -> None:
+    assert rsv.owner_matches(owner, pod) is matches
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"owners": ()}, "owners"),
+    ({"owners": (ReservationOwner(object_uid="a", match_labels={"x": "y"}),)}, "owners[0]"),
+    ({"allocate_policy": "Sometimes"}, "allocatePolicy"),
+    ({"ttl_s": 10.0, "expires": 5.0}, "ttl"),
+    ({"owners": (ReservationOwner(match_expressions=({"key": "a", "operator": "Near"},)),)},
+     "owners[0].labelSelector.matchExpressions[0].operator"),
+    ({"requests": ResourceList(pods=1)}, "template.spec.containers[*].resources.requests"),
+])
+def test_a_bad_reservation_gets_final_feedback_naming_the_field(change: dict[str, Any], field: str) -> None:
+    cluster = Cluster(make_node("n1"))
+    outputs = cluster.core.add_reservation(dataclasses.replace(reservation(), **change))
+    [feedback] = [o.record for o in outputs if isinstance(o.record, SchedulingFeedback)]
+    assert feedback.final and feedback.message.startswith(field + "=")
+    cluster.core.add(make_pod("ok"))  # nothing else stops
+    cluster.settle()
+    assert cluster.bindings == {"ok": "n1"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["reservation", "web", "other"]), st.integers(1, 6),
+                          st.sampled_from(["", "Aligned", "Restricted"]), st.booleans()), min_size=1, max_size=14))
+def test_no_node_is_over_committed_and_no_reservation_over_consumed(steps: list[tuple[str, int, str, bool]]) -> None:
+    cluster = Cluster(make_node("n1", cpu=4000), make_node("n2", cpu=3000))
+    for i, (what, size, policy, once) in enumerate(steps):
+        cpu = size * 500
+        if what == "reservation":
+            cluster.core.add_reservation(reservation(f"r{i}", cpu=cpu, allocate_policy=policy, allocate_once=once))
+        else:
+            cluster.core.add(web(f"w{i}", cpu=cpu) if what == "web" else make_pod(f"o{i}", cpu=cpu))
+        cluster.step(batch=3)
+    cluster.settle()
+    for name, node in cluster.nodes.items():
+        pods = sum(h.requests.get("cpu", 0) for h in node.holds.values() if h.status in ("held", "committed")
+                   and h.reserving is None)
+        assert node.used().get("cpu", 0) <= node.allocatable["cpu"], name
+        assert pods <= node.allocatable["cpu"], name
+        for uid in node.reservations:
+            held = node.holds[node.reservations[uid]["hold"]].requests
+            assert node.consumption(uid)[0].get("cpu", 0) <= held["cpu"], uid
