@@ -1,4 +1,5 @@
-"""Plain Kubernetes v1 Pod and Node manifests (JSON or YAML) to koordstream records.
+"""Plain Kubernetes v1 Pod and Node manifests, and Koordinator's
+`scheduling.koordinator.sh/v1alpha1` Reservation, (JSON or YAML) to koordstream records.
 
 The effective pod request follows Kubernetes (resource helpers, KEP-753 sidecars): for
 each resource, the larger of (sum of app containers + sum of sidecar init containers) and
@@ -11,6 +12,8 @@ both labels as NVIDIA's GPU feature discovery publishes them); `koordinator.sh/r
 allocatable becomes one NIC with that many virtual functions. NUMA cells come from the
 annotation `node.koordinator.sh/cpu-topology` as Koordinator's koordlet writes it
 (`{"detail": [{"id": cpu, "core": core, "socket": socket, "node": numa cell}, ...]}`).
+A Reservation's `spec.template` is read as a pod's (its effective request, selector, affinity,
+tolerations, priority); `spec.ttl` is a Go duration ("1h"), `spec.expires` an RFC 3339 time.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import yaml
 
 from schemas.errors import SchemaError
-from schemas.quantity import to_canonical
+from schemas.quantity import parse_duration, to_canonical
 from schemas.records import (
     QOS_LABEL,
     ContainerResources,
@@ -35,6 +38,8 @@ from schemas.records import (
     Pod,
     RdmaDevice,
     Record,
+    Reservation,
+    ReservationOwner,
     ResourceList,
     Taint,
     Toleration,
@@ -236,6 +241,68 @@ def node_from_manifest(obj: dict[str, Any]) -> Node:
     )
 
 
+def _owner(raw: Any, path: str) -> ReservationOwner:
+    if not isinstance(raw, dict):
+        raise SchemaError(path, raw, "an owner must be an object")
+    obj, controller, selector = raw.get("object") or {}, raw.get("controller") or {}, raw.get("labelSelector") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list) or not all(isinstance(e, dict) for e in expressions):
+        raise SchemaError(f"{path}.labelSelector.matchExpressions", expressions, "must be a list of objects")
+    return ReservationOwner(
+        object_uid=str(obj.get("uid", "")), object_namespace=str(obj.get("namespace", "")),
+        object_name=str(obj.get("name", "")),
+        controller_uid=str(controller.get("uid", "")), controller_namespace=str(controller.get("namespace", "")),
+        controller_kind=str(controller.get("kind", "")), controller_name=str(controller.get("name", "")),
+        match_labels=_str_map(selector.get("matchLabels"), f"{path}.labelSelector.matchLabels"),
+        match_expressions=tuple(dict(e) for e in expressions),
+    )
+
+
+def reservation_from_manifest(obj: dict[str, Any]) -> Reservation:
+    """A `scheduling.koordinator.sh/v1alpha1` Reservation manifest to a `Reservation` record."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    if not meta.get("name"):
+        raise SchemaError("metadata.name", meta.get("name"), "is required")
+    template = spec.get("template")
+    if not isinstance(template, dict):
+        raise SchemaError("spec.template", template, "a reservation needs a pod template")
+    try:
+        pod = pod_from_manifest({"metadata": {**(template.get("metadata") or {}), "name": meta["name"]},
+                                 "spec": template.get("spec") or {}})
+    except SchemaError as exc:
+        raise exc.under("spec.template") from exc
+    owners = spec.get("owners") or []
+    if not isinstance(owners, list):
+        raise SchemaError("spec.owners", owners, "must be a list")
+    ttl = spec.get("ttl")
+    try:
+        ttl_s = parse_duration(str(ttl)) if ttl not in (None, "") else None
+    except ValueError as exc:
+        raise SchemaError("spec.ttl", ttl, "not a duration such as 1h30m") from exc
+    allocate_once = spec.get("allocateOnce", True)
+    if not isinstance(allocate_once, bool):
+        raise SchemaError("spec.allocateOnce", allocate_once, "must be true or false")
+    return Reservation(
+        uid=str(meta.get("uid") or meta["name"]),
+        name=str(meta["name"]),
+        owners=tuple(_owner(o, f"spec.owners[{i}]") for i, o in enumerate(owners)),
+        requests=pod.requests,
+        ttl_s=ttl_s,
+        expires=_timestamp(spec["expires"], "spec.expires") if spec.get("expires") else None,
+        allocate_once=allocate_once,
+        allocate_policy=str(spec.get("allocatePolicy") or ""),
+        creation_timestamp=_timestamp(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
+        labels=_str_map(meta.get("labels"), "metadata.labels"),
+        scheduler_name=pod.scheduler_name,
+        priority=pod.priority,
+        priority_class_name=pod.priority_class_name,
+        node_selector=pod.node_selector,
+        affinity=pod.affinity,
+        tolerations=pod.tolerations,
+    )
+
+
 def from_manifest(obj: Any) -> list[Record]:
     """One parsed manifest (a Pod, a Node, or a List of them) to records."""
     if not isinstance(obj, dict):
@@ -245,6 +312,8 @@ def from_manifest(obj: Any) -> list[Record]:
         return [pod_from_manifest(obj)]
     if kind == "Node":
         return [node_from_manifest(obj)]
+    if kind == "Reservation":
+        return [reservation_from_manifest(obj)]
     if kind == "List" or (isinstance(kind, str) and kind.endswith("List")):
         out: list[Record] = []
         for i, item in enumerate(obj.get("items") or []):
@@ -253,7 +322,7 @@ def from_manifest(obj: Any) -> list[Record]:
             except SchemaError as exc:
                 raise exc.under(f"items[{i}]") from exc
         return out
-    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List")
+    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List, or a Reservation")
 
 
 def load_manifests(text: str) -> list[Record]:

@@ -1,4 +1,5 @@
-"""Kubernetes resource quantities ("500m", "2Gi", "1.5", "1e3") to canonical integers.
+"""Kubernetes resource quantities ("500m", "2Gi", "1.5", "1e3") to canonical integers, and Go
+durations ("1h30m") to seconds.
 
 Canonical units, used everywhere inside koordstream: CPU in millicores, everything else in
 whole base units (bytes for memory and storage, devices as counts). Values are rounded up,
@@ -83,3 +84,20 @@ def format_canonical(resource: str, amount: int) -> str:
     if resource in MILLI_RESOURCES:
         return f"{amount // 1000}" if amount % 1000 == 0 else f"{amount}m"
     return str(amount)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str) -> float:
+    """A Go duration (`600s`, `10m`, `1h30m`, `1.5h`) in seconds; raises ValueError."""
+    pos, total = 0, 0.0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if not text or pos != len(text):
+        raise ValueError(text)
+    return total

@@ -1,5 +1,6 @@
 """`koordstream publish FILE --topic TOPIC`: JSON lines of records, or Kubernetes manifests
-(a .yaml/.yml/.json file of Pods, Nodes or a List), validated before anything is sent."""
+(a .yaml/.yml/.json file of Pods, Nodes, Koordinator Reservations or a List), validated before
+anything is sent. Reservations go to `pods`, like pods."""
 
 from __future__ import annotations
 

@@ -11,11 +11,11 @@ failure releases the whole gang, which retries together) or NonStrict.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from schemas.errors import FieldError
+from schemas.quantity import parse_duration
 from schemas.records import (
     GANG_DEFAULT_WAITING_S,
     GANG_MIN_AVAILABLE_ANNOTATION,
@@ -25,8 +25,6 @@ from schemas.records import (
 
 GANG_TOTAL_ANNOTATION = "gang.scheduling.koordinator.sh/total-number"
 STRICT, NON_STRICT = "Strict", "NonStrict"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
 class GangError(FieldError):
@@ -38,19 +36,6 @@ class GangSpec:
     min_available: int  # 0: not a gang
     waiting_s: float = GANG_DEFAULT_WAITING_S
     strict: bool = True
-
-
-def parse_duration(text: str) -> float:
-    """A Go duration (`600s`, `10m`, `1h30m`, `1.5h`) in seconds; raises ValueError."""
-    pos, total = 0, 0.0
-    for match in _DURATION.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if not text or pos != len(text):
-        raise ValueError(text)
-    return total
 
 
 NO_GANG = GangSpec(0)

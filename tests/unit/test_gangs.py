@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from agents.state.gangs import GangError, GangSpec, gang_spec, parse_duration
+from agents.state.gangs import GangError, GangSpec, gang_spec
 from agents.state.ledger import Decider, Decision, LedgerState
+from schemas.quantity import parse_duration
 from schemas.records import (
     Binding,
     GangTimeout,

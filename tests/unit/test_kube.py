@@ -1,8 +1,14 @@
 import pytest
+import yaml
 
 from schemas.errors import SchemaError
-from schemas.kube import load_manifests, node_from_manifest, pod_from_manifest
-from schemas.records import Node, Pod
+from schemas.kube import (
+    load_manifests,
+    node_from_manifest,
+    pod_from_manifest,
+    reservation_from_manifest,
+)
+from schemas.records import Node, Pod, Reservation
 
 POD_YAML = """
 apiVersion: v1
@@ -95,3 +101,53 @@ def test_bad_manifest_names_the_field() -> None:
         load_manifests("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
                        "  - name: a\n    resources: {requests: {cpu: -2}}\n")
     assert err.value.field == "spec.containers[0].resources.requests.cpu"
+
+
+RESERVATION_YAML = """
+apiVersion: scheduling.koordinator.sh/v1alpha1
+kind: Reservation
+metadata: {name: reserve-web, uid: r-0b1c, creationTimestamp: "2026-01-02T03:04:05Z"}
+spec:
+  template:
+    spec:
+      priorityClassName: koord-prod
+      nodeSelector: {zone: a}
+      containers:
+      - name: main
+        resources: {requests: {cpu: "4", memory: 8Gi}}
+  owners:
+  - object: {name: web-0, namespace: shop}
+  - controller: {name: web, kind: StatefulSet, namespace: shop}
+  - labelSelector:
+      matchLabels: {app: web}
+      matchExpressions: [{key: tier, operator: In, values: [front]}]
+  ttl: 1h30m
+  allocateOnce: false
+  allocatePolicy: Restricted
+"""
+
+
+def test_reservation_manifest_converts_template_owners_and_policy() -> None:
+    [r] = load_manifests(RESERVATION_YAML)
+    assert isinstance(r, Reservation)
+    assert r.uid == "r-0b1c" and r.requests == {"cpu": 4000, "memory": 8 * 2**30}
+    assert r.node_selector == {"zone": "a"} and r.priority_class_name == "koord-prod"
+    assert [o.object_name for o in r.owners] == ["web-0", "", ""]
+    assert r.owners[1].controller_kind == "StatefulSet" and r.owners[2].match_labels == {"app": "web"}
+    assert r.ttl_s == 5400 and r.expires_at == pytest.approx(1767323045.0 + 5400)
+    assert not r.allocate_once and r.allocate_policy == "Restricted"
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"ttl": "soon"}, "spec.ttl"),
+    ({"template": None}, "spec.template"),
+    ({"allocateOnce": "yes"}, "spec.allocateOnce"),
+    ({"template": {"spec": {"containers": [{"resources": {"requests": {"cpu": "lots"}}}]}}},
+     "spec.template.spec.containers[0].resources.requests.cpu"),
+])
+def test_bad_reservation_manifest_names_the_field(change: dict[str, object], field: str) -> None:
+    obj = yaml.safe_load(RESERVATION_YAML)
+    obj["spec"].update(change)
+    with pytest.raises(SchemaError) as exc:
+        reservation_from_manifest(obj)
+    assert exc.value.field == field
