@@ -9,8 +9,9 @@ leaving; CPU, memory, GPUs (milli-GPU per GPU) and the allowed GPU models must f
 fits nowhere fails. The GPU allocation ratio is read when the arrived GPU requests reach 100%
 of capacity and at the end.
 
-Policies (each scores the feasible nodes; the best wins, ties at random, as kube-scheduler
-picks among equal scores; a share of one GPU goes to the GPU the policy prefers, else to the
+Policies (each scores the feasible nodes; the best wins, ties to the first node by name, as
+the FGD simulator's scheduler breaks them (its kube-scheduler fork replaces the random choice
+"for reproducibility"); a share of one GPU goes to the GPU the policy prefers, else to the
 fullest GPU that fits; whole GPUs are the first free ones):
 - FGD: fragmentation gradient descent. A node's fragmentation is measured against the
   workload's typical pods (every GPU request shape of the trace, with its frequency): for each typical pod, the node's idle milli-GPU that it could not use
@@ -18,10 +19,13 @@ fullest GPU that fits; whole GPUs are the first free ones):
   shared pod to the GPU) where the fragmentation grows least.
 - BestFit: least free CPU and GPU left after placing, each normalized by the largest node.
 - GpuPacking: shared GPUs first, then free GPUs of used nodes, then free nodes.
-- GpuClustering: nodes already running pods of the same GPU request first.
+- GpuClustering: nodes already running only pods of the pod's GPU affinity first (every share
+  of one GPU is one affinity; N whole GPUs another), then nodes running it among others, then
+  idle nodes, then the rest; fuller nodes first within each.
 - DotProduct (Tetris): the smallest dot product of the node's free and the pod's request
   vectors, normalized by the node's capacity.
-- Random: any feasible node.
+- Random: any feasible node, uniformly (the simulator's RandomScore gives one random node
+  the top score).
 
 Node state is numpy arrays over nodes (`[nodes]`, `[nodes x GPUs]`); FGD evaluates every
 candidate (node, GPU) at once as a `[candidates x typical pods x GPUs]` array.
@@ -41,8 +45,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from agents.scheduler.fragmentation import MILLI, TypicalPods, after_placing, fragmentation
+from agents.scheduler.fragmentation import score as fgd_score
+
 POLICIES = ("FGD", "BestFit", "GpuPacking", "GpuClustering", "DotProduct", "Random")
-MILLI = 1000
 TYPICAL_SHARE = 1.0  # the trace's own pods, every shape, by frequency (the data README's method)
 
 
@@ -58,6 +64,11 @@ class TracePod:
     def gpu_request(self) -> int:
         return self.gpus * self.milli
 
+    @property
+    def affinity(self) -> int:
+        """GpuClustering's tag: 0 for every share of one GPU, else the number of whole GPUs."""
+        return 0 if self.milli < MILLI else self.gpus
+
 
 @dataclass
 class Cluster:
@@ -67,16 +78,16 @@ class Cluster:
     gpu_count: npt.NDArray[np.int64]
     model: list[str]
     cpu_cap: npt.NDArray[np.int64]
-    # GpuClustering: which GPU request shapes (gpus, milli per GPU) run on each node
+    # GpuClustering: which GPU affinities (`TracePod.affinity`) run on each node
     tags: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
-    tag_ids: dict[tuple[int, int], int] = field(default_factory=dict)
+    tag_ids: dict[int, int] = field(default_factory=dict)
 
     def copy(self) -> Cluster:
         return Cluster(self.cpu.copy(), self.memory.copy(), self.gpu_left.copy(), self.gpu_count,
                        self.model, self.cpu_cap, np.zeros((len(self.model), 16), dtype=bool))
 
-    def tag(self, row: int, shape: tuple[int, int]) -> None:
-        column = self.tag_ids.setdefault(shape, len(self.tag_ids))
+    def tag(self, row: int, affinity: int) -> None:
+        column = self.tag_ids.setdefault(affinity, len(self.tag_ids))
         if column >= self.tags.shape[1]:
             self.tags = np.concatenate([self.tags, np.zeros_like(self.tags)], axis=1)
         self.tags[row, column] = True
@@ -132,16 +143,7 @@ def workload(pods: Sequence[TracePod], capacity_milli: int, load: float, seed: i
         total += extra.gpu_request
 
 
-@dataclass(frozen=True)
-class Typical:
-    cpu: npt.NDArray[np.int64]
-    milli: npt.NDArray[np.int64]
-    gpus: npt.NDArray[np.int64]
-    freq: npt.NDArray[np.float64]
-    access: npt.NDArray[np.bool_]  # [typical pods x node models]
-
-
-def typical_pods(pods: Sequence[TracePod], models: Sequence[str], share: float = TYPICAL_SHARE) -> Typical:
+def typical_pods(pods: Sequence[TracePod], models: Sequence[str], share: float = TYPICAL_SHARE) -> TypicalPods:
     """The most frequent GPU request shapes covering `share` of the GPU pods, by frequency.
 
     The FGD simulator's own default keeps the shapes covering 60%; the data's README (and our
@@ -156,28 +158,13 @@ def typical_pods(pods: Sequence[TracePod], models: Sequence[str], share: float =
         if covered >= share * total:
             break
     norm = sum(n for _, n in chosen)
-    return Typical(cpu=np.array([s[0] for s, _ in chosen]), milli=np.array([s[1] for s, _ in chosen]),
+    return TypicalPods(cpu=np.array([s[0] for s, _ in chosen]), milli=np.array([s[1] for s, _ in chosen]),
                    gpus=np.array([s[2] for s, _ in chosen]), freq=np.array([n / norm for _, n in chosen]),
                    access=np.array([[not s[3] or m in s[3] for m in models] for s, _ in chosen], dtype=bool))
 
 
-def fragmentation(cpu_left: npt.NDArray[np.int64], gpu_left: npt.NDArray[np.int64], model_ids: npt.NDArray[np.intp],
-                  typ: Typical) -> npt.NDArray[np.float64]:
-    """FGD's fragmentation of each state (rows), in milli-GPU, against the typical pods."""
-    present = gpu_left >= 0
-    left = np.where(present, gpu_left, 0)
-    total = left.sum(axis=1)
-    fits_gpu = left[:, None, :] >= typ.milli[None, :, None]  # [states x typical x GPUs]
-    can_host = (fits_gpu & present[:, None, :]).sum(axis=2) >= typ.gpus[None, :]
-    usable = can_host & (cpu_left[:, None] >= typ.cpu[None, :]) & typ.access[:, model_ids].T
-    small = np.where(~fits_gpu, left[:, None, :], 0).sum(axis=2)
-    frag = np.where(usable, small, total[:, None])
-    out: npt.NDArray[np.float64] = frag @ typ.freq
-    return out
-
-
 class Replay:
-    def __init__(self, cluster: Cluster, policy: str, typ: Typical, seed: int) -> None:
+    def __init__(self, cluster: Cluster, policy: str, typ: TypicalPods, seed: int) -> None:
         self.c = cluster.copy()
         self.policy = policy
         self.typ = typ
@@ -213,7 +200,9 @@ class Replay:
         else:
             scores = self._score(p, rows)
             best = rows[scores == scores.max()]
-            row = int(self.rng.choice(best))
+            # Random: any feasible node. The others: ties to the first node by name, as the
+            # FGD simulator's scheduler picks ("for reproducibility"); node names sort like rows.
+            row = int(self.rng.choice(best)) if self.policy == "Random" else int(best[0])
             gpus = self._gpu_choice(row, p) if p.gpus else []
         c = self.c
         c.cpu[row] -= p.cpu
@@ -221,7 +210,7 @@ class Replay:
         for g in gpus:
             c.gpu_left[row, g] -= p.milli
         if p.gpus:
-            c.tag(row, (p.gpus, p.milli))
+            c.tag(row, p.affinity)
         if self.frag is not None:
             self.frag[row] = fragmentation(c.cpu[row:row + 1], c.gpu_left[row:row + 1],
                                            self.model_ids[row:row + 1], self.typ)[0]
@@ -230,22 +219,10 @@ class Replay:
     def _fgd(self, p: TracePod, rows: npt.NDArray[np.intp]) -> tuple[int, list[int]]:
         c = self.c
         assert self.frag is not None
-        if p.gpus == 1 and p.milli < MILLI:  # every GPU it fits on is a candidate
-            cand_rows, cand_gpus = np.nonzero(c.gpu_left[rows] >= p.milli)
-            cand_rows = rows[cand_rows]
-        else:
-            cand_rows, cand_gpus = rows, np.full(len(rows), -1)
-        gpu_left = c.gpu_left[cand_rows].copy()
-        if p.gpus == 1 and p.milli < MILLI:
-            gpu_left[np.arange(len(cand_rows)), cand_gpus] -= p.milli
-        elif p.gpus:  # whole GPUs: the first free ones, as `_gpu_choice` takes them
-            free = gpu_left == MILLI
-            gpu_left -= (free & (np.cumsum(free, axis=1) <= p.gpus)) * p.milli
+        states, cand_gpus, gpu_left = after_placing(c.gpu_left[rows], p.gpus, p.milli)
+        cand_rows = rows[states]
         new = fragmentation(c.cpu[cand_rows] - p.cpu, gpu_left, self.model_ids[cand_rows], self.typ)
-        # score = sigmoid((old - new) / 1000) x 100, truncated, as the FGD simulator scores
-        scores = (100.0 / (1.0 + np.exp(-(self.frag[cand_rows] - new) / 1000.0))).astype(np.int64)
-        best = np.flatnonzero(scores == scores.max())
-        pick = int(self.rng.choice(best))
+        pick = int(np.argmax(fgd_score(self.frag[cand_rows], new)))  # ties: the first node, then its first GPU
         row = int(cand_rows[pick])
         gpus = [int(cand_gpus[pick])] if cand_gpus[pick] >= 0 else (self._gpu_choice(row, p) if p.gpus else [])
         return row, gpus
@@ -269,7 +246,7 @@ class Replay:
         if self.policy == "GpuClustering":
             if not p.gpus:
                 return np.zeros(len(rows), dtype=np.int64)
-            column = c.tag_ids.get((p.gpus, p.milli))
+            column = c.tag_ids.get(p.affinity)
             shapes = c.tags[rows].sum(axis=1)
             same = c.tags[rows, column] if column is not None else np.zeros(len(rows), dtype=bool)
             base = np.where(same, np.where(shapes == 1, 75, 50), np.where(shapes == 0, 25, 0))
@@ -291,7 +268,7 @@ class Replay:
 
 
 def run(cluster: Cluster, pods: Sequence[TracePod], policy: str, seed: int, load: float,
-        typ: Typical) -> dict[str, Any]:
+        typ: TypicalPods) -> dict[str, Any]:
     capacity = int(cluster.gpu_count.sum()) * MILLI
     order = workload(pods, capacity, load, seed)
     replay = Replay(cluster, policy, typ, seed)

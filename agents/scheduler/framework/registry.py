@@ -17,6 +17,7 @@ from agents.scheduler.plugins import (
     defaultpreemption,
     deviceshare,
     elasticquota,
+    fgd,
     nodeaffinity,
     nodenumaresource,
     noderesources,
@@ -47,6 +48,7 @@ REGISTRY: dict[str, Registration] = {
     elasticquota.NAME: Registration(elasticquota.ElasticQuota, elasticquota.ElasticQuotaArgs),
     nodenumaresource.NAME: Registration(nodenumaresource.NodeNUMAResource, NoArgs),
     reservation.NAME: Registration(reservation.Reservation, NoArgs),
+    fgd.NAME: Registration(fgd.FGD, fgd.FGDArgs),
 }
 
 

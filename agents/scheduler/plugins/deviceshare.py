@@ -7,7 +7,8 @@ skips the plugin.
 Filter: a node passes when enough of its GPUs each have the free core and memory-ratio the
 request needs per GPU (`koordinator.sh/gpu-memory` is turned into that GPU's ratio).
 Reserve picks the concrete GPUs (`devices.choose`: shares packed onto the fullest GPU that
-fits, whole GPUs in minor order) and RDMA virtual functions (NICs in minor order), assumes them in the shared state under the claim's hold id
+fits, unless a score plugin left a preferred GPU for the node under `PREFERRED` (FGD) and the
+share fits there; whole GPUs in minor order) and RDMA virtual functions (NICs in minor order), assumes them in the shared state under the claim's hold id
 (so every profile sees them at once) and leaves them in the cycle for DefaultBinder, which
 puts them on the Claim; the owner checks them again, device by device, when it holds the
 claim. Unreserve gives them back (idempotent).
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework import status
@@ -41,7 +43,18 @@ NAME = "DeviceShare"
 REASON = "Insufficient gpu devices"
 
 
+PREFERRED = NAME + "/preferred"  # cycle key: {row: GPU minor} a score plugin prefers for a share
+
 DeviceAsk = tuple[devices.GpuRequest | None, int]  # GPUs, RDMA virtual functions
+
+
+def ratio_needed(req: devices.GpuRequest, memory: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """`devices.ratio_needed` over GPUs (memory in bytes per GPU; > 100 where it cannot fit)."""
+    if not req.memory:
+        return np.full(memory.shape, req.ratio, dtype=np.int64)
+    need = np.where(memory > 0, -(-req.memory * devices.WHOLE // np.maximum(memory, 1)), devices.WHOLE + 1)
+    out: npt.NDArray[np.int64] = np.maximum(need, req.ratio)
+    return out
 
 
 class DeviceShare(ParsedPlugin):
@@ -66,13 +79,7 @@ class DeviceShare(ParsedPlugin):
         table = state.gpus
         core, ratio = table.free_core()[:n][rows], table.free_ratio()[:n][rows]
         present = table.minor[:n][rows] >= 0
-        if req.memory:
-            memory = table.memory[:n][rows]
-            need = np.where(memory > 0, -(-req.memory * devices.WHOLE // np.maximum(memory, 1)), devices.WHOLE + 1)
-            need = np.maximum(need, req.ratio)
-        else:
-            need = np.full(core.shape, req.ratio)
-        fits = present & (core >= req.core) & (ratio >= need)
+        fits = present & (core >= req.core) & (ratio >= ratio_needed(req, table.memory[:n][rows]))
         count = fits[:, 0].astype(np.int64) if fits.shape[1] else np.zeros(len(fits), dtype=np.int64)
         for col in range(1, fits.shape[1]):
             count += fits[:, col]
@@ -105,7 +112,7 @@ class DeviceShare(ParsedPlugin):
         if ask is None:
             return status.SUCCESS
         gpu, vfs = ask
-        chosen = devices.choose(gpu, *state.gpus.free_row(row)) if gpu is not None else []
+        chosen = self._choose(cycle, gpu, state, row) if gpu is not None else []
         nics = devices.choose_vfs(vfs, *state.nics.free_row(row)) if vfs else []
         if chosen is None or nics is None:
             return status.unschedulable(NAME, REASON if chosen is None else "Insufficient rdma virtual functions")
@@ -114,6 +121,20 @@ class DeviceShare(ParsedPlugin):
         state.nics.assume(hid, row, nics)
         cycle.allocate(NAME, tuple(a.encode() for a in chosen) + tuple(n.encode() for n in nics))
         return status.SUCCESS
+
+    @staticmethod
+    def _choose(cycle: CycleState, req: devices.GpuRequest, state: ClusterState, row: int
+                ) -> list[devices.GpuAllocation] | None:
+        """The GPUs for the request: a share on the GPU a score plugin prefers when it fits
+        there (FGD), else `devices.choose`."""
+        minors, core, ratio, memory = state.gpus.free_row(row)
+        preferred = (cycle.read(PREFERRED) or {}).get(row) if req.count == 1 and req.shared else None
+        if preferred is not None and preferred in minors:
+            i = minors.index(preferred)
+            on_it = devices.choose(req, [preferred], [core[i]], [ratio[i]], [memory[i]])
+            if on_it is not None:
+                return on_it
+        return devices.choose(req, minors, core, ratio, memory)
 
     def unreserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> None:
         hid = hold_id(pod.uid, pod.attempt, state.names[row])
