@@ -93,6 +93,18 @@ class Cluster:
         self.tags[row, column] = True
 
 
+def _int(path: str | Path, line: int, row: dict[str, str], column: str) -> int:
+    """A non-negative integer cell, or a ValueError naming the file, line, column and value."""
+    value = row.get(column)
+    try:
+        number = int(value or "")
+    except ValueError:
+        raise ValueError(f"{path}:{line}: {column}={value!r}: not an integer") from None
+    if number < 0:
+        raise ValueError(f"{path}:{line}: {column}={value!r}: cannot be negative")
+    return number
+
+
 def load_nodes(path: str | Path) -> Cluster:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -101,30 +113,35 @@ def load_nodes(path: str | Path) -> Cluster:
     for column in ("cpu_milli", "memory_mib", "gpu", "model"):
         if column not in rows[0]:
             raise ValueError(f"{path}: column {column!r} is missing")
-    width = max(int(r["gpu"]) for r in rows) or 1
-    gpu_left = np.full((len(rows), width), -1, dtype=np.int64)
-    for i, r in enumerate(rows):
-        gpu_left[i, : int(r["gpu"])] = MILLI
-    cpu = np.array([int(r["cpu_milli"]) for r in rows], dtype=np.int64)
-    return Cluster(cpu=cpu.copy(), memory=np.array([int(r["memory_mib"]) for r in rows], dtype=np.int64),
-                   gpu_left=gpu_left, gpu_count=np.array([int(r["gpu"]) for r in rows], dtype=np.int64),
+    gpus = [_int(path, line, r, "gpu") for line, r in enumerate(rows, 2)]
+    cpu = np.array([_int(path, line, r, "cpu_milli") for line, r in enumerate(rows, 2)], dtype=np.int64)
+    memory = np.array([_int(path, line, r, "memory_mib") for line, r in enumerate(rows, 2)], dtype=np.int64)
+    gpu_left = np.full((len(rows), max(gpus) or 1), -1, dtype=np.int64)
+    for i, count in enumerate(gpus):
+        gpu_left[i, :count] = MILLI
+    return Cluster(cpu=cpu.copy(), memory=memory, gpu_left=gpu_left, gpu_count=np.array(gpus, dtype=np.int64),
                    model=[r["model"] for r in rows], cpu_cap=cpu)
 
 
-def load_pods(path: str | Path) -> list[TracePod]:
-    out = []
+def load_pods(path: str | Path, models: Sequence[str] | None = None) -> list[TracePod]:
+    """The pods ordered by name. With `models` (the nodes' GPU models), a `gpu_spec` naming a
+    model no node has is an error naming the line and value."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         for column in ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"):
             if column not in (reader.fieldnames or ()):
                 raise ValueError(f"{path}: column {column!r} is missing")
-        rows = sorted(reader, key=lambda r: r["name"])
-    for r in rows:
-        gpus, milli = int(r["num_gpu"]), int(r["gpu_milli"])
-        spec = (r.get("gpu_spec") or "").strip()
-        out.append(TracePod(int(r["cpu_milli"]), int(r["memory_mib"]), gpus,
-                            milli if gpus == 1 and 0 < milli < MILLI else (MILLI if gpus else 0),
-                            frozenset(m for m in spec.split("|") if m)))
+        numbered = sorted(enumerate(reader, 2), key=lambda lr: lr[1]["name"])
+    known = set(models) if models is not None else None
+    out = []
+    for line, r in numbered:
+        gpus, milli = _int(path, line, r, "num_gpu"), _int(path, line, r, "gpu_milli")
+        spec = frozenset(m for m in (r.get("gpu_spec") or "").strip().split("|") if m)
+        if known is not None and spec - known:
+            raise ValueError(f"{path}:{line}: gpu_spec={r.get('gpu_spec')!r}: no node has GPU model "
+                             f"{', '.join(sorted(spec - known))} (models: {', '.join(sorted(known))})")
+        out.append(TracePod(_int(path, line, r, "cpu_milli"), _int(path, line, r, "memory_mib"), gpus,
+                            milli if gpus == 1 and 0 < milli < MILLI else (MILLI if gpus else 0), spec))
     return out
 
 
@@ -303,7 +320,7 @@ def bench_trace(nodes_csv: str, pods_csv: str, load: float, seeds: Sequence[int]
     for policy in policies:
         if policy not in POLICIES:
             raise ValueError(f"--policy={policy!r}: must be one of {', '.join(POLICIES)} or all")
-    load_nodes(nodes_csv), load_pods(pods_csv)  # fail early, naming the file and column
+    load_pods(pods_csv, load_nodes(nodes_csv).model)  # fail early, naming the file, line and column
     jobs = [(nodes_csv, pods_csv, limit, policy, seed, load) for policy in policies for seed in seeds]
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:

@@ -2,8 +2,9 @@
 
 PreFilter parses the pod's GPU and RDMA request (`agents.state.devices`); a request that
 cannot be valid (a share of 150 of one GPU, whole-GPU core and ratio that disagree, RDMA
-without GPUs) rejects the pod as unresolvable with the field and value; a pod without devices
-skips the plugin.
+without GPUs) rejects the pod as unresolvable with the field and value; a pod asking for more
+`koordinator.sh/gpu-memory` per GPU than any GPU of the cluster has is unschedulable with the
+field and value (it waits for such a node); a pod without devices skips the plugin.
 Filter: a node passes when enough of its GPUs each have the free core and memory-ratio the
 request needs per GPU (`koordinator.sh/gpu-memory` is turned into that GPU's ratio).
 Reserve picks the concrete GPUs (`devices.choose`: shares packed onto the fullest GPU that
@@ -69,6 +70,17 @@ class DeviceShare(ParsedPlugin):
         """What the pod asks of devices: GPUs and RDMA virtual functions (None: nothing)."""
         gpu, vfs = devices.gpu_request(pod.pod.requests), devices.rdma_request(pod.pod.requests)
         return (gpu, vfs) if gpu is not None or vfs else None
+
+    def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
+        st = super().pre_filter(cycle, pod, state)
+        gpu: devices.GpuRequest | None = cycle.read(NAME)[0] if st.ok else None
+        if gpu is not None and gpu.memory:
+            present = state.gpus.minor[: state.size] >= 0
+            largest = int(state.gpus.memory[: state.size][present].max()) if present.any() else 0
+            if gpu.memory > largest:  # no node can take it: say which field, not only "Insufficient"
+                return status.unschedulable(NAME, f"requests.{devices.GPU_MEMORY}={gpu.memory}: more memory per "
+                                                  f"GPU than any GPU in the cluster has (largest: {largest} bytes)")
+        return st
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
         req: devices.GpuRequest | None = cycle.read(NAME)[0]

@@ -178,6 +178,17 @@ def test_bad_gpu_request_is_final_feedback() -> None:
     assert feedback.final and f"requests.{CORE}=150" in feedback.message
 
 
+def test_gpu_memory_beyond_every_gpu_is_feedback_naming_the_field() -> None:
+    core = core_of(gpu_node("g"))
+    core.add(Pod(uid="huge", name="huge", requests=ResourceList({"cpu": 100, MEM: 4096 * GI})))
+    core.add(Pod(uid="fits", name="fits", requests=ResourceList({"cpu": 100, MEM: GI})))
+    outputs = core.schedule()
+    [feedback] = [o.record for o in outputs if isinstance(o.record, SchedulingFeedback)]
+    assert feedback.uid == "huge" and f"requests.{MEM}={4096 * GI}" in feedback.message
+    assert "largest" in feedback.message and not feedback.final  # a bigger GPU may join
+    assert [c.uid for c in claims(outputs)] == ["fits"]
+
+
 def owner_claim(uid: str, minor: int, amount: int, attempt: int = 0) -> Claim:
     return Claim(uid=uid, attempt=attempt, node="g", decision_key=uid,
                  requests=ResourceList({"cpu": 100, CORE: amount, RATIO: amount, "pods": 1}),
