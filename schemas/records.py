@@ -8,8 +8,8 @@ quantities. Change a record with `dataclasses.replace`.
 
 Keys (DESIGN.md, "Topics and keys"): `Pod`/`PodDeleted`/`Reservation` by uid on `pods`; `Node`/`NodeDeleted`
 by name on `nodes` and `node-inbox`; `Claim`, `Commit`, `Release`, `PodTerminated`,
-`Nomination`, `NominationCleared` by node on `node-inbox`; `Held`, `Rejected` and forwarded
-deletions by decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
+`Nomination`, `NominationCleared` by node on `node-inbox`; `Held`, `Rejected`, `Yield` and
+forwarded deletions by decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
 `EvictionCommand` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` by
 node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
 """
@@ -357,6 +357,7 @@ class Rejected(Record):
     node: str
     decision_key: str
     reason: str
+    soft: bool = False  # the owner asked a lower-ranked gang to yield: retry, no Strict give-up
     kind: str = field(default="Rejected", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -376,6 +377,33 @@ class GangTimeout(Record):
     round: int
     kind: str = field(default="GangTimeout", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Yield(Record):
+    """Wound-wait between gangs: an owner rejected a claim of a higher-ranked gang (`winner`)
+    because this gang's held, not yet accepted, claims (`holds`, on `node`) take the capacity;
+    its decider releases every held member and requeues them if they are still waiting."""
+
+    KIND: ClassVar[str] = "Yield"
+    decision_key: str
+    node: str
+    holds: tuple[str, ...]
+    winner: str
+    kind: str = field(default="Yield", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class GangHold:
+    """A gang member's claim held on a node and not yet accepted (owners report them, so a
+    higher-ranked gang's scheduler may claim that capacity and have the owner ask for it)."""
+
+    hold_id: str
+    decision_key: str
+    priority: int
+    created: float
+    requests: ResourceList = field(default_factory=_resources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,6 +594,7 @@ class NodeStateChange(Record):
     committed: tuple[BoundPod, ...] = ()
     device_usage: dict[str, int] = field(default_factory=dict)  # "gpu/<minor>/core" | ".../ratio" -> used
     reservations: tuple[ReservationState, ...] = ()  # every available reservation on the node
+    gang_holds: tuple[GangHold, ...] = ()  # every gang member held on the node, not yet accepted
     kind: str = field(default="NodeStateChange", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -601,7 +630,7 @@ class ProfilingSample(Record):
 
 RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
-    PodTerminated, Nomination, NominationCleared, Binding, Requeue, SchedulingFeedback,
+    PodTerminated, Nomination, NominationCleared, Binding, Yield, Requeue, SchedulingFeedback,
     EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}

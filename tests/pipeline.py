@@ -17,10 +17,13 @@ class Cluster:
     """Scheduler, owners and deciders in one process, records routed by topic until quiet.
     Timers are collected, not armed: a test fires them by routing their records."""
 
-    def __init__(self, *nodes: Any) -> None:
+    def __init__(self, *nodes: Any, replicas: int = 1) -> None:
         self.now = 0.0
         space = ResourceSpace()
-        self.core = SchedulerCore(space, ClusterState(space), lambda: self.now)
+        # Scheduler replicas, each with its own cluster state; a pod belongs to one (`add`).
+        self.cores = [SchedulerCore(space, ClusterState(space), lambda: self.now) for _ in range(replicas)]
+        self.core = self.cores[0]
+        self.replica_of: dict[str, int] = {}
         self.owner, self.decider = NodeOwner(), Decider()
         self.nodes: dict[str, NodeState] = {}
         self.ledgers: dict[str, LedgerState] = {}
@@ -48,24 +51,30 @@ class Cluster:
                 outputs += out.first + out.after_commit
                 self.timers += out.timers
             elif o.topic == topics.STATE_CHANGES:
-                self.core.apply_state_changes([r])
+                for core in self.cores:
+                    core.apply_state_changes([r])
             elif o.topic == topics.REQUEUE:
-                self.core.requeue(r)
+                self.cores[self.replica_of.get(r.uid, 0)].requeue(r)
             elif o.topic == topics.RESERVATIONS:
                 self.events.append(r)
             elif o.topic == topics.BINDINGS:
                 assert r.uid not in self.bindings, f"{r.uid} bound twice"
                 self.bindings[r.uid] = r.node
 
+    def add(self, pod: Any, replica: int = 0) -> None:
+        self.replica_of[pod.uid] = replica
+        self.route(self.cores[replica].add(pod))
+
     def step(self, batch: int = 2) -> None:
         self.now += 5.0  # past every backoff
-        self.route(self.core.schedule(batch))  # small batches, so gangs interleave
+        for core in self.cores:  # small batches, so gangs interleave
+            self.route(core.schedule(batch))
 
     def settle(self, rounds: int = 10) -> None:
         """Schedule until nothing is produced (or `rounds` run out)."""
         for _ in range(rounds):
             self.now += 5.0
-            produced = self.core.schedule(512)
+            produced = [o for core in self.cores for o in core.schedule(512)]
             if not produced:
                 return
             self.route(produced)

@@ -31,9 +31,9 @@ import numpy.typing as npt
 
 from agents.scheduler.nominator import Nominator
 from agents.scheduler.reservation_table import ReservationTable
-from agents.state import cpus, devices
+from agents.state import cpus, devices, gangs
 from agents.state.resources import ResourceSpace, Vector
-from schemas.records import BoundPod, GpuDevice, Node, NodeStateChange, RdmaDevice, Taint
+from schemas.records import BoundPod, GangHold, GpuDevice, Node, NodeStateChange, RdmaDevice, Taint
 
 _FREEING = frozenset({"released", "rejected", "terminated"})
 
@@ -271,6 +271,7 @@ class ClusterState:
         self.nics = NicTable()
         self.cpus = CpuTable()
         self.reservations = ReservationTable(space)
+        self.gang_holds: dict[int, tuple[GangHold, ...]] = {}  # row -> gang claims held, not accepted
         # Elastic quotas: what bound pods and claims not yet committed use, per quota name.
         self.quota_used: dict[str, Vector] = {}
         self._quota_claims: dict[str, tuple[str, Vector]] = {}  # hold id -> (quota, request)
@@ -337,6 +338,10 @@ class ClusterState:
         if (self.gpus.report(row, change.device_usage) | self.nics.report(row, change.device_usage)
                 | self.cpus.report(row, change.device_usage)):
             event |= ClusterEvent.CAPACITY_FREED
+        if change.gang_holds:
+            self.gang_holds[row] = change.gang_holds
+        else:
+            self.gang_holds.pop(row, None)
         if self.reservations.report(row, change.reservations):
             event |= ClusterEvent.CAPACITY_FREED
         before_noms = len(self.nominator)
@@ -432,6 +437,18 @@ class ClusterState:
             row, request = assumption
             self._requested[row] -= request
             self._free[row] += request
+
+    def yieldable(self, rank: gangs.Rank, key: str) -> npt.NDArray[np.int64] | None:
+        """Per node, what gangs ranked below `rank` hold without being accepted (their owners
+        would ask them to yield it to a claim of gang `key`); None when there is none."""
+        out = None
+        for row, holds in self.gang_holds.items():
+            for h in holds:
+                if h.decision_key != key and gangs.rank(h.priority, h.created, h.decision_key) > rank:
+                    if out is None:
+                        out = np.zeros((self.size, len(self.space)), dtype=np.int64)
+                    out[row] += self.space.known(h.requests)
+        return out
 
     def _count_quota(self, quota: str, vector: Vector) -> None:
         if quota:

@@ -25,9 +25,9 @@ from agents.intake import EpochFence, intake
 from agents.ports import AgentConfig, Outbox, Output, deliver, stamp
 from agents.state.ledger import Decider, Decision, LedgerState
 from schemas import topics
-from schemas.records import GangTimeout, Held, PodDeleted, PodTerminated, Record, Rejected
+from schemas.records import GangTimeout, Held, PodDeleted, PodTerminated, Record, Rejected, Yield
 
-HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated, GangTimeout)
+HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated, GangTimeout, Yield)
 
 
 def key_of(record: Record) -> str:

@@ -40,6 +40,15 @@ class GangSpec:
 
 NO_GANG = GangSpec(0)
 
+Rank = tuple[int, int, str]
+
+
+def rank(priority: int, created: float, key: str) -> Rank:
+    """A gang's place in wound-wait (DESIGN.md, rule 6): smaller wins. Higher priority first,
+    then earlier creation (whole seconds, Kubernetes' resolution, so members created together
+    rank their gang alike), then the decision key, so that every owner orders gangs the same."""
+    return (-priority, int(created), key)
+
 
 def gang_spec(annotations: Mapping[str, str]) -> GangSpec:
     raw_min = annotations.get(GANG_MIN_AVAILABLE_ANNOTATION, "")

@@ -19,6 +19,10 @@ gang is still waiting in that round, every held member is released and requeued 
 default) a member whose claim is rejected takes the gang's held members down with it, so the
 gang retries as a whole instead of keeping capacity held for a gang that cannot complete.
 
+Wound-wait (DESIGN.md, rule 6): a `Yield` from an owner (a higher-ranked gang needs what this
+gang holds there) gives the gang up like a timeout if it is still waiting; a soft rejection
+(the owner asked others to yield for this member) requeues the member without Strict mode.
+
 Decisions are final: an accepted hold is never released, a bound pod never requeued.
 """
 
@@ -44,6 +48,7 @@ from schemas.records import (
     Rejected,
     Release,
     Requeue,
+    Yield,
 )
 
 PENDING, BOUND, DELETED, TERMINATED = "pending", "bound", "deleted", "terminated"
@@ -120,6 +125,8 @@ class Decider:
                     entry.status = TERMINATED
             elif isinstance(record, GangTimeout):
                 self._timeout(state, record.round, out)
+            elif isinstance(record, Yield):
+                self._yield(state, record, out)
             else:
                 out.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on holds", record))
         return state
@@ -223,6 +230,8 @@ class Decider:
                 reason=f"{rejected.node}: {rejected.reason}",
             )))
             reason = f"gang member {rejected.uid} was rejected (Strict mode)"
+            if rejected.soft:
+                return  # a lower-ranked gang yields: this member retries, the others stay held
             if fresh and any(w.get("strict", True) for w in state.waiting.values()):
                 self._give_up(state, reason, out, trigger=hid)
             elif not fresh:  # a replay: re-send the give-up it caused, if any
@@ -238,6 +247,19 @@ class Decider:
             self._resend_give_up(state, recorded, "gang waiting time exceeded", out)
         elif round_ == state.round and state.timer_s and state.waiting:
             self._give_up(state, "gang waiting time exceeded", out)
+
+    def _yield(self, state: LedgerState, y: Yield, out: Decision) -> None:
+        """Wound-wait: a higher-ranked gang needs what this gang holds on `y.node`. Still
+        waiting: release and requeue every held member. Already accepted or given up: nothing
+        (a replayed Yield re-sends what it did)."""
+        trigger = f"yield:{y.node}:{','.join(y.holds)}"
+        reason = f"yielded to gang {y.winner} (wound-wait)"
+        if any(hid in state.waiting for hid in y.holds):
+            self._give_up(state, reason, out, trigger=trigger)
+            return
+        for members in state.gave_up.values():
+            if members and members[0].get("trigger") == trigger:
+                self._resend_give_up(state, members, reason, out)
 
     def _give_up(self, state: LedgerState, reason: str, out: Decision, trigger: str = "") -> None:
         """Release every held member of the waiting gang and requeue them together."""

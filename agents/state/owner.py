@@ -13,6 +13,12 @@ redelivered claim gets the recorded answer. A Release of a committed hold is ign
 are final); a Commit of a hold that is not held is a `Problem` (dead letter and alarm).
 Terminated pods leave tombstones so that nothing late re-allocates them.
 
+Wound-wait between gangs (DESIGN.md, rule 6): a gang member's claim that does not fit, but
+would once the held, not yet accepted, claims of lower-ranked gangs (`gangs.rank`) are gone,
+is rejected softly; each such gang's decider gets a `Yield` naming its holds here, and the
+claimant is nominated on the node so the capacity they free is its. Owners report held gang
+claims (`NodeStateChange.gang_holds`) so that schedulers may claim such capacity at all.
+
 Reservations (`agents.state.reservations`) ride on the same machine: a claim that carries
 `reserving` is a reservation; once committed it is Available and holds its remainder (what
 its consumers have not taken). A claim that names a `reservation` consumes it first. The
@@ -32,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
-from agents.state import cpus, devices
+from agents.state import cpus, devices, gangs
 from agents.state import reservations as rsv
 from agents.state.resources import DEFAULT_MAX_PODS
 from schemas import topics
@@ -41,6 +47,7 @@ from schemas.records import (
     BoundPod,
     Claim,
     Commit,
+    GangHold,
     Held,
     Node,
     NodeDeleted,
@@ -56,6 +63,7 @@ from schemas.records import (
     ReservationExpired,
     ReservationState,
     ResourceList,
+    Yield,
 )
 
 HELD, COMMITTED, RELEASED, REJECTED, TERMINATED = "held", "committed", "released", "rejected", "terminated"
@@ -65,6 +73,7 @@ REASON_NODE_NOT_FOUND = "node not found"
 REASON_NODE_UNSCHEDULABLE = "node is unschedulable"
 REASON_POD_TERMINATED = "pod already terminated"
 REASON_INSUFFICIENT = "Insufficient {}"
+REASON_INSUFFICIENT_PREFIX = "Insufficient "
 
 
 @dataclass
@@ -85,6 +94,9 @@ class HoldEntry:
     reservation: str = ""  # the reservation it consumes (uid)
     consumed: dict[str, int] = field(default_factory=dict)  # what it takes of that reservation
     reserving: dict[str, Any] | None = None  # the Reservation (plain) when the hold is one
+    created: float = 0.0  # the pod's creation time (gangs rank by it)
+    soft: bool = False  # rejected while lower-ranked gangs were asked to yield
+    yields: dict[str, list[str]] = field(default_factory=dict)  # loser gang -> its holds, asked to yield
 
 
 @dataclass
@@ -102,11 +114,12 @@ class NodeState:
     record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
     reservations: dict[str, dict[str, str]] = field(default_factory=dict)  # uid -> {hold, phase}
 
-    def used(self) -> dict[str, int]:
-        """Pods' full requests, plus what each reservation still holds for its consumers."""
+    def used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
+        """Pods' full requests, plus what each reservation still holds for its consumers
+        (less the holds in `ignoring`)."""
         total: dict[str, int] = {}
-        for hold in self.holds.values():
-            if hold.status not in COUNTED:
+        for hid, hold in self.holds.items():
+            if hold.status not in COUNTED or hid in ignoring:
                 continue
             amounts = hold.requests
             if hold.reserving is not None and hold.status == COMMITTED:
@@ -249,6 +262,11 @@ class NodeOwner:
                     for h in (state.holds[hid],) if h.reserving is None  # a reservation is no victim
                 ),
                 reservations=state.available_reservations() if state.reservations else (),
+                gang_holds=tuple(
+                    GangHold(hold_id=hid, decision_key=h.decision_key, priority=h.priority, created=h.created,
+                             requests=ResourceList(h.requests))
+                    for hid, h in state.holds.items() if h.status == HELD and h.gang_min > 1
+                ),
             )))
         return state
 
@@ -353,6 +371,9 @@ class NodeOwner:
         hold = state.holds.get(hid)
         if hold is None:
             reason = self._refusal(state, claim)
+            yields = self._yields(state, claim) if reason.startswith(REASON_INSUFFICIENT_PREFIX) else {}
+            if yields:
+                reason = f"waiting for gang(s) {', '.join(sorted(yields))} to yield the capacity (wound-wait)"
             hold = HoldEntry(
                 uid=claim.uid, attempt=claim.attempt, decision_key=claim.decision_key,
                 requests=dict(claim.requests), priority=claim.priority,
@@ -360,7 +381,11 @@ class NodeOwner:
                 nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
                 devices=list(claim.devices), quota=claim.quota,
                 reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
+                created=claim.creation_timestamp, soft=bool(yields), yields=yields,
             )
+            if yields:  # the winner is promised what the losers free (DESIGN.md, rule 6)
+                state.nominations[claim.uid] = Nomination(uid=claim.uid, node=state.name, priority=claim.priority,
+                                                          requests=claim.requests, devices=claim.devices)
             if claim.reservation and not reason:
                 hold.reservation = claim.reservation
                 hold.consumed = rsv.consumed(claim.requests, state.remaining(claim.reservation))
@@ -370,8 +395,12 @@ class NodeOwner:
         if hold.status == REJECTED:
             result.outputs.append(Output(topics.HOLDS, claim.decision_key, Rejected(
                 uid=claim.uid, attempt=claim.attempt, node=claim.node,
-                decision_key=claim.decision_key, reason=hold.reason,
+                decision_key=claim.decision_key, reason=hold.reason, soft=hold.soft,
             )))
+            for key, holds in sorted(hold.yields.items()):
+                result.outputs.append(Output(topics.HOLDS, key, Yield(
+                    decision_key=key, node=state.name, holds=tuple(holds), winner=claim.decision_key,
+                )))
         else:
             result.outputs.append(Output(topics.HOLDS, claim.decision_key, Held(
                 uid=claim.uid, attempt=claim.attempt, node=claim.node, decision_key=claim.decision_key,
@@ -380,14 +409,14 @@ class NodeOwner:
                 nominated_node=claim.nominated_node, devices=claim.devices,
             )))
 
-    def _refusal(self, state: NodeState, claim: Claim) -> str:
+    def _refusal(self, state: NodeState, claim: Claim, ignoring: frozenset[str] = frozenset()) -> str:
         if not state.exists:
             return REASON_NODE_NOT_FOUND
         if claim.uid in state.tombstones:
             return REASON_POD_TERMINATED
         if state.unschedulable:
             return REASON_NODE_UNSCHEDULABLE
-        used = state.used()
+        used = state.used(ignoring)
         if claim.reservation:
             refusal = self._reservation_refusal(state, claim)
             if refusal:
@@ -403,6 +432,22 @@ class NodeOwner:
             if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:
                 return REASON_INSUFFICIENT.format(name)
         return self._device_refusal(state, claim)
+
+    def _yields(self, state: NodeState, claim: Claim) -> dict[str, list[str]]:
+        """Wound-wait: when the claim of a gang member fits once lower-ranked gangs' held (not
+        yet accepted) claims are gone, those gangs, with their holds here; else nothing."""
+        if claim.gang_min <= 1:
+            return {}
+        mine = gangs.rank(claim.priority, claim.creation_timestamp, claim.decision_key)
+        losers = {hid: h for hid, h in state.holds.items()
+                  if h.status == HELD and h.gang_min > 1 and h.decision_key != claim.decision_key
+                  and gangs.rank(h.priority, h.created, h.decision_key) > mine}
+        if not losers or self._refusal(state, claim, ignoring=frozenset(losers)):
+            return {}
+        out: dict[str, list[str]] = {}
+        for hid, h in sorted(losers.items()):
+            out.setdefault(h.decision_key, []).append(hid)
+        return out
 
     @staticmethod
     def _reservation_refusal(state: NodeState, claim: Claim) -> str:

@@ -1,6 +1,8 @@
 """Gangs through the real broker and agents: a gang that cannot complete is released when
 its waiting time runs out (the deciders' timer appends a GangTimeout to the gang's own
-partition), so the capacity its members held goes to other pods."""
+partition), so the capacity its members held goes to other pods; and wound-wait: an owner asks
+a lower-ranked gang to yield (Yield on `holds`), its decider releases it, and the winner is
+nominated on the freed capacity."""
 
 from __future__ import annotations
 
@@ -9,13 +11,16 @@ import pytest
 from schemas import topics
 from schemas.records import (
     Binding,
+    Claim,
     GangTimeout,
     Held,
     Node,
     NodeStateChange,
     Pod,
+    Rejected,
     Release,
     ResourceList,
+    Yield,
 )
 from tests.integration.harness import Harness
 
@@ -46,3 +51,26 @@ async def test_a_partial_gang_is_released_when_its_waiting_time_runs_out(harness
     await harness.publish(topics.PODS, [big])
     [binding] = await harness.wait_for(Binding, lambda b: b.uid == big.uid, timeout=60)
     assert binding.node == node.name
+
+
+async def test_an_owner_makes_a_lower_ranked_gang_yield_through_the_broker(harness: Harness, run_id: str) -> None:
+    # Two gangs' claims, as two scheduler replicas would send them, straight to the node's inbox.
+    node = Node(name=f"ww-{run_id}", labels={"suite": f"ww-{run_id}"}, allocatable=ResourceList(cpu=1000, memory=2**32))
+    await harness.publish(topics.NODES, [node])
+    await harness.wait_for(NodeStateChange, lambda c: c.node == node.name)
+    loser, winner = f"default/ww-b-{run_id}", f"default/ww-a-{run_id}"
+    claim_b = Claim(uid=f"ww-b1-{run_id}", attempt=0, node=node.name, decision_key=loser, gang_min=2,
+                    requests=ResourceList(cpu=1000, pods=1))
+    await harness.publish(topics.NODE_INBOX, [claim_b])
+    await harness.wait_for(Held, lambda h: h.uid == claim_b.uid)
+    claim_a = Claim(uid=f"ww-a1-{run_id}", attempt=0, node=node.name, decision_key=winner, gang_min=2,
+                    requests=ResourceList(cpu=1000, pods=1))
+    await harness.publish(topics.NODE_INBOX, [claim_a])
+    [rejected] = await harness.wait_for(Rejected, lambda r: r.uid == claim_a.uid, topic=topics.HOLDS)
+    assert rejected.soft
+    [y] = await harness.wait_for(Yield, lambda y: y.decision_key == loser, topic=topics.HOLDS)
+    assert y.winner == winner and y.holds == (claim_b.hold_id,)
+    await harness.wait_for(Release, lambda r: r.uid == claim_b.uid and "yielded" in r.reason, topic=topics.NODE_INBOX)
+    [change] = await harness.wait_for(NodeStateChange, lambda c: c.node == node.name and claim_b.hold_id in c.holds
+                                      and c.holds[claim_b.hold_id] == "released")
+    assert [n.uid for n in change.nominations] == [claim_a.uid]  # the freed capacity is promised to a1

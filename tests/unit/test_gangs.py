@@ -9,6 +9,7 @@ import pytest
 
 from agents.state.gangs import GangError, GangSpec, gang_spec
 from agents.state.ledger import Decider, Decision, LedgerState
+from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas.quantity import parse_duration
 from schemas.records import (
     Binding,
@@ -21,8 +22,9 @@ from schemas.records import (
     Requeue,
     ResourceList,
     SchedulingFeedback,
+    Yield,
 )
-from tests.builders import make_node
+from tests.builders import make_claim, make_node
 from tests.pipeline import Cluster
 
 GANG = "gang.scheduling.koordinator.sh/"
@@ -55,8 +57,8 @@ def test_bad_gang_annotations_name_the_field(annotations: dict[str, str], field:
     assert err.value.field == f"metadata.annotations.{field}"
 
 
-def held(uid: str, node: str = "n1", attempt: int = 0, **kw: Any) -> Held:
-    return Held(uid=uid, attempt=attempt, node=node, decision_key="ns/g", gang_min=3, **kw)
+def held(uid: str, node: str = "n1", attempt: int = 0, key: str = "ns/g", gang_min: int = 3, **kw: Any) -> Held:
+    return Held(uid=uid, attempt=attempt, node=node, decision_key=key, gang_min=gang_min, **kw)
 
 
 def run(state: LedgerState, *records: Any) -> Decision:
@@ -130,3 +132,67 @@ def test_bad_gang_annotation_is_final_feedback() -> None:
     [feedback] = [o.record for o in outputs if isinstance(o.record, SchedulingFeedback)]
     assert feedback.final and "min-available" in feedback.message
     assert isinstance(NodeStateChange, type) and Release and Requeue  # record kinds used above
+
+
+def test_gangs_split_across_scheduler_replicas_do_not_deadlock_the_higher_ranked_wins() -> None:
+    # Each replica holds one member of each gang; each gang gets one node: without wound-wait
+    # both wait for their waiting time. Gang "a" outranks "b" (equal priority and creation
+    # second, then the key): the owner asks b to yield and nominates a's member there.
+    cluster = Cluster(make_node("n1", cpu=1000), make_node("n2", cpu=1000), replicas=2)
+    for uid, replica in (("a1", 0), ("b1", 1), ("b2", 0), ("a2", 1)):
+        cluster.add(gang_pod(uid, uid[0]), replica)
+    for _ in range(6):
+        cluster.step(batch=1)
+        if len(cluster.bindings) == 2:
+            break
+    assert sorted(cluster.bindings) == ["a1", "a2"]
+    held_now = [h.uid for n in cluster.nodes.values() for h in n.holds.values() if h.status in ("held", "committed")]
+    assert sorted(held_now) == ["a1", "a2"]
+    assert all(not n.nominations for n in cluster.nodes.values())  # cleared when a2 was bound
+    b = cluster.ledgers["default/b"]
+    assert [m[0]["trigger"] for m in b.gave_up.values()] == ["yield:n2:b1/0/n2"]
+
+
+def test_a_yield_is_replayed_safely_and_ignored_once_accepted() -> None:
+    state = LedgerState("ns/b")
+    run(state, held("b1", key="ns/b", gang_min=2))
+    y = Yield(decision_key="ns/b", node="n1", holds=("b1/0/n1",), winner="ns/a")
+    first = run(state, y)
+    assert kinds(first) == [("Release", "b1", 0), ("Requeue", "b1", 1)]
+    assert kinds(run(state, y)) == kinds(first)  # a replay re-sends, never re-decides
+    state2 = LedgerState("ns/b")
+    run(state2, held("b1", key="ns/b", gang_min=1))  # accepted at once: a Yield comes too late
+    assert run(state2, Yield(decision_key="ns/b", node="n1", holds=("b1/0/n1",), winner="ns/a")).first == []
+
+
+def test_a_soft_rejection_keeps_the_other_members_held() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a"), held("b"))
+    soft = Rejected(uid="c", attempt=0, node="n1", decision_key="ns/g", reason="waiting for gang(s)", soft=True)
+    assert kinds(run(state, soft)) == [("Requeue", "c", 1)]
+    assert len(state.waiting) == 2
+
+
+def test_the_owner_asks_lower_ranked_gangs_to_yield_and_resends_on_replay() -> None:
+    owner, state = NodeOwner(), NodeState("n1")
+
+    def apply(*records: Any) -> list[Any]:
+        result = OwnerResult()
+        owner.apply(state, list(records), result)
+        return [o.record for o in result.outputs]
+
+    apply(make_node("n1", cpu=2000))
+    apply(make_claim("b1", cpu=1000, key="ns/b", gang_min=2), make_claim("c1", cpu=1000, key="ns/c", gang_min=2))
+    claim = make_claim("a1", cpu=2000, key="ns/a", gang_min=2)
+    out = apply(claim)
+    rejected = [r for r in out if isinstance(r, Rejected)]
+    yields = [r for r in out if isinstance(r, Yield)]
+    assert [r.soft for r in rejected] == [True] and "wound-wait" in rejected[0].reason
+    assert [(y.decision_key, y.holds, y.winner) for y in yields] == [("ns/b", ("b1/0/n1",), "ns/a"),
+                                                                    ("ns/c", ("c1/0/n1",), "ns/a")]
+    assert state.nominations["a1"].requests["cpu"] == 2000  # what they free is promised to a1
+    again = apply(claim)  # a redelivered claim re-sends, never re-decides
+    assert [type(r).__name__ for r in again if not isinstance(r, NodeStateChange)] == ["Rejected", "Yield", "Yield"]
+    # A higher-ranked gang is not asked to yield to a lower-ranked one.
+    low = [r for r in apply(make_claim("z1", cpu=2000, key="ns/z", gang_min=2)) if isinstance(r, Rejected)]
+    assert not low[0].soft and not any(isinstance(r, Yield) for r in apply(make_claim("z1", cpu=2000, key="ns/z", gang_min=2)))

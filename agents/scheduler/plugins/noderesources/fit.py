@@ -4,7 +4,9 @@ the node afterwards.
 Filter: for every resource the pod requests (`pods` included: one per pod), free capacity
 (allocatable - committed - held - assumed) less the claims of other pods nominated there with
 equal or higher priority, plus the remainder of a reservation the pod may consume there
-(`CycleState.reserved_room`, from the Reservation plugin), covers the request. Reasons: "Insufficient <resource>", or
+(`CycleState.reserved_room`, from the Reservation plugin), plus, for a gang member, what
+lower-ranked gangs hold there without being accepted (their owner will ask them to yield it:
+wound-wait), covers the request. Reasons: "Insufficient <resource>", or
 "Too many pods".
 
 Score, by `scoringStrategy.type` over `scoringStrategy.resources` (default cpu and memory,
@@ -48,6 +50,7 @@ from agents.scheduler.plugins.noderesources.resources import (
     specs_from,
     validate_specs,
 )
+from agents.state import gangs
 
 NAME = "NodeResourcesFit"
 LEAST_ALLOCATED, MOST_ALLOCATED = "LeastAllocated", "MostAllocated"
@@ -118,7 +121,8 @@ class Fit:
         self._scorer = least_allocated if self.args.strategy == LEAST_ALLOCATED else most_allocated
 
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
-        """Precompute what others' nominations take from each node (None when nothing)."""
+        """Precompute what others' nominations take from each node, less what lower-ranked
+        gangs hold for a gang member (wound-wait; None when nothing)."""
         a = state.nominator.arrays()
         taken = None
         if a.rows.size:
@@ -126,6 +130,11 @@ class Fit:
             if counted.any():
                 taken = np.zeros((state.size, len(state.space)), dtype=np.int64)
                 np.add.at(taken, a.rows[counted], a.vectors[counted])
+        if state.gang_holds and pod.decision_key != pod.uid:
+            yieldable = state.yieldable(gangs.rank(pod.priority, pod.pod.creation_timestamp, pod.decision_key),
+                                        pod.decision_key)
+            if yieldable is not None:
+                taken = -yieldable if taken is None else taken - yieldable
         cycle.write(NAME, taken)
         return status.SUCCESS
 
