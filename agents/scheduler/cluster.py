@@ -195,8 +195,10 @@ class CpuTable:
         self.cells: dict[int, list[cpus.Cell]] = {}
         self.policy: dict[int, str] = {}
         self.used: dict[int, set[int]] = {}  # row -> CPUs the owner reports bound
-        self._assumed: dict[str, tuple[int, set[int]]] = {}
+        self.memory: dict[int, dict[int, int]] = {}  # row -> cell -> memory the owner reports bound
+        self._assumed: dict[str, tuple[int, set[int], dict[int, int]]] = {}
         self._assumed_rows: dict[int, set[int]] = {}
+        self._assumed_memory: dict[int, dict[int, int]] = {}
 
     def set_node(self, row: int, node: Node) -> None:
         self.cells[row] = cpus.cells_of(node.numa)
@@ -204,24 +206,40 @@ class CpuTable:
 
     def report(self, row: int, usage: Mapping[str, int]) -> bool:
         used = {int(k.split("/")[1]) for k, v in usage.items() if k.startswith("cpu/") and v}
-        before = self.used.get(row, set())
+        memory = {int(k.split("/")[1]): v for k, v in usage.items() if k.startswith("numa/")}
+        before, before_memory = self.used.get(row, set()), self.memory.get(row, {})
         self.used[row] = used
-        return bool(before - used)
+        self.memory[row] = memory
+        return bool(before - used) or any(memory.get(c, 0) < m for c, m in before_memory.items())
 
     def bound(self, row: int) -> set[int]:
         return self.used.get(row, set()) | self._assumed_rows.get(row, set())
+
+    def memory_bound(self, row: int) -> dict[int, int]:
+        """Memory bound per cell of the node: reported plus assumed."""
+        out = dict(self.memory.get(row, {}))
+        for cell, amount in self._assumed_memory.get(row, {}).items():
+            out[cell] = out.get(cell, 0) + amount
+        return out
 
     def assume(self, hold_id: str, row: int, sets: Sequence[cpus.CpuSet]) -> None:
         taken = {c for s in sets for c in s.cpus}
         if hold_id in self._assumed or not taken:
             return
-        self._assumed[hold_id] = (row, taken)
+        memory = {s.cell: s.memory for s in sets if s.memory}
+        self._assumed[hold_id] = (row, taken, memory)
         self._assumed_rows.setdefault(row, set()).update(taken)
+        mine = self._assumed_memory.setdefault(row, {})
+        for cell, amount in memory.items():
+            mine[cell] = mine.get(cell, 0) + amount
 
     def forget(self, hold_id: str) -> None:
         assumed = self._assumed.pop(hold_id, None)
         if assumed is not None:
-            self._assumed_rows[assumed[0]] -= assumed[1]
+            row, taken, memory = assumed
+            self._assumed_rows[row] -= taken
+            for cell, amount in memory.items():
+                self._assumed_memory[row][cell] -= amount
 
 
 @dataclass(frozen=True, slots=True)

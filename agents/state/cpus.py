@@ -10,13 +10,17 @@ NUMA topology policy from the label `node.koordinator.sh/numa-topology-policy`:
 - `BestEffort` and `None` (the default): one cell when one has room, else as few as can.
 
 A pod is bound to CPUs when its Koordinator QoS is LSE or LSR and it asks for whole CPUs.
+Its memory is then bound to the same cells: when the node states each cell's memory
+(`NumaCell.memory`), the cells chosen must also hold the pod's memory request (one cell under
+`SingleNUMANode`; otherwise the chosen cells in order, each giving what it has left); a node
+that does not state it is not checked for memory per cell.
 Its CPU bind policy comes from the annotation `scheduling.koordinator.sh/resource-spec`
 (`{"preferredCPUBindPolicy": ...}`): `FullPCPUs` (the default) takes whole physical cores;
 `SpreadByPCPUs` takes one thread of each core before a second one. Within the cells chosen,
 the fullest cell that fits goes first (packing leaves whole cells for others).
 
-An allocation travels as `cpuset/<cell>/<cpu>,<cpu>,...` in `Claim.devices` and ends on the
-Binding as `scheduling.koordinator.sh/resource-status`.
+An allocation travels as `cpuset/<cell>/<cpu>,<cpu>,...[/<memory bytes>]` in `Claim.devices`
+and ends on the Binding as `scheduling.koordinator.sh/resource-status`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class CpuError(FieldError):
 class CpuRequest:
     cpus: int
     policy: str = FULL_PCPUS
+    memory: int = 0  # bytes, bound to the same cells when the node states cell memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,18 +56,21 @@ class Cell:
     id: int
     cpus: tuple[int, ...]
     cores: tuple[int, ...]  # physical core of each CPU, in the same order
+    memory: int = 0  # bytes (0: not stated, not checked)
 
 
 @dataclass(frozen=True, slots=True)
 class CpuSet:
     cell: int
     cpus: tuple[int, ...]
+    memory: int = 0  # bytes of the pod's memory bound to this cell
 
     def encode(self) -> str:
-        return f"cpuset/{self.cell}/{','.join(map(str, self.cpus))}"
+        tail = f"/{self.memory}" if self.memory else ""
+        return f"cpuset/{self.cell}/{','.join(map(str, self.cpus))}{tail}"
 
 
-def cpu_request(qos: str, cpu_millis: int, annotations: Mapping[str, str]) -> CpuRequest | None:
+def cpu_request(qos: str, cpu_millis: int, annotations: Mapping[str, str], memory: int = 0) -> CpuRequest | None:
     """The pod's CPU binding request, or None when it is not bound; raises CpuError."""
     raw = annotations.get(RESOURCE_SPEC)
     policy = FULL_PCPUS
@@ -78,7 +86,7 @@ def cpu_request(qos: str, cpu_millis: int, annotations: Mapping[str, str]) -> Cp
         policy = SPREAD_BY_PCPUS if asked == SPREAD_BY_PCPUS else FULL_PCPUS
     if qos not in BOUND_QOS or cpu_millis <= 0 or cpu_millis % 1000:
         return None
-    return CpuRequest(cpu_millis // 1000, policy)
+    return CpuRequest(cpu_millis // 1000, policy, memory)
 
 
 def cells_of(numa: Sequence[object]) -> list[Cell]:
@@ -86,7 +94,7 @@ def cells_of(numa: Sequence[object]) -> list[Cell]:
     for cell in numa:
         cpus = tuple(getattr(cell, "cpus", ()))
         cores = tuple(getattr(cell, "cores", ())) or cpus
-        out.append(Cell(int(getattr(cell, "id", 0)), cpus, cores))
+        out.append(Cell(int(getattr(cell, "id", 0)), cpus, cores, int(getattr(cell, "memory", 0) or 0)))
     return out
 
 
@@ -115,41 +123,50 @@ def _take(req: CpuRequest, cell: Cell, used: set[int], want: int) -> list[int] |
     return None
 
 
-def choose(req: CpuRequest, cells: Sequence[Cell], used: set[int], numa_policy: str) -> list[CpuSet] | None:
-    """The CPUs the request takes on one node, or None when it does not fit there."""
+def choose(req: CpuRequest, cells: Sequence[Cell], used: set[int], numa_policy: str,
+           memory_used: Mapping[int, int] | None = None) -> list[CpuSet] | None:
+    """The CPUs (and, where cells state memory, the memory per cell) the request takes on one
+    node, or None when it does not fit there. `memory_used`: bytes bound per cell."""
     free = {c.id: sum(1 for cpu in c.cpus if cpu not in used) for c in cells}
-    one = sorted((free[c.id], c.id, c) for c in cells if free[c.id] >= req.cpus)
+    checked = req.memory > 0 and all(c.memory > 0 for c in cells)
+    mem_free = {c.id: c.memory - (memory_used or {}).get(c.id, 0) for c in cells} if checked else {}
+    one = sorted((free[c.id], c.id, c) for c in cells
+                 if free[c.id] >= req.cpus and (not checked or mem_free[c.id] >= req.memory))
     for _, _, cell in one:  # one cell when one has room: the fullest that fits
         picked = _take(req, cell, used, req.cpus)
         if picked is not None:
-            return [CpuSet(cell.id, tuple(picked))]
+            return [CpuSet(cell.id, tuple(picked), req.memory if checked else 0)]
     if numa_policy == "SingleNUMANode":
         return None
     ordered = sorted(cells, key=lambda c: (-free[c.id], c.id))
-    needed, total = 0, 0
+    needed, total, memory = 0, 0, 0
     for c in ordered:  # the fewest cells that could hold it
-        needed, total = needed + 1, total + free[c.id]
-        if total >= req.cpus:
+        needed, total, memory = needed + 1, total + free[c.id], memory + mem_free.get(c.id, 0)
+        if total >= req.cpus and (not checked or memory >= req.memory):
             break
-    if total < req.cpus:
+    if total < req.cpus or (checked and memory < req.memory):
         return None
-    out, left = [], req.cpus
+    out: list[CpuSet] = []
+    left, mem_left = req.cpus, req.memory if checked else 0
     for c in ordered[:needed] if numa_policy == "Restricted" else ordered:
-        if not left:
+        if not left and not mem_left:
             break
-        picked = _take(req, c, used, min(left, free[c.id]))
-        if picked:
-            out.append(CpuSet(c.id, tuple(picked)))
-            left -= len(picked)
-    return out if not left else None
+        picked = _take(req, c, used, min(left, free[c.id])) if left else []
+        mem = min(mem_left, max(mem_free.get(c.id, 0), 0))
+        if picked or mem:
+            out.append(CpuSet(c.id, tuple(picked or ()), mem))
+            left -= len(picked or ())
+            mem_left -= mem
+    return out if not left and not mem_left else None
 
 
 def decode(devices: Sequence[str]) -> list[CpuSet]:
     out = []
     for item in devices:
         parts = item.split("/")
-        if len(parts) == 3 and parts[0] == "cpuset":
-            out.append(CpuSet(int(parts[1]), tuple(int(c) for c in parts[2].split(",") if c)))
+        if len(parts) in (3, 4) and parts[0] == "cpuset":
+            out.append(CpuSet(int(parts[1]), tuple(int(c) for c in parts[2].split(",") if c),
+                              int(parts[3]) if len(parts) == 4 else 0))
     return out
 
 
@@ -167,6 +184,12 @@ def _ranges(cpus: Sequence[int]) -> str:
 
 def annotation(sets: Sequence[CpuSet]) -> str:
     """`scheduling.koordinator.sh/resource-status`, as Koordinator writes it."""
+    def resources(s: CpuSet) -> dict[str, str]:
+        out = {"cpu": str(len(s.cpus))}
+        if s.memory:
+            out["memory"] = str(s.memory)
+        return out
+
     return json.dumps({"cpuset": _ranges([c for s in sets for c in s.cpus]),
-                       "numaNodeResources": [{"node": s.cell, "resources": {"cpu": str(len(s.cpus))}} for s in sets]},
+                       "numaNodeResources": [{"node": s.cell, "resources": resources(s)} for s in sets]},
                       separators=(",", ":"))

@@ -175,6 +175,9 @@ class NodeState:
                 for cpuset in cpus.decode(hold.devices):
                     for cpu in cpuset.cpus:
                         usage[f"cpu/{cpu}/used"] = 1
+                    if cpuset.memory:
+                        key = f"numa/{cpuset.cell}/memory"
+                        usage[key] = usage.get(key, 0) + cpuset.memory
         return usage
 
     def nics(self) -> dict[int, int]:
@@ -472,13 +475,18 @@ class NodeOwner:
             return ""
         gpus, usage, nics = state.gpus(), state.device_usage(), state.nics()
         if cpusets:
-            known = {c for cell in (state.record or {}).get("numa", ()) for c in cell.get("cpus", ())}
+            cells = (state.record or {}).get("numa", ())
+            known = {c for cell in cells for c in cell.get("cpus", ())}
+            cell_memory = {int(cell.get("id", 0)): int(cell.get("memory", 0) or 0) for cell in cells}
             for cpuset in cpusets:
                 for cpu in cpuset.cpus:
                     if cpu not in known:
                         return f"cpu {cpu} does not exist on the node"
                     if usage.get(f"cpu/{cpu}/used"):
                         return f"cpu {cpu} is bound to another pod"
+                memory = cell_memory.get(cpuset.cell, 0)
+                if cpuset.memory and memory and usage.get(f"numa/{cpuset.cell}/memory", 0) + cpuset.memory > memory:
+                    return f"Insufficient memory in NUMA node {cpuset.cell}"
         for n in vfs:
             if n.minor not in nics:
                 return f"rdma {n.minor} does not exist on the node"

@@ -4,7 +4,8 @@ PreFilter decides whether the pod is bound to CPUs (Koordinator QoS LSE or LSR, 
 `agents.state.cpus.cpu_request`) and with which bind policy; a malformed
 `scheduling.koordinator.sh/resource-spec` rejects it as unresolvable; other pods skip the
 plugin. Filter: the node has a NUMA topology and the exact choice (`cpus.choose`, honouring
-the node's NUMA topology policy and the bind policy) finds CPUs for the pod there; nodes are
+the node's NUMA topology policy and the bind policy) finds CPUs for the pod there, and room
+for its memory in the same cells where the node states each cell's memory; nodes are
 first pruned by their count of free CPUs, so the exact choice runs only where it could work.
 Reserve takes the chosen CPUs (assumed under the claim's hold id, seen by every profile at
 once) and leaves them for the Claim; the owner checks them CPU by CPU; the decider writes
@@ -44,13 +45,15 @@ class NodeNUMAResource(ParsedPlugin):
         pass
 
     def parse(self, pod: PodInfo) -> cpus.CpuRequest | None:
-        return cpus.cpu_request(pod.qos, pod.pod.requests.get("cpu", 0), pod.pod.annotations)
+        requests = pod.pod.requests
+        return cpus.cpu_request(pod.qos, requests.get("cpu", 0), pod.pod.annotations, requests.get("memory", 0))
 
     def _fits(self, req: cpus.CpuRequest, state: ClusterState, row: int) -> bool:
         cells = state.cpus.cells.get(row)
         if not cells:
             return False
-        return cpus.choose(req, cells, state.cpus.bound(row), state.cpus.policy.get(row, "None")) is not None
+        return cpus.choose(req, cells, state.cpus.bound(row), state.cpus.policy.get(row, "None"),
+                           state.cpus.memory_bound(row)) is not None
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
         req: cpus.CpuRequest = cycle.read(NAME)
@@ -71,12 +74,15 @@ class NodeNUMAResource(ParsedPlugin):
         if not cells:
             return 0
         used, policy = set(state.cpus.bound(row)), state.cpus.policy.get(row, "None")
+        memory = state.cpus.memory_bound(row)
         placed = 0
         while placed < limit:
-            chosen = cpus.choose(req, cells, used, policy)
+            chosen = cpus.choose(req, cells, used, policy, memory)
             if chosen is None:
                 break
             used.update(c for s in chosen for c in s.cpus)
+            for s in chosen:
+                memory[s.cell] = memory.get(s.cell, 0) + s.memory
             placed += 1
         return placed
 
@@ -84,7 +90,8 @@ class NodeNUMAResource(ParsedPlugin):
         req: cpus.CpuRequest = cycle.read(NAME)
         cycle.allocate(NAME, ())
         cells = state.cpus.cells.get(row) or []
-        chosen = cpus.choose(req, cells, state.cpus.bound(row), state.cpus.policy.get(row, "None"))
+        chosen = cpus.choose(req, cells, state.cpus.bound(row), state.cpus.policy.get(row, "None"),
+                             state.cpus.memory_bound(row))
         if chosen is None:
             return status.unschedulable(NAME, REASON)
         state.cpus.assume(hold_id(pod.uid, pod.attempt, state.names[row]), row, chosen)

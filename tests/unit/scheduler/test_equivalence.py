@@ -66,6 +66,7 @@ def build(node_specs: list[tuple], nominated: bool) -> ClusterState:  # type: ig
         labels = {"zone": zone, **({"disk": "ssd"} if disk else {}), **({NUMA_POLICY_LABEL: numa} if numa else {})}
         per_cell = cpu // 2000  # two cells of whole CPUs, two threads per core
         cells = tuple(NumaCell(c, tuple(range(c * per_cell, (c + 1) * per_cell)),
+                               memory=mem // 3 if i % 2 else 0,  # odd nodes bind memory to cells too
                                cores=tuple(x // 2 for x in range(c * per_cell, (c + 1) * per_cell))) for c in range(2))
         out.append(Node(name=f"n{i:02d}", labels=labels, taints=taints, unschedulable=cordoned,
                         allocatable=ResourceList({"cpu": cpu, "memory": mem, "pods": 6}),
@@ -121,3 +122,14 @@ def test_a_run_of_identical_pods_is_one_class() -> None:
     assert len({fw.signature(p) for p in infos}) == 1
     placed = [p.node for p in fw.schedule(infos)]
     assert sorted(placed) == ["n00"] * 3 + ["n01"] * 3 + ["n02"] * 3
+
+
+def test_cell_memory_limits_a_class_like_one_by_one() -> None:
+    # Nodes of 8 CPUs (two cells of 4) and 6Gi; LSR pods of 2 CPUs and 1.5Gi. n00 states no cell
+    # memory: 4 fit (CPUs and node memory). n01's cells hold 2Gi each: one pod per cell, by
+    # memory, not CPUs. The class path must stop where one by one does.
+    node_specs = [(8000, 6 * 2**30, "z1", False, None, False, 0, "SingleNUMANode")] * 2
+    pods = pods_from([(2000, 3 * 2**29, 0, False, False, {}, 0, True)], [(0, 10)])
+    batched = place(node_specs, False, pods, "default-scheduler", batching=True)
+    assert batched == place(node_specs, False, pods, "default-scheduler", batching=False)
+    assert sorted(p[1] for p in batched if p[1]) == ["n00"] * 4 + ["n01"] * 2

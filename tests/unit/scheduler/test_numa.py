@@ -5,6 +5,7 @@ nomination from lower-priority pods of any profile."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -138,3 +139,44 @@ def test_a_preemptors_numa_bound_cpus_stay_its_own() -> None:
     core.queue.clock = lambda: 2000.0
     got = claims(core.schedule())
     assert [c.uid for c in got] == ["boss"] and len(got[0].devices) == 1
+
+
+GIB = 2**30
+MEM_CELLS = [Cell(0, (0, 1, 2, 3), (0, 0, 1, 1), 8 * GIB), Cell(1, (4, 5, 6, 7), (2, 2, 3, 3), 8 * GIB)]
+
+
+@pytest.mark.parametrize(("req", "used", "memory_used", "policy", "expected"), [
+    (CpuRequest(2, memory=6 * GIB), {0, 1}, {0: 4 * GIB}, "SingleNUMANode",  # cell 0 has the CPUs, not the memory
+     [CpuSet(1, (4, 5), 6 * GIB)]),
+    (CpuRequest(2, memory=10 * GIB), set(), {}, "SingleNUMANode", None),  # no cell has 10Gi
+    (CpuRequest(2, memory=10 * GIB), set(), {}, "BestEffort",  # CPUs in one cell, memory from two
+     [CpuSet(0, (0, 1), 8 * GIB), CpuSet(1, (), 2 * GIB)]),
+    (CpuRequest(2, memory=6 * GIB), set(), {0: 6 * GIB, 1: 6 * GIB}, "BestEffort", None),  # 4Gi left in all
+], ids=["memory-picks-the-cell", "single-numa-memory-too-big", "best-effort-spans-memory", "memory-short"])
+def test_choose_binds_memory_to_cells(req: CpuRequest, used: set[int], memory_used: dict[int, int], policy: str,
+                                      expected: list[CpuSet] | None) -> None:
+    assert cpus.choose(req, MEM_CELLS, used, policy, memory_used) == expected
+
+
+def test_memory_per_cell_through_the_scheduler_the_owner_and_the_binding() -> None:
+    node = replace(numa_node("n"), numa=(NumaCell(0, (0, 1, 2, 3), 8 * GIB, (0, 0, 1, 1)),
+                                         NumaCell(1, (4, 5, 6, 7), 8 * GIB, (2, 2, 3, 3))))
+    space = ResourceSpace()
+    core = SchedulerCore(space, ClusterState.from_records(space, [node]), lambda: 0.0, config=PROFILES)
+    for uid, cpu, memory in (("a", 2000, 6 * GIB), ("b", 2000, 6 * GIB), ("c", 2000, 6 * GIB)):
+        core.add(Pod(uid=uid, name=uid, labels=dict(LSR), requests=ResourceList(cpu=cpu, memory=memory)))
+    got = {c.uid: c.devices for c in claims(core.schedule())}
+    # a and b each take a cell's memory; c has CPUs left in both cells but 2Gi of memory in each.
+    assert got == {"a": (f"cpuset/0/0,1/{6 * GIB}",), "b": (f"cpuset/1/4,5/{6 * GIB}",)}
+    state, owner = NodeState("n"), NodeOwner()
+    owner.apply(state, [node], OwnerResult())
+    result = OwnerResult()
+    over = Claim(uid="x", attempt=0, node="n", decision_key="x", requests=ResourceList(cpu=2000, pods=1),
+                 devices=(f"cpuset/0/2,3/{4 * GIB}",))
+    owner.apply(state, [Claim(uid="a", attempt=0, node="n", decision_key="a", requests=ResourceList(cpu=2000, pods=1),
+                              devices=got["a"]), over], result)
+    verdicts = {r.uid: getattr(r, "reason", "held") for r in (o.record for o in result.outputs)
+                if isinstance(r, (Held, Rejected))}
+    assert verdicts == {"a": "held", "x": "Insufficient memory in NUMA node 0"}
+    assert json.loads(cpus.annotation(cpus.decode(got["a"])))["numaNodeResources"] == [
+        {"node": 0, "resources": {"cpu": "2", "memory": str(6 * GIB)}}]
