@@ -130,6 +130,7 @@ class BoundPod:
     priority: int = 0
     requests: ResourceList = field(default_factory=_resources)
     quota: str = ""  # the elastic quota it counts against ("" for none)
+    devices: tuple[str, ...] = ()  # the devices it holds, as claimed ("gpu/<minor>/<core>/<ratio>", ...)
 
 
 @dataclass(frozen=True, slots=True)

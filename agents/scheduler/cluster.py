@@ -23,7 +23,7 @@ changes; filters read them instead of looping over nodes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Flag, auto
 
 import numpy as np
@@ -33,7 +33,16 @@ from agents.scheduler.nominator import Nominator
 from agents.scheduler.reservation_table import ReservationTable
 from agents.state import cpus, devices, gangs
 from agents.state.resources import ResourceSpace, Vector
-from schemas.records import BoundPod, GangHold, GpuDevice, Node, NodeStateChange, RdmaDevice, Taint
+from schemas.records import (
+    BoundPod,
+    GangHold,
+    GpuDevice,
+    Node,
+    NodeStateChange,
+    Nomination,
+    RdmaDevice,
+    Taint,
+)
 
 _FREEING = frozenset({"released", "rejected", "terminated"})
 
@@ -128,6 +137,18 @@ class GpuTable:
             for col, core, ratio in taken:
                 self.core_assumed[row, col] -= core
                 self.ratio_assumed[row, col] -= ratio
+
+    def promised(self, nominated: Sequence[tuple[int, Nomination]]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Core and memory-ratio per GPU (rows x columns) that the given nominations name."""
+        core, ratio = np.zeros_like(self.core_cap), np.zeros_like(self.ratio_cap)
+        for row, nomination in nominated:
+            columns = self._columns.get(row, {})
+            for a in devices.decode(nomination.devices):
+                col = columns.get(a.minor)
+                if col is not None:
+                    core[row, col] += a.core
+                    ratio[row, col] += a.ratio
+        return core, ratio
 
     def free_row(self, row: int) -> tuple[list[int], list[int], list[int], list[int]]:
         """One node's GPUs: minors, free core, free memory-ratio, memory (Python lists)."""
@@ -406,6 +427,8 @@ class ClusterState:
         as used)."""
         row = self.index[node]
         vector = self.space.pod_request(pod.requests)
+        if not pod.devices and (gpus or nics):  # what preemption needs to know which it frees
+            pod = replace(pod, devices=tuple(a.encode() for a in gpus) + tuple(n.encode() for n in nics))
         self.gpus.add_used(row, gpus)
         used = self.nics.used.setdefault(row, {})
         for n in nics:

@@ -7,7 +7,8 @@ owners last said about the same pod until the owner reports the pod on that node
 most one nomination: nominating it elsewhere replaces the old one.
 
 Filtering a pod (`free_for`) subtracts the claims of every *other* pod nominated with equal or
-higher priority, as the owners do when they hold a claim (DESIGN.md, safety rule 8).
+higher priority, as the owners do when they hold a claim (DESIGN.md, safety rule 8); a
+nomination that names concrete GPUs (`devices_for`) keeps those GPUs from such pods too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class NominatedArrays:
     uids: npt.NDArray[np.object_]
     vectors: npt.NDArray[np.int64]
     uid_set: frozenset[str]
+    with_devices: tuple[tuple[int, Nomination], ...]  # (row, nomination) of those naming devices
 
 
 class Nominator:
@@ -100,8 +102,14 @@ class Nominator:
                 vectors=np.array([self.space.known(n.requests) for n in entries], dtype=np.int64).reshape(
                     len(entries), len(self.space)),
                 uid_set=frozenset(n.uid for n in entries),
+                with_devices=tuple((self._row_of[n.node], n) for n in entries if n.devices),
             )
         return self._arrays
+
+    def devices_for(self, priority: int, uid: str) -> list[tuple[int, Nomination]]:
+        """(row, nomination) of other pods nominated with equal or higher priority that name
+        concrete devices: those devices are theirs."""
+        return [(row, n) for row, n in self.arrays().with_devices if n.priority >= priority and n.uid != uid]
 
     def free_for(self, free: npt.NDArray[np.int64], priority: int, uid: str) -> npt.NDArray[np.int64]:
         """`free` less the claims of other pods nominated with equal or higher priority."""

@@ -260,7 +260,7 @@ class NodeOwner:
                 device_usage=state.device_usage(),
                 committed=tuple(
                     BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
-                             requests=ResourceList(h.requests), quota=h.quota)
+                             requests=ResourceList(h.requests), quota=h.quota, devices=tuple(h.devices))
                     for hid, status in touched.items() if status == COMMITTED
                     for h in (state.holds[hid],) if h.reserving is None  # a reservation is no victim
                 ),
@@ -474,6 +474,11 @@ class NodeOwner:
         if not claimed and not vfs and not cpusets:
             return ""
         gpus, usage, nics = state.gpus(), state.device_usage(), state.nics()
+        for uid, nomination in state.nominations.items():  # others' promised GPUs, as for totals
+            if uid != claim.uid and nomination.priority >= claim.priority:
+                for a in devices.decode(nomination.devices):
+                    usage[f"gpu/{a.minor}/core"] = usage.get(f"gpu/{a.minor}/core", 0) + a.core
+                    usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
         if cpusets:
             cells = (state.record or {}).get("numa", ())
             known = {c for cell in cells for c in cell.get("cpus", ())}

@@ -27,6 +27,7 @@ from agents.scheduler.cluster import ClusterState, PodOnNode
 from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo, PostFilterResult
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.scheduler.plugins.noderesources.fit import NAME as FIT
+from agents.state import devices
 from schemas.records import QUOTA_LABEL, Nomination, ResourceList
 
 NAME = "DefaultPreemption"
@@ -110,8 +111,37 @@ class DefaultPreemption:
         _, row, victims = best
         self._victims_of[pod.uid] = {v.pod.uid for v in victims}
         nomination = Nomination(uid=pod.uid, node=state.names[row], priority=pod.priority,
-                                requests=ResourceList(state.space.to_map(pod.request)))
+                                requests=ResourceList(state.space.to_map(pod.request)),
+                                devices=self._promised_gpus(pod, state, row, victims))
         return PostFilterResult(nomination, tuple(victims))
+
+    @staticmethod
+    def _promised_gpus(pod: PodInfo, state: ClusterState, row: int, victims: list[PodOnNode]) -> tuple[str, ...]:
+        """The concrete GPUs the preemptor gets once its victims are gone (what is free, plus
+        the victims' GPUs, less what others of equal or higher priority were promised); none
+        when it asks for no GPUs or they do not fit device by device (then totals hold)."""
+        try:
+            req = devices.gpu_request(pod.pod.requests)
+        except ValueError:
+            return ()
+        if req is None:
+            return ()
+        minors, core, ratio, memory = state.gpus.free_row(row)
+        index = {minor: i for i, minor in enumerate(minors)}
+        for victim in victims:
+            for a in devices.decode(victim.pod.devices):
+                i = index.get(a.minor)
+                if i is not None:
+                    core[i] += a.core
+                    ratio[i] += a.ratio
+        nominated = state.nominator.devices_for(pod.priority, pod.uid)
+        if nominated:
+            promised_core, promised_ratio = state.gpus.promised(nominated)
+            present = state.gpus.minor[row] >= 0
+            core = [c - p for c, p in zip(core, promised_core[row][present].tolist(), strict=True)]
+            ratio = [r - p for r, p in zip(ratio, promised_ratio[row][present].tolist(), strict=True)]
+        chosen = devices.choose(req, minors, core, ratio, memory)
+        return tuple(a.encode() for a in chosen) if chosen else ()
 
     @staticmethod
     def _victims(room: np.ndarray, pods: list[PodOnNode], pod: PodInfo) -> list[PodOnNode]:

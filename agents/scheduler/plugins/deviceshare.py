@@ -6,7 +6,9 @@ without GPUs) rejects the pod as unresolvable with the field and value; a pod as
 `koordinator.sh/gpu-memory` per GPU than any GPU of the cluster has is unschedulable with the
 field and value (it waits for such a node); a pod without devices skips the plugin.
 Filter: a node passes when enough of its GPUs each have the free core and memory-ratio the
-request needs per GPU (`koordinator.sh/gpu-memory` is turned into that GPU's ratio).
+request needs per GPU (`koordinator.sh/gpu-memory` is turned into that GPU's ratio), not
+counting the GPUs that nominations of other pods with equal or higher priority name (a
+preemptor is promised concrete GPUs).
 Reserve picks the concrete GPUs (`devices.choose`: shares packed onto the fullest GPU that
 fits, unless a score plugin left a preferred GPU for the node under `PREFERRED` (FGD) and the
 share fits there; whole GPUs in minor order) and RDMA virtual functions (NICs in minor order), assumes them in the shared state under the claim's hold id
@@ -45,6 +47,7 @@ REASON = "Insufficient gpu devices"
 
 
 PREFERRED = NAME + "/preferred"  # cycle key: {row: GPU minor} a score plugin prefers for a share
+PROMISED = NAME + "/promised"  # cycle key: (core, ratio) per GPU that others' nominations name
 
 DeviceAsk = tuple[devices.GpuRequest | None, int]  # GPUs, RDMA virtual functions
 
@@ -74,6 +77,9 @@ class DeviceShare(ParsedPlugin):
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
         st = super().pre_filter(cycle, pod, state)
         gpu: devices.GpuRequest | None = cycle.read(NAME)[0] if st.ok else None
+        if gpu is not None:  # GPUs promised to others of equal or higher priority are theirs
+            nominated = state.nominator.devices_for(pod.priority, pod.uid)
+            cycle.write(PROMISED, state.gpus.promised(nominated) if nominated else None)
         if gpu is not None and gpu.memory:
             present = state.gpus.minor[: state.size] >= 0
             largest = int(state.gpus.memory[: state.size][present].max()) if present.any() else 0
@@ -90,6 +96,9 @@ class DeviceShare(ParsedPlugin):
             return every
         table = state.gpus
         core, ratio = table.free_core()[:n][rows], table.free_ratio()[:n][rows]
+        promised = cycle.read(PROMISED)
+        if promised is not None:
+            core, ratio = core - promised[0][:n][rows], ratio - promised[1][:n][rows]
         present = table.minor[:n][rows] >= 0
         fits = present & (core >= req.core) & (ratio >= ratio_needed(req, table.memory[:n][rows]))
         count = fits[:, 0].astype(np.int64) if fits.shape[1] else np.zeros(len(fits), dtype=np.int64)
@@ -105,7 +114,7 @@ class DeviceShare(ParsedPlugin):
         req: devices.GpuRequest | None = cycle.read(NAME)[0]
         if req is None:
             return limit
-        minors, core, ratio, memory = state.gpus.free_row(row)
+        minors, core, ratio, memory = self._free_row(cycle, state, row)
         placed = 0
         while placed < limit:
             chosen = devices.choose(req, minors, core, ratio, memory)
@@ -124,7 +133,7 @@ class DeviceShare(ParsedPlugin):
         if ask is None:
             return status.SUCCESS
         gpu, vfs = ask
-        chosen = self._choose(cycle, gpu, state, row) if gpu is not None else []
+        chosen = self._choose(cycle, pod, gpu, state, row) if gpu is not None else []
         nics = devices.choose_vfs(vfs, *state.nics.free_row(row)) if vfs else []
         if chosen is None or nics is None:
             return status.unschedulable(NAME, REASON if chosen is None else "Insufficient rdma virtual functions")
@@ -135,18 +144,36 @@ class DeviceShare(ParsedPlugin):
         return status.SUCCESS
 
     @staticmethod
-    def _choose(cycle: CycleState, req: devices.GpuRequest, state: ClusterState, row: int
+    def _choose(cycle: CycleState, pod: PodInfo, req: devices.GpuRequest, state: ClusterState, row: int
                 ) -> list[devices.GpuAllocation] | None:
-        """The GPUs for the request: a share on the GPU a score plugin prefers when it fits
-        there (FGD), else `devices.choose`."""
-        minors, core, ratio, memory = state.gpus.free_row(row)
-        preferred = (cycle.read(PREFERRED) or {}).get(row) if req.count == 1 and req.shared else None
-        if preferred is not None and preferred in minors:
-            i = minors.index(preferred)
-            on_it = devices.choose(req, [preferred], [core[i]], [ratio[i]], [memory[i]])
-            if on_it is not None:
-                return on_it
+        """The GPUs for the request: those its own nomination on the node promised, when they
+        fit; else a share on the GPU a score plugin prefers when it fits there (FGD); else
+        `devices.choose`."""
+        minors, core, ratio, memory = DeviceShare._free_row(cycle, state, row)
+        own = state.nominator.of(pod.uid) if pod.uid in state.nominator.nominated_uids() else None
+        wanted: list[int] = []
+        if own is not None and own.node == state.names[row]:
+            wanted = [a.minor for a in devices.decode(own.devices)]
+        elif req.count == 1 and req.shared and (cycle.read(PREFERRED) or {}).get(row) is not None:
+            wanted = [cycle.read(PREFERRED)[row]]
+        picked = [minors.index(m) for m in wanted if m in minors]
+        if picked:
+            on_them = devices.choose(req, [minors[i] for i in picked], [core[i] for i in picked],
+                                     [ratio[i] for i in picked], [memory[i] for i in picked])
+            if on_them is not None:
+                return on_them
         return devices.choose(req, minors, core, ratio, memory)
+
+    @staticmethod
+    def _free_row(cycle: CycleState, state: ClusterState, row: int) -> tuple[list[int], list[int], list[int], list[int]]:
+        """`GpuTable.free_row` less the GPUs promised to others (see `pre_filter`)."""
+        minors, core, ratio, memory = state.gpus.free_row(row)
+        promised = cycle.read(PROMISED)
+        if promised is not None:
+            present = state.gpus.minor[row] >= 0
+            core = [c - p for c, p in zip(core, promised[0][row][present].tolist(), strict=True)]
+            ratio = [r - p for r, p in zip(ratio, promised[1][row][present].tolist(), strict=True)]
+        return minors, core, ratio, memory
 
     def unreserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> None:
         hid = hold_id(pod.uid, pod.attempt, state.names[row])

@@ -170,6 +170,48 @@ def test_a_preemptors_gpus_and_vfs_stay_its_own_in_every_profile() -> None:
     assert got[0].devices == tuple(f"gpu/{i}/100/100" for i in range(8)) + ("rdma/0/8",)
 
 
+def test_a_preemptor_is_promised_concrete_gpus_not_only_totals() -> None:
+    """GPU 0 runs a low-priority victim (100), GPU 1 a high-priority pod (50). A high-priority
+    share of 60 preempts the victim and is promised GPU 0. A pod of 90 arriving next fits the
+    node by totals (150 free - 60 promised) but not device by device: GPU 0 keeps 60 for the
+    preemptor, so 40 + 50 is no room for 90. By totals alone it would take GPU 0, and the
+    preemptor would fit nowhere."""
+    space = ResourceSpace()
+    state = ClusterState.from_records(space, [gpu_node("g")])
+    state.add_bound(BoundPod(uid="victim", name="victim", priority=1, requests=ResourceList({CORE: 100, RATIO: 100})),
+                    "g", [GpuAllocation(0, 100, 100)])
+    state.add_bound(BoundPod(uid="keeper", name="keeper", priority=100, requests=ResourceList({CORE: 50, RATIO: 50})),
+                    "g", [GpuAllocation(1, 50, 50)])
+    core = SchedulerCore(space, state, lambda: 1000.0, config=PROFILES)
+    core.add(share("boss", 60, priority=100))
+    [nomination] = [o.record for o in core.schedule() if isinstance(o.record, Nomination)]
+    assert nomination.devices == ("gpu/0/60/60",)
+    # The victim is gone: the owner reports it terminated, GPU 0 idle, the nomination on. Another
+    # scheduler replica (which knows the nomination only from that report) gets "big" first.
+    allocatable = ResourceList({"cpu": 32000, "memory": 256 * GI, "nvidia.com/gpu": 2, CORE: 200, RATIO: 200,
+                                "pods": 110})
+    report = NodeStateChange(
+        node="g", seq=5, allocatable=allocatable, used=ResourceList({"cpu": 100, CORE: 50, RATIO: 50, "pods": 1}),
+        holds={"victim/0/g": "terminated"}, nominations=(nomination,),
+        device_usage={"gpu/1/core": 50, "gpu/1/ratio": 50})
+    other = SchedulerCore(space, ClusterState.from_records(space, [gpu_node("g")]), lambda: 1000.0, config=PROFILES)
+    other.apply_state_changes([report])
+    other.add(share("big", 90, priority=50, scheduler_name="other"))
+    assert claims(other.schedule()) == []
+    core.apply_state_changes([report])
+    core.queue.clock = lambda: 2000.0  # past every backoff
+    got = claims(core.schedule())
+    assert [(c.uid, c.devices) for c in got] == [("boss", ("gpu/0/60/60",))]
+    # The owner keeps promised GPUs too: a claim on GPU 0 beyond the promise is refused.
+    owner, node = NodeOwner(), NodeState("g")
+    owner.apply(node, [gpu_node("g"), nomination], OwnerResult())
+    result = OwnerResult()
+    owner.apply(node, [owner_claim("big", 0, 90), owner_claim("small", 0, 40)], result)
+    verdicts = {r.uid: getattr(r, "reason", "held") for r in (o.record for o in result.outputs)
+                if isinstance(r, (Held, Rejected))}
+    assert verdicts == {"big": "Insufficient gpu 0", "small": "held"}
+
+
 def test_bad_gpu_request_is_final_feedback() -> None:
     core = core_of(gpu_node("g"))
     outputs = core.add(share("odd", 150))
