@@ -27,9 +27,10 @@ An allocation travels in `Claim.devices` / `Held.devices` as `gpu/<minor>/<core>
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from agents.state import cpus
 from schemas.errors import FieldError
 
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -210,3 +211,18 @@ def annotation(allocations: Sequence[GpuAllocation], nics: Sequence[RdmaAllocati
     if nics:
         out["rdma"] = [{"minor": n.minor, "resources": {RDMA: str(n.vfs)}} for n in nics]
     return json.dumps(out, separators=(",", ":"))
+
+
+def add_usage(usage: dict[str, int], claimed: Iterable[str]) -> None:
+    """Add what the encoded devices of one claim (or nomination) use, keyed as `device_usage`."""
+    for a in decode(list(claimed)):
+        usage[f"gpu/{a.minor}/core"] = usage.get(f"gpu/{a.minor}/core", 0) + a.core
+        usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
+    for n in decode_rdma(list(claimed)):
+        usage[f"rdma/{n.minor}/vfs"] = usage.get(f"rdma/{n.minor}/vfs", 0) + n.vfs
+    for cpuset in cpus.decode(list(claimed)):
+        for cpu in cpuset.cpus:
+            usage[f"cpu/{cpu}/used"] = 1
+        if cpuset.memory:
+            key = f"numa/{cpuset.cell}/memory"
+            usage[key] = usage.get(key, 0) + cpuset.memory

@@ -163,21 +163,12 @@ class NodeState:
         return tuple(out)
 
     def device_usage(self) -> dict[str, int]:
-        """Per GPU, the core and memory-ratio that committed and held claims use."""
+        """Per device, what committed and held claims use: GPU core and memory-ratio, RDMA
+        virtual functions, bound CPUs and NUMA memory per cell."""
         usage: dict[str, int] = {}
         for hold in self.holds.values():
             if hold.status in COUNTED:
-                for a in devices.decode(hold.devices):
-                    usage[f"gpu/{a.minor}/core"] = usage.get(f"gpu/{a.minor}/core", 0) + a.core
-                    usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
-                for n in devices.decode_rdma(hold.devices):
-                    usage[f"rdma/{n.minor}/vfs"] = usage.get(f"rdma/{n.minor}/vfs", 0) + n.vfs
-                for cpuset in cpus.decode(hold.devices):
-                    for cpu in cpuset.cpus:
-                        usage[f"cpu/{cpu}/used"] = 1
-                    if cpuset.memory:
-                        key = f"numa/{cpuset.cell}/memory"
-                        usage[key] = usage.get(key, 0) + cpuset.memory
+                devices.add_usage(usage, hold.devices)
         return usage
 
     def nics(self) -> dict[int, int]:
@@ -474,11 +465,9 @@ class NodeOwner:
         if not claimed and not vfs and not cpusets:
             return ""
         gpus, usage, nics = state.gpus(), state.device_usage(), state.nics()
-        for uid, nomination in state.nominations.items():  # others' promised GPUs, as for totals
+        for uid, nomination in state.nominations.items():  # others' promised devices, as for totals
             if uid != claim.uid and nomination.priority >= claim.priority:
-                for a in devices.decode(nomination.devices):
-                    usage[f"gpu/{a.minor}/core"] = usage.get(f"gpu/{a.minor}/core", 0) + a.core
-                    usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
+                devices.add_usage(usage, nomination.devices)
         if cpusets:
             cells = (state.record or {}).get("numa", ())
             known = {c for cell in cells for c in cell.get("cpus", ())}

@@ -27,7 +27,7 @@ from agents.scheduler.cluster import ClusterState, PodOnNode
 from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo, PostFilterResult
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.scheduler.plugins.noderesources.fit import NAME as FIT
-from agents.state import devices
+from agents.state import cpus, devices
 from schemas.records import QUOTA_LABEL, Nomination, ResourceList
 
 NAME = "DefaultPreemption"
@@ -112,36 +112,59 @@ class DefaultPreemption:
         self._victims_of[pod.uid] = {v.pod.uid for v in victims}
         nomination = Nomination(uid=pod.uid, node=state.names[row], priority=pod.priority,
                                 requests=ResourceList(state.space.to_map(pod.request)),
-                                devices=self._promised_gpus(pod, state, row, victims))
+                                devices=self._promised(pod, state, row, victims))
         return PostFilterResult(nomination, tuple(victims))
 
     @staticmethod
-    def _promised_gpus(pod: PodInfo, state: ClusterState, row: int, victims: list[PodOnNode]) -> tuple[str, ...]:
-        """The concrete GPUs the preemptor gets once its victims are gone (what is free, plus
-        the victims' GPUs, less what others of equal or higher priority were promised); none
-        when it asks for no GPUs or they do not fit device by device (then totals hold)."""
-        try:
-            req = devices.gpu_request(pod.pod.requests)
-        except ValueError:
-            return ()
-        if req is None:
-            return ()
-        minors, core, ratio, memory = state.gpus.free_row(row)
-        index = {minor: i for i, minor in enumerate(minors)}
+    def _promised(pod: PodInfo, state: ClusterState, row: int, victims: list[PodOnNode]) -> tuple[str, ...]:
+        """The concrete devices the preemptor gets once its victims are gone: GPUs, RDMA
+        virtual functions and NUMA-bound CPUs, chosen among what is free plus the victims'
+        devices, less what others of equal or higher priority were promised. A kind that does
+        not fit device by device is left out (its totals still hold)."""
+        freed: dict[str, int] = {}
         for victim in victims:
-            for a in devices.decode(victim.pod.devices):
-                i = index.get(a.minor)
-                if i is not None:
-                    core[i] += a.core
-                    ratio[i] += a.ratio
-        nominated = state.nominator.devices_for(pod.priority, pod.uid)
-        if nominated:
-            promised_core, promised_ratio = state.gpus.promised(nominated)
-            present = state.gpus.minor[row] >= 0
-            core = [c - p for c, p in zip(core, promised_core[row][present].tolist(), strict=True)]
-            ratio = [r - p for r, p in zip(ratio, promised_ratio[row][present].tolist(), strict=True)]
-        chosen = devices.choose(req, minors, core, ratio, memory)
-        return tuple(a.encode() for a in chosen) if chosen else ()
+            devices.add_usage(freed, victim.pod.devices)
+        promised: dict[str, int] = {}
+        for _, nomination in state.nominator.devices_for(pod.priority, pod.uid):
+            if nomination.node == state.names[row]:
+                devices.add_usage(promised, nomination.devices)
+
+        def free(key: str, now: int) -> int:
+            return now + freed.get(key, 0) - promised.get(key, 0)
+
+        out: list[str] = []
+        requests = pod.pod.requests
+        try:
+            gpu = devices.gpu_request(requests)
+        except ValueError:
+            gpu = None
+        if gpu is not None:
+            minors, core, ratio, memory = state.gpus.free_row(row)
+            chosen = devices.choose(gpu, minors, [free(f"gpu/{m}/core", c) for m, c in zip(minors, core, strict=True)],
+                                    [free(f"gpu/{m}/ratio", r) for m, r in zip(minors, ratio, strict=True)], memory)
+            out += [a.encode() for a in chosen or ()]
+        vfs = devices.rdma_request(requests)
+        if vfs:
+            minors, room = state.nics.free_row(row)
+            nics = devices.choose_vfs(vfs, minors, [free(f"rdma/{m}/vfs", f) for m, f in zip(minors, room, strict=True)])
+            out += [n.encode() for n in nics or ()]
+        try:
+            cpu = cpus.cpu_request(pod.qos, requests.get("cpu", 0), pod.pod.annotations, requests.get("memory", 0))
+        except cpus.CpuError:
+            cpu = None
+        cells = state.cpus.cells.get(row)
+        if cpu is not None and cells:
+            bound = {c for c in state.cpus.bound(row) if not freed.get(f"cpu/{c}/used")}
+            bound |= {int(k.split("/")[1]) for k in promised if k.startswith("cpu/")}
+            memory_used = state.cpus.memory_bound(row)
+            for usage, sign in ((freed, -1), (promised, 1)):
+                for key, amount in usage.items():
+                    if key.startswith("numa/"):
+                        cell = int(key.split("/")[1])
+                        memory_used[cell] = memory_used.get(cell, 0) + sign * amount
+            sets = cpus.choose(cpu, cells, bound, state.cpus.policy.get(row, "None"), memory_used)
+            out += [c.encode() for c in sets or ()]
+        return tuple(out)
 
     @staticmethod
     def _victims(room: np.ndarray, pods: list[PodOnNode], pod: PodInfo) -> list[PodOnNode]:

@@ -23,6 +23,7 @@ them too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -40,7 +41,7 @@ from agents.scheduler.framework.status import Status
 from agents.scheduler.plugins.args import NoArgs
 from agents.scheduler.plugins.parsed import ParsedPlugin
 from agents.state import devices
-from schemas.records import hold_id
+from schemas.records import Nomination, hold_id
 
 NAME = "DeviceShare"
 REASON = "Insufficient gpu devices"
@@ -48,8 +49,19 @@ REASON = "Insufficient gpu devices"
 
 PREFERRED = NAME + "/preferred"  # cycle key: {row: GPU minor} a score plugin prefers for a share
 PROMISED = NAME + "/promised"  # cycle key: (core, ratio) per GPU that others' nominations name
+PROMISED_VFS = NAME + "/promised-vfs"  # cycle key: {row: {NIC minor: VFs}} others' nominations name
 
 DeviceAsk = tuple[devices.GpuRequest | None, int]  # GPUs, RDMA virtual functions
+
+
+def promised_vfs(nominated: Sequence[tuple[int, Nomination]]) -> dict[int, dict[int, int]]:
+    """Per row, the RDMA virtual functions per NIC that the given nominations name."""
+    out: dict[int, dict[int, int]] = {}
+    for row, nomination in nominated:
+        for n in devices.decode_rdma(nomination.devices):
+            per_nic = out.setdefault(row, {})
+            per_nic[n.minor] = per_nic.get(n.minor, 0) + n.vfs
+    return out
 
 
 def ratio_needed(req: devices.GpuRequest, memory: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -77,9 +89,10 @@ class DeviceShare(ParsedPlugin):
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
         st = super().pre_filter(cycle, pod, state)
         gpu: devices.GpuRequest | None = cycle.read(NAME)[0] if st.ok else None
-        if gpu is not None:  # GPUs promised to others of equal or higher priority are theirs
+        if st.ok:  # GPUs and VFs promised to others of equal or higher priority are theirs
             nominated = state.nominator.devices_for(pod.priority, pod.uid)
-            cycle.write(PROMISED, state.gpus.promised(nominated) if nominated else None)
+            cycle.write(PROMISED, state.gpus.promised(nominated) if nominated and gpu is not None else None)
+            cycle.write(PROMISED_VFS, promised_vfs(nominated))
         if gpu is not None and gpu.memory:
             present = state.gpus.minor[: state.size] >= 0
             largest = int(state.gpus.memory[: state.size][present].max()) if present.any() else 0
@@ -134,7 +147,7 @@ class DeviceShare(ParsedPlugin):
             return status.SUCCESS
         gpu, vfs = ask
         chosen = self._choose(cycle, pod, gpu, state, row) if gpu is not None else []
-        nics = devices.choose_vfs(vfs, *state.nics.free_row(row)) if vfs else []
+        nics = devices.choose_vfs(vfs, *self._free_vfs(cycle, state, row)) if vfs else []
         if chosen is None or nics is None:
             return status.unschedulable(NAME, REASON if chosen is None else "Insufficient rdma virtual functions")
         hid = hold_id(pod.uid, pod.attempt, state.names[row])
@@ -163,6 +176,15 @@ class DeviceShare(ParsedPlugin):
             if on_them is not None:
                 return on_them
         return devices.choose(req, minors, core, ratio, memory)
+
+    @staticmethod
+    def _free_vfs(cycle: CycleState, state: ClusterState, row: int) -> tuple[list[int], list[int]]:
+        """`NicTable.free_row` less the virtual functions promised to others."""
+        minors, free = state.nics.free_row(row)
+        promised = (cycle.read(PROMISED_VFS) or {}).get(row)
+        if promised:
+            free = [f - promised.get(m, 0) for m, f in zip(minors, free, strict=True)]
+        return minors, free
 
     @staticmethod
     def _free_row(cycle: CycleState, state: ClusterState, row: int) -> tuple[list[int], list[int], list[int], list[int]]:

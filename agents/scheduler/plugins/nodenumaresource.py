@@ -7,8 +7,9 @@ plugin. Filter: the node has a NUMA topology and the exact choice (`cpus.choose`
 the node's NUMA topology policy and the bind policy) finds CPUs for the pod there, and room
 for its memory in the same cells where the node states each cell's memory; nodes are
 first pruned by their count of free CPUs, so the exact choice runs only where it could work.
-Reserve takes the chosen CPUs (assumed under the claim's hold id, seen by every profile at
-once) and leaves them for the Claim; the owner checks them CPU by CPU; the decider writes
+CPUs (and cell memory) that nominations of other pods with equal or higher priority name are
+not free for the pod (a preemptor is promised concrete CPUs). Reserve takes the chosen CPUs
+(assumed under the claim's hold id, seen by every profile at once) and leaves them for the Claim; the owner checks them CPU by CPU; the decider writes
 `scheduling.koordinator.sh/resource-status` on the Binding. Unreserve gives them back.
 """
 
@@ -33,6 +34,7 @@ from agents.state import cpus
 from schemas.records import hold_id
 
 NAME = "NodeNUMAResource"
+PROMISED = NAME + "/promised"  # cycle key: {row: (CPUs, memory per cell)} others' nominations name
 REASON = "Insufficient NUMA-bound cpus"
 
 
@@ -48,12 +50,36 @@ class NodeNUMAResource(ParsedPlugin):
         requests = pod.pod.requests
         return cpus.cpu_request(pod.qos, requests.get("cpu", 0), pod.pod.annotations, requests.get("memory", 0))
 
-    def _fits(self, req: cpus.CpuRequest, state: ClusterState, row: int) -> bool:
+    def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
+        st = super().pre_filter(cycle, pod, state)
+        if st.ok:  # CPUs (and cell memory) promised to others of equal or higher priority are theirs
+            promised: dict[int, tuple[set[int], dict[int, int]]] = {}
+            for row, nomination in state.nominator.devices_for(pod.priority, pod.uid):
+                for cpuset in cpus.decode(nomination.devices):
+                    taken, memory = promised.setdefault(row, (set(), {}))
+                    taken.update(cpuset.cpus)
+                    memory[cpuset.cell] = memory.get(cpuset.cell, 0) + cpuset.memory
+            cycle.write(PROMISED, promised)
+        return st
+
+    @staticmethod
+    def _taken(cycle: CycleState, state: ClusterState, row: int) -> tuple[set[int], dict[int, int]]:
+        """CPUs and memory per cell that are bound, assumed, or promised to others on the node."""
+        bound, memory = state.cpus.bound(row), state.cpus.memory_bound(row)
+        promised = (cycle.read(PROMISED) or {}).get(row)
+        if promised:
+            bound = bound | promised[0]
+            for cell, amount in promised[1].items():
+                memory[cell] = memory.get(cell, 0) + amount
+        return bound, memory
+
+    def _choose(self, cycle: CycleState, req: cpus.CpuRequest, state: ClusterState, row: int
+                ) -> list[cpus.CpuSet] | None:
         cells = state.cpus.cells.get(row)
         if not cells:
-            return False
-        return cpus.choose(req, cells, state.cpus.bound(row), state.cpus.policy.get(row, "None"),
-                           state.cpus.memory_bound(row)) is not None
+            return None
+        bound, memory = self._taken(cycle, state, row)
+        return cpus.choose(req, cells, bound, state.cpus.policy.get(row, "None"), memory)
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
         req: cpus.CpuRequest = cycle.read(NAME)
@@ -61,7 +87,7 @@ class NodeNUMAResource(ParsedPlugin):
         table = state.cpus
         for row, cells in table.cells.items():  # only nodes with a NUMA topology can bind CPUs
             if row < state.size and sum(len(c.cpus) for c in cells) - len(table.bound(row)) >= req.cpus:
-                out[row] = self._fits(req, state, row)
+                out[row] = self._choose(cycle, req, state, row) is not None
         picked: Mask = out[rows]
         return picked
 
@@ -73,8 +99,8 @@ class NodeNUMAResource(ParsedPlugin):
         cells = state.cpus.cells.get(row)
         if not cells:
             return 0
-        used, policy = set(state.cpus.bound(row)), state.cpus.policy.get(row, "None")
-        memory = state.cpus.memory_bound(row)
+        used, memory = self._taken(cycle, state, row)
+        used, policy = set(used), state.cpus.policy.get(row, "None")
         placed = 0
         while placed < limit:
             chosen = cpus.choose(req, cells, used, policy, memory)
@@ -89,9 +115,7 @@ class NodeNUMAResource(ParsedPlugin):
     def reserve(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> Status:
         req: cpus.CpuRequest = cycle.read(NAME)
         cycle.allocate(NAME, ())
-        cells = state.cpus.cells.get(row) or []
-        chosen = cpus.choose(req, cells, state.cpus.bound(row), state.cpus.policy.get(row, "None"),
-                             state.cpus.memory_bound(row))
+        chosen = self._choose(cycle, req, state, row)
         if chosen is None:
             return status.unschedulable(NAME, REASON)
         state.cpus.assume(hold_id(pod.uid, pod.attempt, state.names[row]), row, chosen)

@@ -155,6 +155,7 @@ def test_a_preemptors_gpus_and_vfs_stay_its_own_in_every_profile() -> None:
     outputs = core.schedule()
     [nomination] = [o.record for o in outputs if isinstance(o.record, Nomination)]
     assert nomination.node == "g8" and nomination.requests["nvidia.com/gpu"] == 8
+    assert nomination.devices == tuple(f"gpu/{i}/100/100" for i in range(8)) + ("rdma/0/8",)  # promised
     assert nomination.requests[devices.RDMA] == 8
     assert {o.record.uid for o in outputs if isinstance(o.record, EvictionCommand)} == {v.uid for v in victims}
     # The victims are gone (the owner reports them terminated, its devices idle, the nomination on).

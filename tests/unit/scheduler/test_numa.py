@@ -120,7 +120,8 @@ def test_owners_check_cpus_and_the_binding_carries_resource_status() -> None:
 def test_a_preemptors_numa_bound_cpus_stay_its_own() -> None:
     space = ResourceSpace()
     state = ClusterState.from_records(space, [numa_node("n")], {"n": [
-        BoundPod(uid=f"v{i}", name=f"v{i}", priority=1, requests=ResourceList(cpu=2000, pods=1)) for i in range(4)]})
+        BoundPod(uid=f"v{i}", name=f"v{i}", priority=1, requests=ResourceList(cpu=2000, pods=1),
+                 devices=(f"cpuset/{i // 2}/{2 * i},{2 * i + 1}",)) for i in range(4)]})
     for i in range(4):
         state.cpus.used.setdefault(state.index["n"], set()).update({2 * i, 2 * i + 1})
     core = SchedulerCore(space, state, lambda: 1000.0, config=PROFILES)
@@ -128,7 +129,8 @@ def test_a_preemptors_numa_bound_cpus_stay_its_own() -> None:
     outputs = core.schedule()
     [nomination] = [o.record for o in outputs if isinstance(o.record, Nomination)]
     victims = {o.record.uid for o in outputs if isinstance(o.record, EvictionCommand)}
-    assert nomination.node == "n" and len(victims) == 2
+    assert nomination.node == "n" and victims == {"v2", "v3"}
+    assert nomination.devices == ("cpuset/1/4,5,6,7",)  # the CPUs its victims free are promised to it
     allocatable = ResourceList({"cpu": 8000, "memory": 64 * 2**30, "pods": 110})
     used = {f"cpu/{c}/used": 1 for i in range(4) if f"v{i}" not in victims for c in (2 * i, 2 * i + 1)}
     core.apply_state_changes([NodeStateChange(node="n", seq=3, allocatable=allocatable,
