@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agents.state import devices
 from agents.state import reservations as rsv
 from agents.state.resources import ResourceSpace, Vector
 from schemas.records import Pod, Reservation, ReservationState
@@ -48,7 +49,7 @@ class ReservationTable:
     def report(self, row: int, states: Sequence[ReservationState]) -> bool:
         """The owner's list for one node replaces the last; True when it changed."""
         before = self.by_row.get(row, [])
-        now = [Available(s.reservation, self.space.pod_request(s.reservation.requests),
+        now = [Available(s.reservation, self.space.pod_request(devices.with_gpu_totals(s.reservation.requests)),
                          self.space.known(s.allocated), s.consumers) for s in states]
         if not now and not before:
             return False
