@@ -14,13 +14,13 @@ may wait longer than asked, never shorter).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, cast
 
 import faust
 
 from agents.agent_batches import micro_batches
 from agents.agent_tables import VersionedState
+from agents.agent_timers import RecordTimers
 from agents.intake import EpochFence, intake
 from agents.ports import AgentConfig, Outbox, Output, deliver, stamp
 from agents.state.ledger import Decider, Decision, LedgerState
@@ -35,27 +35,16 @@ def key_of(record: Record) -> str:
     return key
 
 
-class GangTimers:
+class GangTimers(RecordTimers):
     """Armed gang timers, by (decision key, round); firing sends GangTimeout to `holds`."""
 
-    def __init__(self, outbox: Outbox) -> None:
-        self.outbox = outbox
-        self.armed: dict[tuple[str, int], asyncio.TimerHandle] = {}
-
-    def arm(self, key: str, round_: int, seconds: float) -> None:
-        if (key, round_) in self.armed:
-            return
-        loop = asyncio.get_running_loop()
-        self.armed[(key, round_)] = loop.call_later(seconds, lambda: loop.create_task(self.fire(key, round_)))
-
-    async def fire(self, key: str, round_: int) -> None:
-        self.armed.pop((key, round_), None)
-        await deliver(self.outbox, [Output(topics.HOLDS, key, GangTimeout(decision_key=key, round=round_))])
+    def arm_gang(self, key: str, round_: int, seconds: float) -> None:
+        self.arm((key, round_), seconds, Output(topics.HOLDS, key, GangTimeout(decision_key=key, round=round_)))
 
     def arm_waiting(self, states: list[tuple[str, dict[str, Any]]]) -> None:
         for key, raw in states:
             if raw.get("waiting") and raw.get("timer_s"):
-                self.arm(key, int(raw.get("round", 0)), float(raw["timer_s"]))
+                self.arm_gang(key, int(raw.get("round", 0)), float(raw["timer_s"]))
 
 
 def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
@@ -88,4 +77,4 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
             await deliver(outbox, decision.first + got.dead_letters + got.problem_letters(decision.problems))
             await deliver(outbox, decision.after_commit)
             for key, round_, seconds in decision.timers:
-                timers.arm(key, round_, seconds)
+                timers.arm_gang(key, round_, seconds)

@@ -14,14 +14,15 @@ recovered, one is armed for every available reservation the table holds.
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import faust
 
 from agents.agent_batches import micro_batches
 from agents.agent_tables import VersionedState
+from agents.agent_timers import RecordTimers
 from agents.intake import EpochFence, intake
 from agents.ports import AgentConfig, Outbox, Output, deliver, stamp
 from agents.state import reservations as rsv
@@ -51,24 +52,15 @@ def node_of(record: Record) -> str:
     return node
 
 
-class ExpiryTimers:
+class ExpiryTimers(RecordTimers):
     """Armed reservation timers, by reservation uid; firing sends ReservationExpired to the inbox."""
 
-    def __init__(self, outbox: Outbox, clock: Any = time.time) -> None:
-        self.outbox = outbox
+    def __init__(self, outbox: Outbox, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(outbox)
         self.clock = clock
-        self.armed: dict[str, asyncio.TimerHandle] = {}
 
-    def arm(self, node: str, uid: str, expires_at: float) -> None:
-        if uid in self.armed:
-            return
-        loop = asyncio.get_running_loop()
-        delay = max(0.0, expires_at - self.clock())
-        self.armed[uid] = loop.call_later(delay, lambda: loop.create_task(self.fire(node, uid)))
-
-    async def fire(self, node: str, uid: str) -> None:
-        self.armed.pop(uid, None)
-        await deliver(self.outbox, [Output(topics.NODE_INBOX, node, ReservationExpired(uid=uid, node=node))])
+    def arm_expiry(self, node: str, uid: str, expires_at: float) -> None:
+        self.arm(uid, expires_at - self.clock(), Output(topics.NODE_INBOX, node, ReservationExpired(uid=uid, node=node)))
 
     def arm_available(self, states: list[tuple[str, dict[str, Any]]]) -> None:
         for _, raw in states:
@@ -76,7 +68,7 @@ class ExpiryTimers:
             for uid, entry in state.reservations.items():
                 expires_at = state.reservation(uid).expires_at
                 if entry["phase"] == rsv.AVAILABLE and expires_at is not None:
-                    self.arm(state.name, uid, expires_at)
+                    self.arm_expiry(state.name, uid, expires_at)
 
 
 def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: Outbox, config: AgentConfig) -> None:
@@ -120,4 +112,4 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
                 stamp(result.outputs, first_output, table.origin(source))
             await deliver(outbox, result.outputs + got.dead_letters + got.problem_letters(result.problems))
             for node, uid, expires_at in result.timers:
-                timers.arm(node, uid, expires_at)
+                timers.arm_expiry(node, uid, expires_at)
