@@ -140,15 +140,14 @@ class FGD:
         after = frag.fragmentation(cpu_left[states] - int(pod.request[cpu_col]), after_left, model[states], typ)
         moves = frag.score(before[states], after)
         scores = np.zeros(n, dtype=np.int64)
-        preferred: dict[int, int] = {}
         # Per node its best move: the first of the highest (candidates come node by node, GPU by GPU).
         order = np.lexsort((np.arange(len(moves)), -moves, states))
-        first = order[np.r_[True, states[order][1:] != states[order][:-1]]] if len(order) else order
-        for k in first.tolist():
-            row = int(rows[states[k]])
-            scores[row] = int(moves[k])
-            if columns[k] >= 0:
-                preferred[row] = int(table.minor[row, columns[k]])
+        best = order[np.r_[True, states[order][1:] != states[order][:-1]]] if len(order) else order
+        best_rows = rows[states[best]]
+        scores[best_rows] = moves[best]
+        shares = columns[best] >= 0
+        preferred = dict(zip(best_rows[shares].tolist(),
+                             table.minor[best_rows[shares], columns[best][shares]].tolist(), strict=True))
         cycle.write(NAME, scores)
         if preferred:
             cycle.write(deviceshare.PREFERRED, preferred)
