@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +29,7 @@ from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.workload import make_nodes, make_pods
 from schemas import topics
-from schemas.records import Binding, NodeStateChange, SchedulingFeedback
+from schemas.records import Binding, Node, NodeStateChange, Pod, SchedulingFeedback
 from streams.broker import EmbeddedBroker, wait_ready
 from streams.process import spawn_tied, stop
 from streams.producer import RecordProducer
@@ -55,10 +56,13 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in (50, 90, 99)}
 
 
-async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
-    started = time.perf_counter()
+@contextlib.asynccontextmanager
+async def system(settings: Settings, bootstrap: str = "", layout: str = "split"
+                 ) -> AsyncIterator[tuple[Settings, list[Any]]]:
+    """The real system for a run: the embedded broker (unless `bootstrap` names one), the topics,
+    and the workers (`split`: a scheduler process and a state process; `single`: one). Yields
+    the settings pointing at the broker and the worker processes; stops everything after."""
     broker = None
-    bootstrap = cfg.bootstrap
     if not bootstrap:
         broker = EmbeddedBroker()
         broker.start()
@@ -71,15 +75,45 @@ async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         await prepare(settings)
         worker = [sys.executable, "-m", "cli.main", "worker"]
-        commands = ([worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if cfg.layout == "split"
-                    else [worker])
+        commands = [worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if layout == "split" else [worker]
         workers = [spawn_tied(cmd, env=env) for cmd in commands]
-        return await _drive(cfg, settings, bootstrap, started)
+        yield settings, workers
     finally:
-        for worker in workers:
-            stop(worker, deadline_s=settings.worker.shutdown_deadline_s + 1.0)
+        for proc in workers:
+            stop(proc, deadline_s=settings.worker.shutdown_deadline_s + 1.0)
         if broker is not None:
             broker.stop()
+
+
+async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
+    started = time.perf_counter()
+    async with system(settings, cfg.bootstrap, cfg.layout) as (settings, _):
+        return await _drive(cfg, settings, settings.kafka.bootstrap, started)
+
+
+async def start_up(producer: RecordProducer, collector: Collector, nodes: list[Node], probe: Pod, partitions: int,
+                   timeout_s: float) -> None:
+    """Publish the nodes, wait until the owners reported every one, then until the whole
+    pipeline placed one probe pod (every group joined). `collector` must read `bindings`."""
+    await producer.flush(await producer.publish(topics.NODES, nodes))
+    names = {n.name for n in nodes}
+    deadline = time.monotonic() + timeout_s
+    # State changes only matter for start-up; reading them during the run would take CPU from
+    # the agents on a two-core machine.
+    reports = Collector(producer.bootstrap, [topics.STATE_CHANGES], partitions)
+    await reports.start()
+    try:
+        while {r.node for _, r in reports.of(NodeStateChange)} < names:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the agents did not report every node in time: is the worker running?")
+            await asyncio.sleep(0.05)
+    finally:
+        await reports.stop()
+    await producer.flush(await producer.publish(topics.PODS, [probe]))
+    while not any(r.uid == probe.uid for _, r in collector.of(Binding)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the probe pod was not bound in time: is the scheduler running?")
+        await asyncio.sleep(0.02)
 
 
 async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: float) -> dict[str, Any]:
@@ -92,26 +126,7 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
     await collector.start()
     try:
         async with RecordProducer(bootstrap, partitions) as producer:
-            await producer.flush(await producer.publish(topics.NODES, nodes))
-            names = {n.name for n in nodes}
-            deadline = time.monotonic() + cfg.startup_timeout_s
-            # State changes only matter for start-up; reading them during the run would take
-            # CPU from the agents on a two-core machine.
-            reports = Collector(bootstrap, [topics.STATE_CHANGES], partitions)
-            await reports.start()
-            try:
-                while {r.node for _, r in reports.of(NodeStateChange)} < names:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the agents did not report every node in time: is the worker running?")
-                    await asyncio.sleep(0.05)
-            finally:
-                await reports.stop()
-            # Start-up ends when the whole pipeline has placed one probe pod (every group joined).
-            await producer.flush(await producer.publish(topics.PODS, [probe]))
-            while not any(r.uid == probe.uid for _, r in collector.of(Binding)):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the probe pod was not bound in time: is the scheduler running?")
-                await asyncio.sleep(0.02)
+            await start_up(producer, collector, nodes, probe, partitions, cfg.startup_timeout_s)
             startup_s = time.perf_counter() - started
 
             published: dict[str, float] = {}

@@ -48,6 +48,7 @@ class RecordProducer:
     """`async with RecordProducer(bootstrap, partitions) as p: await p.publish(topic, records)`."""
 
     def __init__(self, bootstrap: str, partitions: int, linger_ms: int = 2) -> None:
+        self.bootstrap = bootstrap
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms,
                                           max_request_size=4 * 1024 * 1024)
         self.outbox = PartitionedOutbox(self._send, partitions)
