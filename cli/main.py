@@ -161,6 +161,51 @@ def cmd_bench_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_perf_run(args: argparse.Namespace) -> int:
+    from perf import scenario
+    from perf.kwok import StageError
+    from perf.run import report, run_scenario
+
+    path = Path(args.scenario)
+    if not path.suffix:
+        path = Path(__file__).resolve().parents[1] / "perf" / "scenarios" / f"{args.scenario}.yaml"
+    try:
+        s = scenario.load(path)
+        s = s.quick() if args.quick else s
+        result = asyncio.run(run_scenario(s, _settings(args)))
+    except (scenario.ScenarioError, StageError, TimeoutError) as exc:
+        console.print(f"[red]perf run: {exc}[/red]")
+        return 2
+    text = report(result)
+    console.print(text)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.report:
+        Path(args.report).mkdir(parents=True, exist_ok=True)
+        (Path(args.report) / "report.md").write_text(text)
+    ok = result["pods_double_bound"] == 0 and result["nodes_overcommitted"] == 0
+    return 0 if ok else 1
+
+
+def cmd_perf_compare(args: argparse.Namespace) -> int:
+    from perf.run import compare
+
+    try:
+        baseline, new = (json.loads(Path(f).read_text()) for f in (args.baseline, args.new))
+        rows, regressed = compare(baseline, new)
+    except (OSError, ValueError, KeyError) as exc:
+        console.print(f"[red]perf compare: {exc}[/red]")
+        return 2
+    table = Table(title=f"{baseline.get('scenario')}: baseline vs new")
+    for col in ("figure", "baseline", "new", ""):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(x) for x in row))
+    console.print(table)
+    return 1 if regressed else 0
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from streams.publish import publish_file
 
@@ -269,6 +314,19 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", type=int, default=2, help="processes to run seeds and policies in")
     t.add_argument("--json", help="write the results as JSON to this file")
     t.set_defaults(fn=cmd_bench_trace)
+    sp = sub.add_parser("perf", help="scenarios through the real system (broker, agents, Kwok-compatible lifecycle)")
+    psub = sp.add_subparsers(dest="perf_command", required=True)
+    r = psub.add_parser("run", help="run a scenario (a name in perf/scenarios, or a YAML file)")
+    common(r)
+    r.add_argument("scenario")
+    r.add_argument("--quick", action="store_true", help="the scenario's shrunk variant")
+    r.add_argument("--json", help="write the result as JSON to this file")
+    r.add_argument("--report", help="write report.md into this directory")
+    r.set_defaults(fn=cmd_perf_run)
+    c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
+    c.add_argument("baseline")
+    c.add_argument("new")
+    c.set_defaults(fn=cmd_perf_compare)
     sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")
     common(sp)
     sp.add_argument("file")

@@ -30,7 +30,7 @@ templates (a pool without CPU or memory, NUMA cells that do not divide its CPUs,
 outside 1..99, a template that fits no pool, a gang larger than the pods) are refused with the
 file, the field and the value (`ScenarioError`). Generation is deterministic for a seed:
 `nodes(s)` gives Node records, `arrivals(s)` the records to publish with their time offsets
-(Pods, and Reservations ahead of the pods they are for).
+(Pods, and each Reservation a second ahead of the pod it is for).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from schemas.records import (
 )
 
 COMPLETE_DELAY_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
+RESERVATION_LEAD_S = 1.0  # a reserved pod's Reservation is published this long before it
 QOS_CLASSES = ("LSE", "LSR", "LS", "BE", "SYSTEM")
 
 
@@ -373,7 +374,7 @@ def _pod(s: Scenario, t: Template, uid: str, gang: str = "") -> Pod:
 def arrivals(s: Scenario) -> list[tuple[float, Record]]:
     """Every record to publish, with its offset in seconds from the start, in time order:
     `total` pods drawn from the mix by share at `rate` (gangs as runs of their members), then
-    each burst at its time; a reserved pod's Reservation just before it."""
+    each burst at its time; a reserved pod's Reservation `RESERVATION_LEAD_S` before it."""
     rng = random.Random(s.seed)
     weighted = [t for t in s.templates if t.share > 0]
     by_name = {t.name: t for t in s.templates}
@@ -387,8 +388,8 @@ def arrivals(s: Scenario) -> list[tuple[float, Record]]:
         for _ in range(members):
             uid = f"{t.name}-{n:07d}"
             pod = _pod(s, t, uid, gang)
-            if t.reserved and rng.random() < t.reserved:
-                out.append((at, Reservation(uid=f"r-{uid}", name=f"r-{uid}", requests=ResourceList(pod.requests),
+            if t.reserved and rng.random() < t.reserved:  # a second ahead, as a reservation comes first
+                out.append((max(0.0, at - RESERVATION_LEAD_S), Reservation(uid=f"r-{uid}", name=f"r-{uid}", requests=ResourceList(pod.requests),
                                             owners=(ReservationOwner(object_uid=uid),), ttl_s=600.0)))
             out.append((at, pod))
             n += 1

@@ -12,10 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.state import devices
 from agents.state import reservations as rsv
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas.records import (
     Commit,
+    GpuDevice,
+    Node,
     OwnerReference,
     Pod,
     PodDeleted,
@@ -129,6 +132,26 @@ def test_deleting_a_reservation_frees_it_and_its_consumers_keep_their_share() ->
     cluster.core.add(make_pod("o1", cpu=3000))
     cluster.settle()
     assert cluster.bindings["o1"] == "n1"
+
+
+def test_a_reserved_gpu_share_goes_to_its_owner_not_to_others() -> None:
+    alloc = ResourceList(cpu=8000, memory=8 * GI, pods=110)
+    alloc[devices.NVIDIA_GPU] = 1
+    cluster = Cluster(Node(name="g", allocatable=alloc, capacity=alloc, gpus=(GpuDevice(minor=0),)))
+    share = {devices.GPU_CORE: 50, devices.GPU_RATIO: 50}
+
+    def gpu_pod(uid: str, **kw: Any) -> Pod:
+        return Pod(uid=uid, name=uid, requests=ResourceList(cpu=1000, **share), **kw)
+
+    cluster.core.add_reservation(Reservation(uid="r1", name="r1", owners=WEB, requests=ResourceList(cpu=1000, **share)))
+    cluster.settle()
+    cluster.core.add(gpu_pod("first"))
+    cluster.settle()  # takes the free half of the GPU
+    cluster.core.add(gpu_pod("other"))
+    cluster.core.add(gpu_pod("mine", labels={"app": "web"}))
+    cluster.settle()
+    assert {uid: cluster.bindings.get(uid) for uid in ("first", "other", "mine")} == {
+        "first": "g", "other": None, "mine": "g"}  # the reserved half is mine's, device and all
 
 
 def test_owner_refuses_claims_on_taken_missing_or_too_small_reservations() -> None:

@@ -36,7 +36,7 @@ def test_mixed_generates_the_mix_gangs_gpus_and_reservations() -> None:
     s = scenario.load(ROOT / "perf" / "scenarios" / "mixed-100k.yaml")
     s = s.quick()
     nodes = scenario.nodes(s)
-    assert Counter(n.labels["pool"] for n in nodes) == {"cpu": 45, "gpu": 5}
+    assert Counter(n.labels["pool"] for n in nodes) == {"cpu": 90, "gpu": 10}
     assert all(len(n.gpus) == 8 and n.allocatable[devices.NVIDIA_GPU] == 8 for n in nodes if n.labels["pool"] == "gpu")
     assert all(len(n.numa) == 2 and len(n.numa[0].cpus) == 32 for n in nodes if n.labels["pool"] == "cpu")
     records = scenario.arrivals(s)

@@ -38,6 +38,7 @@ from agents.scheduler.framework.interface import (
     Rows,
 )
 from agents.scheduler.framework.status import Status
+from agents.scheduler.plugins import reservation
 from agents.scheduler.plugins.args import NoArgs
 from agents.scheduler.plugins.parsed import ParsedPlugin
 from agents.state import devices
@@ -82,7 +83,10 @@ class DeviceShare(ParsedPlugin):
         pass
 
     def parse(self, pod: PodInfo) -> DeviceAsk | None:
-        """What the pod asks of devices: GPUs and RDMA virtual functions (None: nothing)."""
+        """What the pod asks of devices: GPUs and RDMA virtual functions (None: nothing). A
+        reservation holds GPUs by totals only, so the pods it is for may take any GPU."""
+        if reservation.DERIVED in pod.derived:
+            return None
         gpu, vfs = devices.gpu_request(pod.pod.requests), devices.rdma_request(pod.pod.requests)
         return (gpu, vfs) if gpu is not None or vfs else None
 

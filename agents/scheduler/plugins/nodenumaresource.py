@@ -28,6 +28,7 @@ from agents.scheduler.framework.interface import (
     Rows,
 )
 from agents.scheduler.framework.status import Status
+from agents.scheduler.plugins import reservation
 from agents.scheduler.plugins.args import NoArgs
 from agents.scheduler.plugins.parsed import ParsedPlugin
 from agents.state import cpus
@@ -47,6 +48,8 @@ class NodeNUMAResource(ParsedPlugin):
         pass
 
     def parse(self, pod: PodInfo) -> cpus.CpuRequest | None:
+        if reservation.DERIVED in pod.derived:  # a reservation holds CPUs by totals only
+            return None
         requests = pod.pod.requests
         return cpus.cpu_request(pod.qos, requests.get("cpu", 0), pod.pod.annotations, requests.get("memory", 0))
 

@@ -1,0 +1,309 @@
+"""`koordstream perf run SCENARIO`: a scenario through the real system, with the Kwok-compatible
+lifecycle, measured the way kube-scheduler's scheduler_perf measures.
+
+Flow: the system comes up (`perf.demo.system`: embedded broker, topics, workers); the
+scenario's nodes are published and start-up waits for the whole pipeline (`start_up`); then the
+scenario's records (pods, and reservations ahead of their pods) are published at their time
+offsets while a lifecycle task reads Bindings and EvictionCommands back: a bound pod enters the
+lifecycle (`perf.kwok.Lifecycle`, the scenario's Stage files, its speed-up), a pod that reaches
+Running is started, and one that finishes (Succeeded, Failed) or is deleted (evicted) is
+terminated at its node (`PodTerminated` into `node-inbox`), which frees its capacity. The run
+ends when every pod is decided (bound or finally refused) or nothing moves for the stall time.
+
+Figures: throughput sampled per second (bindings per 1-second bucket from the first pod
+published; the average is bound pods / wall time); queueing latency (publish -> Binding) and
+start latency (publish -> Running) of pods outside gangs; gang members' latency from their
+gang's last member's publish; the independent consistency check (`perf.checker`, terminations
+included); CPU seconds of the worker processes (read from /proc) and of this harness process
+apart. The result is a JSON dict (`result`) and a Markdown report (`report`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agents.state import devices
+from perf import scenario as sc
+from perf.checker import Placement, check
+from perf.collector import Collector
+from perf.demo import start_up, system
+from perf.kwok import Lifecycle, load_stages
+from schemas import topics
+from schemas.records import (
+    GANG_NAME_ANNOTATION,
+    Binding,
+    EvictionCommand,
+    Pod,
+    PodTerminated,
+    Record,
+    ResourceList,
+    SchedulingFeedback,
+)
+from streams.producer import RecordProducer
+from streams.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass
+class RunOptions:
+    bootstrap: str = ""
+    layout: str = "split"
+    stall_timeout_s: float = 30.0
+    startup_timeout_s: float = 180.0
+
+
+def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
+    if not values:
+        return {f"p{q}": 0.0 for q in qs}
+    arr = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in qs}
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process, from /proc (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _self_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pod_object(pod: Pod, node: str) -> dict[str, Any]:
+    """The bound pod as the lifecycle's Stage selectors see it (Kubernetes JSON)."""
+    return {"metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid, "labels": dict(pod.labels),
+                         "annotations": dict(pod.annotations),
+                         "ownerReferences": [{"kind": o.kind, "name": o.name, "uid": o.uid} for o in pod.owner_references]},
+            "spec": {"nodeName": node, "schedulerName": pod.scheduler_name},
+            "status": {"phase": "Pending"}}
+
+
+async def run_scenario(s: sc.Scenario, settings: Settings, opts: RunOptions | None = None) -> dict[str, Any]:
+    opts = opts or RunOptions()
+    stages = load_stages(ROOT / stage for stage in s.stages)  # refused before anything starts
+    started = time.perf_counter()
+    async with system(settings, opts.bootstrap, opts.layout) as (settings, workers):
+        return await _drive(s, settings, workers, Lifecycle(stages, speedup=s.speedup, seed=s.seed), started, opts)
+
+
+class _LifecycleLoop:
+    """Feeds Bindings and EvictionCommands into the lifecycle and publishes terminations."""
+
+    def __init__(self, collector: Collector, producer: RecordProducer, lifecycle: Lifecycle,
+                 pods: dict[str, Pod], t0: float) -> None:
+        self.collector, self.producer, self.lifecycle = collector, producer, lifecycle
+        self.pods, self.t0 = pods, t0
+        self.node: dict[str, str] = {}
+        self.running: dict[str, float] = {}  # uid -> wall time it reached Running
+        self.terminated: list[Placement] = []
+        self.cpu_s = 0.0
+        self._read = 0
+
+    async def run(self) -> None:
+        while True:
+            c0 = _self_cpu_s()
+            await self.step()
+            self.cpu_s += _self_cpu_s() - c0
+            await asyncio.sleep(0.02)
+
+    async def step(self) -> None:
+        now = time.time() - self.t0
+        records = self.collector.records
+        new, self._read = records[self._read:], len(records)
+        for _, _, r in new:
+            if isinstance(r, Binding) and r.uid in self.pods and r.uid not in self.node:
+                self.node[r.uid] = r.node
+                self.lifecycle.upsert("Pod", r.uid, pod_object(self.pods[r.uid], r.node), now)
+            elif isinstance(r, EvictionCommand):
+                obj = self.lifecycle.objects.get(("Pod", r.uid))
+                if obj is not None:
+                    obj["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    self.lifecycle.upsert("Pod", r.uid, obj, now)
+        ended = []
+        for t in self.lifecycle.due(now):
+            if t.kind != "Pod":
+                continue
+            if t.phase == "Running":
+                self.running.setdefault(t.key, self.t0 + t.at)
+            if (t.deleted or t.phase in FINISHED) and t.key in self.node:
+                ended.append(PodTerminated(uid=t.key, node=self.node[t.key], reason=t.stage))
+                self.terminated.append(Placement(self.t0 + t.at, t.key, self.node[t.key]))
+                self.lifecycle.forget("Pod", t.key)
+        if ended:
+            await self.producer.flush(await self.producer.publish(topics.NODE_INBOX, ended))
+
+
+async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecycle: Lifecycle, started: float,
+                 opts: RunOptions) -> dict[str, Any]:
+    bootstrap, partitions = settings.kafka.bootstrap, settings.kafka.partitions
+    nodes = sc.nodes(s)
+    arrivals = sc.arrivals(s)
+    pods = {r.uid: r for _, r in arrivals if isinstance(r, Pod)}
+    probe = Pod(uid="perf-probe", name="perf-probe", namespace="perf", requests=ResourceList(cpu=1))
+    collector = Collector(bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS], partitions)
+    await collector.start()
+    cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
+    harness_before = _self_cpu_s()
+    published: dict[str, float] = {}
+    try:
+        async with RecordProducer(bootstrap, partitions) as producer:
+            await start_up(producer, collector, nodes, probe, partitions, opts.startup_timeout_s)
+            startup_s = time.perf_counter() - started
+            cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
+            harness_before = _self_cpu_s()
+            t0 = time.time()
+            loop = _LifecycleLoop(collector, producer, lifecycle, pods, t0)
+            life = asyncio.create_task(loop.run())
+            try:
+                await _publish(producer, arrivals, published, t0)
+                await _wait_decided(collector, set(pods), opts.stall_timeout_s)
+            finally:
+                life.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await life
+        cpu_workers = {p.pid: _cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
+        harness_cpu = _self_cpu_s() - harness_before
+    finally:
+        await collector.stop()
+    return result(s, nodes, pods, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
+
+
+async def _publish(producer: RecordProducer, arrivals: list[tuple[float, Record]], published: dict[str, float],
+                   t0: float) -> None:
+    """Publish the records at their offsets, in 10 ms ticks."""
+    pending: list[Any] = []
+    i = 0
+    while i < len(arrivals):
+        now = time.time() - t0
+        j = i
+        while j < len(arrivals) and arrivals[j][0] <= now:
+            j += 1
+        if j > i:
+            chunk = [r for _, r in arrivals[i:j]]
+            stamp = time.time()
+            for r in chunk:
+                if isinstance(r, Pod):
+                    published[r.uid] = stamp
+            pending += await producer.publish(topics.PODS, chunk)
+            i = j
+        if i < len(arrivals):
+            await asyncio.sleep(min(0.01, max(0.0, arrivals[i][0] - (time.time() - t0))))
+    await producer.flush(pending)
+
+
+async def _wait_decided(collector: Collector, uids: set[str], stall_s: float) -> None:
+    last, seen = time.monotonic(), -1
+    while True:
+        decided = len(({r.uid for _, r in collector.of(Binding)}
+                       | {r.uid for _, r in collector.of(SchedulingFeedback) if r.final}) & uids)
+        if decided == len(uids):
+            return
+        if decided != seen:
+            seen, last = decided, time.monotonic()
+        elif time.monotonic() - last > stall_s:
+            return
+        collector.changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(collector.changed.wait(), 0.5)
+
+
+def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: dict[str, float], collector: Collector,
+           loop: _LifecycleLoop, startup_s: float, t0: float, cpu_workers: dict[int, float],
+           harness_cpu: float) -> dict[str, Any]:
+    first: dict[str, tuple[float, str]] = {}
+    for ts, b in collector.of(Binding):
+        if b.uid in pods and (b.uid not in first or ts < first[b.uid][0]):
+            first[b.uid] = (ts, b.node)
+    final = {r.uid for _, r in collector.of(SchedulingFeedback) if r.final and r.uid in pods}
+    checked = check(  # GPUs as the scheduler counts them: N whole GPUs are core and memory-ratio N x 100
+        allocatable={n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in nodes},
+        requests={uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()},
+        bindings=[Placement(ts, b.uid, b.node) for ts, b in collector.of(Binding) if b.uid in pods],
+        unschedulable=final, counted=set(pods), terminations=loop.terminated,
+    )
+    decisions = [ts for ts, _ in first.values()] + [ts for ts, r in collector.of(SchedulingFeedback)
+                                                     if r.final and r.uid in pods]
+    first_publish = min(published.values()) if published else t0
+    wall = max(decisions) - first_publish if decisions else 0.0
+    buckets = np.bincount(np.floor(np.array([ts - first_publish for ts, _ in first.values()])).astype(int).clip(0)) \
+        if first else np.zeros(0, dtype=int)
+    gang_of = {uid: p.annotations.get(GANG_NAME_ANNOTATION, "") for uid, p in pods.items()}
+    gang_last: dict[str, float] = {}
+    for uid, g in gang_of.items():
+        if g and uid in published:
+            gang_last[g] = max(gang_last.get(g, 0.0), published[uid])
+    queue = [(ts - published[uid]) * 1000 for uid, (ts, _) in first.items() if not gang_of[uid] and uid in published]
+    gang = [(ts - gang_last[gang_of[uid]]) * 1000 for uid, (ts, _) in first.items() if gang_of[uid]]
+    start = [(loop.running[uid] - published[uid]) * 1000 for uid in loop.running
+             if not gang_of.get(uid) and uid in published]
+    scheduler_cpu = sum(cpu_workers.values())
+    return {
+        "scenario": s.name,
+        "startup_s": round(startup_s, 2),
+        "wall_s": round(wall, 2),
+        "pods_total": checked.pods_total,
+        "pods_bound": checked.pods_bound,
+        "pods_unschedulable": checked.pods_unschedulable,
+        "pods_double_bound": checked.pods_double_bound,
+        "nodes_overcommitted": checked.nodes_overcommitted,
+        "overcommitted": dict(list(checked.overcommitted.items())[:10]),
+        "pods_unbound_by_template": dict(Counter(pods[uid].labels.get("template", "") for uid in set(pods) - set(first))),
+        "pods_terminated": len(loop.terminated),
+        "throughput_pods_per_s": round(checked.pods_bound / wall, 1) if wall > 0 else 0.0,
+        "throughput_samples_pods_per_s": percentiles([float(b) for b in buckets], (50, 90, 95, 99)),
+        "queue_latency_ms": percentiles(queue),
+        "start_latency_ms": percentiles(start),
+        "gang_latency_ms": percentiles(gang),
+        "harness_cpu_s": round(harness_cpu, 2),
+        "scheduler_cpu_s": round(scheduler_cpu, 2),
+        "lifecycle_cpu_s": round(loop.cpu_s, 2),
+        "thresholds": {"throughput_drop_pct": s.throughput_drop_pct, "queue_p99_rise_pct": s.queue_p99_rise_pct},
+    }
+
+
+def compare(baseline: dict[str, Any], new: dict[str, Any]) -> tuple[list[tuple[str, Any, Any, str]], bool]:
+    """Side by side: (figure, baseline, new, verdict) rows, and whether the new run regressed
+    (throughput down, or queueing p99 up, by more than the baseline's thresholds)."""
+    limits = baseline.get("thresholds") or {}
+    drop, rise = float(limits.get("throughput_drop_pct", 10.0)), float(limits.get("queue_p99_rise_pct", 25.0))
+    rows: list[tuple[str, Any, Any, str]] = []
+    regressed = False
+    old_tp, new_tp = float(baseline["throughput_pods_per_s"]), float(new["throughput_pods_per_s"])
+    bad = new_tp < old_tp * (1 - drop / 100)
+    rows.append(("throughput_pods_per_s", old_tp, new_tp, f"REGRESSED (> {drop:g}% down)" if bad else "ok"))
+    regressed |= bad
+    old_p99, new_p99 = float(baseline["queue_latency_ms"]["p99"]), float(new["queue_latency_ms"]["p99"])
+    bad = new_p99 > old_p99 * (1 + rise / 100)
+    rows.append(("queue_latency_ms.p99", old_p99, new_p99, f"REGRESSED (> {rise:g}% up)" if bad else "ok"))
+    regressed |= bad
+    for key in ("wall_s", "pods_bound", "pods_double_bound", "nodes_overcommitted", "scheduler_cpu_s", "harness_cpu_s"):
+        if key in baseline or key in new:
+            rows.append((key, baseline.get(key), new.get(key), ""))
+    return rows, regressed
+
+
+def report(r: dict[str, Any]) -> str:
+    """The Markdown report of one run."""
+    lines = [f"# koordstream perf run: {r['scenario']}", "", "| figure | value |", "|---|---|"]
+    for key, value in r.items():
+        if key == "scenario":
+            continue
+        shown = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
+        lines.append(f"| {key} | {shown} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,34 @@
+"""`koordstream perf compare` flags a regression beyond the baseline's thresholds (exit 1),
+passes otherwise (exit 0); `perf run` refuses a bad scenario before anything starts (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.main import main
+
+BASE: dict[str, Any] = {"scenario": "basic", "throughput_pods_per_s": 1000.0, "queue_latency_ms": {"p99": 400.0},
+                        "wall_s": 10.0, "thresholds": {"throughput_drop_pct": 10, "queue_p99_rise_pct": 25}}
+
+
+@pytest.mark.parametrize(("throughput", "p99", "code"), [
+    (950.0, 450.0, 0),    # within 10% and 25%
+    (850.0, 400.0, 1),    # throughput down 15%
+    (1000.0, 520.0, 1),   # p99 up 30%
+])
+def test_compare_exits_non_zero_on_a_regression(tmp_path: Path, throughput: float, p99: float, code: int) -> None:
+    base, new = tmp_path / "base.json", tmp_path / "new.json"
+    base.write_text(json.dumps(BASE))
+    new.write_text(json.dumps({**BASE, "throughput_pods_per_s": throughput, "queue_latency_ms": {"p99": p99}}))
+    assert main(["perf", "compare", str(base), str(new)]) == code
+
+
+def test_run_refuses_a_bad_scenario_before_starting(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nnodes: [{pool: a, count: 1, allocatable: {cpu: '1', memory: 1Gi}, colour: red}]\n"
+                   "pods: {total: 1, mix: [{name: x, requests: {cpu: 100m}}]}\n")
+    assert main(["perf", "run", str(bad)]) == 2
