@@ -15,7 +15,9 @@ published; the average is bound pods / wall time); queueing latency (publish -> 
 start latency (publish -> Running) of pods outside gangs; gang members' latency from their
 gang's last member's publish; the independent consistency check (`perf.checker`, terminations
 included); CPU seconds of the worker processes (read from /proc) and of this harness process
-apart. The result is a JSON dict (`result`) and a Markdown report (`report`).
+apart; and the physical limit (`perf.noop`: the same pods through a one-hop no-op pipeline on
+the same broker, once the run is over) with the run's ratio to it. The result is a JSON dict
+(`result`) and a Markdown report (`report`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.demo import start_up, system
 from perf.kwok import Lifecycle, load_stages
+from perf.noop import noop_limit
 from schemas import topics
 from schemas.records import (
     GANG_NAME_ANNOTATION,
@@ -181,7 +184,12 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
         harness_cpu = _self_cpu_s() - harness_before
     finally:
         await collector.stop()
-    return result(s, nodes, pods, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
+    out = result(s, nodes, pods, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
+    # The physical limit, on the same broker once the run is over (the agents idle).
+    limit = await noop_limit(bootstrap, partitions, list(pods.values()), batch=settings.scheduling.batch_size)
+    out["noop_limit_pods_per_s"] = limit
+    out["ratio_to_limit"] = round(out["throughput_pods_per_s"] / limit, 3) if limit else 0.0
+    return out
 
 
 async def _publish(producer: RecordProducer, arrivals: list[tuple[float, Record]], published: dict[str, float],

@@ -22,7 +22,7 @@ changes; filters read them instead of looping over nodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Flag, auto
 
@@ -220,15 +220,25 @@ class CpuTable:
         self._assumed: dict[str, tuple[int, set[int], dict[int, int]]] = {}
         self._assumed_rows: dict[int, set[int]] = {}
         self._assumed_memory: dict[int, dict[int, int]] = {}
+        self.changes: dict[int, int] = {}  # row -> a counter bumped whenever its CPUs or cells change
+        # Filter answers by request, per row, with the row's counter when computed: the exact
+        # choice runs again only on rows that changed since (one per placement).
+        self.fit_cache: dict[Hashable, dict[int, tuple[int, bool]]] = {}
+
+    def _changed(self, row: int) -> None:
+        self.changes[row] = self.changes.get(row, 0) + 1
 
     def set_node(self, row: int, node: Node) -> None:
         self.cells[row] = cpus.cells_of(node.numa)
         self.policy[row] = node.labels.get(cpus.NUMA_POLICY_LABEL, "None")
+        self._changed(row)
 
     def report(self, row: int, usage: Mapping[str, int]) -> bool:
         used = {int(k.split("/")[1]) for k, v in usage.items() if k.startswith("cpu/") and v}
         memory = {int(k.split("/")[1]): v for k, v in usage.items() if k.startswith("numa/")}
         before, before_memory = self.used.get(row, set()), self.memory.get(row, {})
+        if used != before or memory != before_memory:
+            self._changed(row)
         self.used[row] = used
         self.memory[row] = memory
         return bool(before - used) or any(memory.get(c, 0) < m for c, m in before_memory.items())
@@ -249,6 +259,7 @@ class CpuTable:
             return
         memory = {s.cell: s.memory for s in sets if s.memory}
         self._assumed[hold_id] = (row, taken, memory)
+        self._changed(row)
         self._assumed_rows.setdefault(row, set()).update(taken)
         mine = self._assumed_memory.setdefault(row, {})
         for cell, amount in memory.items():
@@ -258,6 +269,7 @@ class CpuTable:
         assumed = self._assumed.pop(hold_id, None)
         if assumed is not None:
             row, taken, memory = assumed
+            self._changed(row)
             self._assumed_rows[row] -= taken
             for cell, amount in memory.items():
                 self._assumed_memory[row][cell] -= amount

@@ -6,7 +6,9 @@ PreFilter decides whether the pod is bound to CPUs (Koordinator QoS LSE or LSR, 
 plugin. Filter: the node has a NUMA topology and the exact choice (`cpus.choose`, honouring
 the node's NUMA topology policy and the bind policy) finds CPUs for the pod there, and room
 for its memory in the same cells where the node states each cell's memory; nodes are
-first pruned by their count of free CPUs, so the exact choice runs only where it could work.
+first pruned by their count of free CPUs, so the exact choice runs only where it could work,
+and each node's answer for a request is kept until the node's CPUs change
+(`CpuTable.fit_cache`), so a pod costs one exact choice per node that changed since.
 CPUs (and cell memory) that nominations of other pods with equal or higher priority name are
 not free for the pod (a preemptor is promised concrete CPUs). Reserve takes the chosen CPUs
 (assumed under the claim's hold id, seen by every profile at once) and leaves them for the Claim; the owner checks them CPU by CPU; the decider writes
@@ -88,9 +90,23 @@ class NodeNUMAResource(ParsedPlugin):
         req: cpus.CpuRequest = cycle.read(NAME)
         out = np.zeros(state.size, dtype=bool)
         table = state.cpus
+        promised = cycle.read(PROMISED) or {}
+        if len(table.fit_cache) > 64:
+            table.fit_cache.clear()
+        cache = table.fit_cache.setdefault(req, {})
         for row, cells in table.cells.items():  # only nodes with a NUMA topology can bind CPUs
-            if row < state.size and sum(len(c.cpus) for c in cells) - len(table.bound(row)) >= req.cpus:
-                out[row] = self._choose(cycle, req, state, row) is not None
+            if row >= state.size:
+                continue
+            version = table.changes.get(row, 0)
+            hit = cache.get(row)
+            if hit is not None and hit[0] == version and row not in promised:
+                out[row] = hit[1]
+                continue
+            fits = (sum(len(c.cpus) for c in cells) - len(table.bound(row)) >= req.cpus
+                    and self._choose(cycle, req, state, row) is not None)
+            if row not in promised:  # others' promises are per pod: not cached
+                cache[row] = (version, fits)
+            out[row] = fits
         picked: Mask = out[rows]
         return picked
 
