@@ -263,15 +263,19 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: di
     start = [(loop.running[uid] - published[uid]) * 1000 for uid in loop.running
              if not gang_of.get(uid) and uid in published]
     scheduler_cpu = sum(cpu_workers.values())
-    # Bursts (100 or more pods published at one instant): pods over the time from their publish
-    # to their last binding, summed over the bursts; the run's pace between bursts is the
-    # scenario's, not the scheduler's.
+    # Bursts (100 or more pods published at one instant): their pods over the time while some
+    # burst was in flight (the union of each burst's publish -> last binding); the run's pace
+    # between bursts is the scenario's, not the scheduler's.
     by_stamp: dict[float, list[str]] = {}
     for uid, stamp in published.items():
         by_stamp.setdefault(stamp, []).append(uid)
     bursts = [uids for uids in by_stamp.values() if len(uids) >= 100 and all(u in first for u in uids)]
-    burst_span = sum(max(first[u][0] for u in b) - published[b[0]] for b in bursts)
-    burst_tp = round(sum(len(b) for b in bursts) / burst_span, 1) if bursts and burst_span > 0 else None
+    spans = sorted((published[b[0]], max(first[u][0] for u in b)) for b in bursts)
+    busy, end = 0.0, float("-inf")
+    for lo, hi in spans:
+        busy += max(0.0, hi - max(lo, end))
+        end = max(end, hi)
+    burst_tp = round(sum(len(b) for b in bursts) / busy, 1) if bursts and busy > 0 else None
     return {
         "scenario": s.name,
         "startup_s": round(startup_s, 2),
