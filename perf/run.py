@@ -13,7 +13,8 @@ ends when every pod is decided (bound or finally refused) or nothing moves for t
 Figures: throughput sampled per second (bindings per 1-second bucket from the first pod
 published; the average is bound pods / wall time); queueing latency (publish -> Binding) and
 start latency (publish -> Running) of pods outside gangs; gang members' latency from their
-gang's last member's publish; the independent consistency check (`perf.checker`, terminations
+gang's last member's publish; time per plugin and extension point (the scheduler's
+ProfilingSamples on `profiling`); the independent consistency check (`perf.checker`, terminations
 included); CPU seconds of the worker processes (read from /proc) and of this harness process
 apart; and the physical limit (`perf.noop`: the same pods through a one-hop no-op pipeline on
 the same broker, once the run is over) with the run's ratio to it. The result is a JSON dict
@@ -48,6 +49,7 @@ from schemas.records import (
     EvictionCommand,
     Pod,
     PodTerminated,
+    ProfilingSample,
     Record,
     ResourceList,
     SchedulingFeedback,
@@ -159,7 +161,8 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     arrivals = sc.arrivals(s)
     pods = {r.uid: r for _, r in arrivals if isinstance(r, Pod)}
     probe = Pod(uid="perf-probe", name="perf-probe", namespace="perf", requests=ResourceList(cpu=1))
-    collector = Collector(bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS], partitions)
+    collector = Collector(bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS, topics.PROFILING],
+                          partitions)
     await collector.start()
     cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
     harness_before = _self_cpu_s()
@@ -276,6 +279,11 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: di
         busy += max(0.0, hi - max(lo, end))
         end = max(end, hi)
     burst_tp = round(sum(len(b) for b in bursts) / busy, 1) if bursts and busy > 0 else None
+    plugins: dict[str, dict[str, float]] = {}  # plugin -> extension point -> ms, over the run
+    for ts, sample in collector.of(ProfilingSample):
+        if ts >= first_publish:
+            point = plugins.setdefault(sample.plugin, {})
+            point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
     return {
         "scenario": s.name,
         "startup_s": round(startup_s, 2),
@@ -294,6 +302,7 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: di
         "queue_latency_ms": percentiles(queue),
         "start_latency_ms": percentiles(start),
         "gang_latency_ms": percentiles(gang),
+        "plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
         "harness_cpu_s": round(harness_cpu, 2),
         "scheduler_cpu_s": round(scheduler_cpu, 2),
         "lifecycle_cpu_s": round(loop.cpu_s, 2),

@@ -42,6 +42,7 @@ def catalogue(partitions: int, app_id: str = "koordstream") -> dict[str, TopicSp
         TopicSpec(topics.FEEDBACK, "pod uid", p, doc="SchedulingFeedback"),
         TopicSpec(topics.EVICTIONS, "pod uid", p, doc="EvictionCommand"),
         TopicSpec(topics.RESERVATIONS, "reservation uid", p, doc="ReservationEvent (phase changes)"),
+        TopicSpec(topics.PROFILING, "plugin", p, doc="ProfilingSample: plugin time per extension point, each second"),
         TopicSpec(topics.STATE_CHANGES, "node name", p, doc="NodeStateChange, read by every scheduler"),
         TopicSpec(topics.DEAD_LETTER, "source topic", p, doc="DeadLetter envelopes"),
         TopicSpec(f"{app_id}-{TABLE_NODE_STATE}-changelog", "node name", p, compacted=True,

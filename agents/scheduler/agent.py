@@ -4,6 +4,10 @@ The agent only decodes and enqueues (pods, deletions, requeues); the loop places
 in micro-batches whenever the queue has work, and wakes on new pods, on cluster events from
 the replica feed, and when a backoff expires. `SchedulerService.on_state_changes` is called
 by the replica feed in `streams` (it reads every `state-changes` partition, no group).
+
+Profiling: about once a second while it schedules, the loop publishes on `profiling` one
+ProfilingSample per (profile, plugin, extension point) with the time spent there since the
+last ones (the frameworks' own timings; nothing is sampled when nothing ran).
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from agents.agent_batches import micro_batches
 from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import AgentConfig, Clock, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
-from schemas.records import NodeStateChange, Pod, PodDeleted, Requeue, Reservation
+from schemas import topics
+from schemas.records import NodeStateChange, Pod, PodDeleted, ProfilingSample, Requeue, Reservation
+
+PROFILING_EVERY_S = 1.0
 
 
 class SchedulerService:
@@ -28,6 +35,8 @@ class SchedulerService:
         self.outbox = outbox
         self.clock = clock
         self.batch_size = batch_size
+        self._profiled: dict[tuple[str, str, str], int] = {}  # (profile, plugin, point) -> ns sent
+        self._profiled_at = 0.0
         self.wake = asyncio.Event()
         self.replica_ready = asyncio.Event()  # set once the replica caught up with history
         self.fence = EpochFence()  # drops state changes a zombie owner published
@@ -60,6 +69,19 @@ class SchedulerService:
             await deliver(self.outbox, outputs)
         self.wake.set()
 
+    def profiling_samples(self) -> list[Output]:
+        """What each plugin spent per extension point since the last samples, as records."""
+        out = []
+        for name, fw in self.core.frameworks.items():
+            for (plugin, point), ns in fw.timings.items():
+                key = (name, plugin, point)
+                delta = ns - self._profiled.get(key, 0)
+                if delta > 0:
+                    self._profiled[key] = ns
+                    out.append(Output(topics.PROFILING, plugin, ProfilingSample(
+                        profile=name, plugin=plugin, extension_point=point, duration_ns=delta)))
+        return out
+
     async def run(self) -> None:
         """The scheduling loop; runs until cancelled.
 
@@ -70,10 +92,17 @@ class SchedulerService:
         while True:
             self.wake.clear()
             outputs = self.core.schedule(self.batch_size)
+            if outputs and self.clock() - self._profiled_at >= PROFILING_EVERY_S:
+                self._profiled_at = self.clock()
+                outputs += self.profiling_samples()
             if outputs:
                 await self.outbox.send(outputs)
                 await asyncio.sleep(0)
                 continue
+            samples = self.profiling_samples()  # idle: what the last busy stretch spent
+            if samples:
+                self._profiled_at = self.clock()
+                await self.outbox.send(samples)
             wakeup = self.core.next_wakeup()
             timeout = None if wakeup is None else max(0.0, wakeup - self.clock())
             with contextlib.suppress(asyncio.TimeoutError):

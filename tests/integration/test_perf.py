@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 KEYS = {"scenario", "startup_s", "wall_s", "pods_total", "pods_bound", "pods_unschedulable", "pods_double_bound",
         "nodes_overcommitted", "throughput_pods_per_s", "throughput_samples_pods_per_s", "queue_latency_ms",
         "start_latency_ms", "gang_latency_ms", "harness_cpu_s", "scheduler_cpu_s", "noop_limit_pods_per_s",
-        "ratio_to_limit"}
+        "ratio_to_limit", "plugins"}
 
 SCENARIO = {
     "name": "small-mixed", "seed": 5,
@@ -49,4 +49,5 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     assert result["gang_latency_ms"]["p99"] > 0 and result["start_latency_ms"]["p50"] > 0
     assert set(result["throughput_samples_pods_per_s"]) == {"p50", "p90", "p95", "p99"}
     assert result["noop_limit_pods_per_s"] > 0 and result["ratio_to_limit"] > 0
+    assert result["plugins"]["NodeResourcesFit"]["Filter"] > 0  # the scheduler's profiling samples
     assert (tmp_path / "report" / "report.md").read_text().startswith("# koordstream perf run: small-mixed")
