@@ -49,11 +49,28 @@ class DemoConfig:
     startup_timeout_s: float = 120.0
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
     if not values:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0}
-    arr = np.asarray(values)
-    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in (50, 90, 99)}
+        return {f"p{q}": 0.0 for q in qs}
+    arr = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in qs}
+
+
+async def wait_decided(collector: Collector, uids: set[str], stall_s: float) -> None:
+    """Until every pod in `uids` is bound or finally refused, or nothing moved for `stall_s`."""
+    last, seen = time.monotonic(), -1
+    while True:
+        decided = len(({r.uid for _, r in collector.of(Binding)}
+                       | {r.uid for _, r in collector.of(SchedulingFeedback) if r.final}) & uids)
+        if decided == len(uids):
+            return
+        if decided != seen:
+            seen, last = decided, time.monotonic()
+        elif time.monotonic() - last > stall_s:
+            return
+        collector.changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(collector.changed.wait(), 0.5)
 
 
 @contextlib.asynccontextmanager
@@ -149,20 +166,7 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
             publish_s = time.time() - first_publish
 
         uids = set(published)
-        last_progress, seen = time.monotonic(), -1
-        while True:
-            bound = {r.uid for _, r in collector.of(Binding)} & uids
-            final = {r.uid for _, r in collector.of(SchedulingFeedback) if r.final} & uids
-            decided = len(bound | final)
-            if decided == len(uids):
-                break
-            if decided != seen:
-                seen, last_progress = decided, time.monotonic()
-            elif time.monotonic() - last_progress > cfg.stall_timeout_s:
-                break
-            collector.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(collector.changed.wait(), 0.5)
+        await wait_decided(collector, uids, cfg.stall_timeout_s)
     finally:
         await collector.stop()
 

@@ -39,7 +39,7 @@ from agents.state import devices
 from perf import scenario as sc
 from perf.checker import Placement, check
 from perf.collector import Collector
-from perf.demo import start_up, system
+from perf.demo import percentiles, start_up, system, wait_decided
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
 from schemas import topics
@@ -67,13 +67,6 @@ class RunOptions:
     layout: str = "split"
     stall_timeout_s: float = 30.0
     startup_timeout_s: float = 180.0
-
-
-def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float]:
-    if not values:
-        return {f"p{q}": 0.0 for q in qs}
-    arr = np.asarray(values, dtype=np.float64)
-    return {f"p{q}": round(float(np.percentile(arr, q)), 2) for q in qs}
 
 
 def _cpu_s(pid: int) -> float:
@@ -178,7 +171,7 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
             life = asyncio.create_task(loop.run())
             try:
                 await _publish(producer, arrivals, published, t0)
-                await _wait_decided(collector, set(pods), opts.stall_timeout_s)
+                await wait_decided(collector, set(pods), opts.stall_timeout_s)
             finally:
                 life.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -218,22 +211,6 @@ async def _publish(producer: RecordProducer, arrivals: list[tuple[float, Record]
         if i < len(arrivals):
             await asyncio.sleep(min(0.01, max(0.0, arrivals[i][0] - (time.time() - t0))))
     await producer.flush(pending)
-
-
-async def _wait_decided(collector: Collector, uids: set[str], stall_s: float) -> None:
-    last, seen = time.monotonic(), -1
-    while True:
-        decided = len(({r.uid for _, r in collector.of(Binding)}
-                       | {r.uid for _, r in collector.of(SchedulingFeedback) if r.final}) & uids)
-        if decided == len(uids):
-            return
-        if decided != seen:
-            seen, last = decided, time.monotonic()
-        elif time.monotonic() - last > stall_s:
-            return
-        collector.changed.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(collector.changed.wait(), 0.5)
 
 
 def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: dict[str, float], collector: Collector,

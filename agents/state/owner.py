@@ -117,6 +117,7 @@ class NodeState:
     def used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """Pods' full requests, plus what each reservation still holds for its consumers
         (less the holds in `ignoring`)."""
+        consumed = self.consumptions() if self.reservations else {}
         total: dict[str, int] = {}
         for hid, hold in self.holds.items():
             if hold.status not in COUNTED or hid in ignoring:
@@ -124,29 +125,34 @@ class NodeState:
             amounts = hold.requests
             if hold.reserving is not None and hold.status == COMMITTED:
                 entry = self.reservations.get(hold.uid)
-                amounts = self.remaining(hold.uid) if entry is not None and entry["phase"] == rsv.AVAILABLE else {}
+                available = entry is not None and entry["phase"] == rsv.AVAILABLE
+                amounts = _less(hold.requests, consumed.get(hold.uid, ({}, 0))[0]) if available else {}
             for name, amount in amounts.items():
                 total[name] = total.get(name, 0) + amount
         return total
 
-    def consumption(self, uid: str) -> tuple[dict[str, int], int]:
-        """What the held and committed pods consuming reservation `uid` take of it, and how many."""
-        taken: dict[str, int] = {}
-        count = 0
+    def consumptions(self) -> dict[str, tuple[dict[str, int], int]]:
+        """Per reservation uid: what its held and committed consumers take of it, and how many
+        they are (one pass over the holds)."""
+        out: dict[str, tuple[dict[str, int], int]] = {}
         for hold in self.holds.values():
-            if hold.reservation == uid and hold.status in COUNTED:
-                count += 1
+            if hold.reservation and hold.status in COUNTED:
+                taken, count = out.get(hold.reservation, ({}, 0))
                 for name, amount in hold.consumed.items():
                     taken[name] = taken.get(name, 0) + amount
-        return taken, count
+                out[hold.reservation] = (taken, count + 1)
+        return out
+
+    def consumption(self, uid: str) -> tuple[dict[str, int], int]:
+        """What the held and committed pods consuming reservation `uid` take of it, and how many."""
+        return self.consumptions().get(uid, ({}, 0))
 
     def remaining(self, uid: str) -> dict[str, int]:
         """What reservation `uid` still holds: its request less its consumers' parts."""
         entry = self.reservations.get(uid)
         if entry is None:
             return {}
-        taken, _ = self.consumption(uid)
-        return {name: max(amount - taken.get(name, 0), 0) for name, amount in self.holds[entry["hold"]].requests.items()}
+        return _less(self.holds[entry["hold"]].requests, self.consumption(uid)[0])
 
     def reservation(self, uid: str) -> Reservation:
         entry = self.reservations[uid]
@@ -156,9 +162,10 @@ class NodeState:
 
     def available_reservations(self) -> tuple[ReservationState, ...]:
         out = []
+        consumed = self.consumptions()
         for uid, entry in sorted(self.reservations.items()):
             if entry["phase"] == rsv.AVAILABLE:
-                taken, count = self.consumption(uid)
+                taken, count = consumed.get(uid, ({}, 0))
                 out.append(ReservationState(self.reservation(uid), ResourceList(taken), count))
         return tuple(out)
 
@@ -218,6 +225,10 @@ class OwnerResult:
 
 
 R = TypeVar("R", bound=Record)
+
+
+def _less(amounts: dict[str, int], taken: dict[str, int]) -> dict[str, int]:
+    return {name: max(amount - taken.get(name, 0), 0) for name, amount in amounts.items()}
 
 
 def _decode(raw: dict[str, Any], kind: type[R]) -> R:
