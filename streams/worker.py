@@ -24,6 +24,13 @@ from streams.settings import Settings
 class DeadlineWorker(faust.Worker):  # type: ignore[misc]
     deadline_s: float = 4.0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # faust's progress spinner sets the root logger to DEBUG so that every record spins
+        # it; aiokafka then builds a debug LogRecord per message sent (about a tenth of the
+        # state worker's CPU in a sandbox-burst profile). Workers run without a terminal.
+        self.spinner = None
+
     def _arm_deadline(self) -> None:
         timer = threading.Timer(self.deadline_s, os._exit, args=(0,))
         timer.daemon = True
