@@ -73,8 +73,12 @@ def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentC
                 origin = table.origin(source)
                 stamp(decision.first, first, origin)
                 stamp(decision.after_commit, after, origin)
-            # Commits are acknowledged by the broker before any Binding is sent.
+            # Commits (and the ledger entries that decided them) are acknowledged by the broker
+            # before any Binding is sent.
+            changelog = await table.write_changelog()
             await deliver(outbox, decision.first + got.dead_letters + got.problem_letters(decision.problems))
+            for ack in changelog:
+                await ack
             await deliver(outbox, decision.after_commit)
             for key, round_, seconds in decision.timers:
                 timers.arm_gang(key, round_, seconds)

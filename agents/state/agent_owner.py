@@ -110,6 +110,9 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
                 table.put(node, state.to_json(), source.partition)
                 decoded[node] = (table.raw(node), state)
                 stamp(result.outputs, first_output, table.origin(source))
+            changelog = await table.write_changelog()
             await deliver(outbox, result.outputs + got.dead_letters + got.problem_letters(result.problems))
+            for ack in changelog:
+                await ack
             for node, uid, expires_at in result.timers:
                 timers.arm_expiry(node, uid, expires_at)
