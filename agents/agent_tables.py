@@ -79,7 +79,7 @@ class VersionedState:
         self._dirty: dict[bytes, int] = {}  # key -> partition, written since the last write_changelog
 
     def raw(self, key: str) -> dict[str, Any] | None:
-        value: dict[str, Any] | None = self.table.get(key.encode())
+        value: dict[str, Any] | None = self.table.data.get(key.encode())  # the store: no __missing__
         return value
 
     def get(self, key: str) -> dict[str, Any] | None:

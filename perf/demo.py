@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -59,9 +60,15 @@ def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict
 async def wait_decided(collector: Collector, uids: set[str], stall_s: float) -> None:
     """Until every pod in `uids` is bound or finally refused, or nothing moved for `stall_s`."""
     last, seen = time.monotonic(), -1
+    done: set[str] = set()
+    read = 0
     while True:
-        decided = len(({r.uid for _, r in collector.of(Binding)}
-                       | {r.uid for _, r in collector.of(SchedulingFeedback) if r.final}) & uids)
+        records = collector.records
+        for _, _, r in itertools.islice(records, read, None):  # only what arrived since the last look
+            if (isinstance(r, Binding) or (isinstance(r, SchedulingFeedback) and r.final)) and r.uid in uids:
+                done.add(r.uid)
+        read = len(records)
+        decided = len(done)
         if decided == len(uids):
             return
         if decided != seen:

@@ -275,6 +275,7 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: di
         "pods_terminated": len(loop.terminated),
         "throughput_pods_per_s": round(checked.pods_bound / wall, 1) if wall > 0 else 0.0,
         "throughput_samples_pods_per_s": percentiles([float(b) for b in buckets], (50, 90, 95, 99)),
+        "throughput_series": [int(b) for b in buckets],  # bindings per second from the first publish
         **({"burst_throughput_pods_per_s": burst_tp} if burst_tp is not None else {}),
         "queue_latency_ms": percentiles(queue),
         "start_latency_ms": percentiles(start),
