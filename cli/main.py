@@ -162,9 +162,11 @@ def cmd_bench_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_perf_run(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from perf import scenario
     from perf.kwok import StageError
-    from perf.run import report, run_scenario
+    from perf.run import RunOptions, report, run_scenario
 
     path = Path(args.scenario)
     if not path.suffix:
@@ -172,17 +174,26 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
     try:
         s = scenario.load(path)
         s = s.quick() if args.quick else s
-        result = asyncio.run(run_scenario(s, _settings(args)))
+        # A live bar on a terminal (nothing when the output is a file or a pipe).
+        with Progress(TextColumn(f"{s.name}: pods bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True, disable=not console.is_terminal) as bar:
+            task = bar.add_task("bound", total=None)
+            result = asyncio.run(run_scenario(s, _settings(args), RunOptions(
+                on_progress=lambda done, total: bar.update(task, completed=done, total=total))))
     except (scenario.ScenarioError, StageError, TimeoutError) as exc:
         console.print(f"[red]perf run: {exc}[/red]")
         return 2
-    text = report(result)
+    plots: list[str] = []
+    if args.report:
+        from perf.plots import write_plots
+
+        plots = [p.name for p in write_plots(result, args.report)]
+    text = report(result, plots)
     console.print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     if args.report:
-        Path(args.report).mkdir(parents=True, exist_ok=True)
         (Path(args.report) / "report.md").write_text(text)
     ok = result["pods_double_bound"] == 0 and result["nodes_overcommitted"] == 0
     return 0 if ok else 1

@@ -29,6 +29,7 @@ import os
 import resource
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,13 @@ from perf import scenario as sc
 from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.demo import percentiles, start_up, system, wait_decided
+from perf.figures import allocation
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
 from schemas import topics
 from schemas.records import (
     GANG_NAME_ANNOTATION,
+    AttemptsSample,
     Binding,
     EvictionCommand,
     Pod,
@@ -67,6 +70,8 @@ class RunOptions:
     layout: str = "split"
     stall_timeout_s: float = 30.0
     startup_timeout_s: float = 180.0
+    on_progress: Callable[[int, int], None] | None = None
+    """Called as the run goes with (pods bound, pods of the scenario): the CLI's progress bar."""
 
 
 def _cpu_s(pid: int) -> float:
@@ -76,6 +81,17 @@ def _cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM) in MiB, from /proc (0 when it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024.0, 1)
+    except OSError:
+        pass
+    return 0.0
 
 
 def _self_cpu_s() -> float:
@@ -104,9 +120,9 @@ class _LifecycleLoop:
     """Feeds Bindings and EvictionCommands into the lifecycle and publishes terminations."""
 
     def __init__(self, collector: Collector, producer: RecordProducer, lifecycle: Lifecycle,
-                 pods: dict[str, Pod], t0: float) -> None:
+                 pods: dict[str, Pod], t0: float, on_progress: Callable[[int, int], None] | None = None) -> None:
         self.collector, self.producer, self.lifecycle = collector, producer, lifecycle
-        self.pods, self.t0 = pods, t0
+        self.pods, self.t0, self.on_progress = pods, t0, on_progress
         self.node: dict[str, str] = {}
         self.running: dict[str, float] = {}  # uid -> wall time it reached Running
         self.terminated: list[Placement] = []
@@ -145,6 +161,8 @@ class _LifecycleLoop:
                 self.lifecycle.forget("Pod", t.key)
         if ended:
             await self.producer.flush(await self.producer.publish(topics.NODE_INBOX, ended))
+        if self.on_progress is not None:
+            self.on_progress(len(self.node), len(self.pods))
 
 
 async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecycle: Lifecycle, started: float,
@@ -167,7 +185,7 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
             cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
             harness_before = _self_cpu_s()
             t0 = time.time()
-            loop = _LifecycleLoop(collector, producer, lifecycle, pods, t0)
+            loop = _LifecycleLoop(collector, producer, lifecycle, pods, t0, opts.on_progress)
             life = asyncio.create_task(loop.run())
             try:
                 await _publish(producer, arrivals, published, t0)
@@ -178,9 +196,13 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                     await life
         cpu_workers = {p.pid: _cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
         harness_cpu = _self_cpu_s() - harness_before
+        roles = ["state", "scheduler"] if len(workers) == 2 else ["worker"]
+        memory = {role: _peak_rss_mb(p.pid) for role, p in zip(roles, workers, strict=False)}
     finally:
         await collector.stop()
-    out = result(s, nodes, pods, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
+    offsets = {r.uid: at for at, r in arrivals if isinstance(r, Pod)}  # the scenario's send times
+    out = result(s, nodes, pods, offsets, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
+    out["worker_memory_peak_mb"] = memory
     # The physical limit, on the same broker once the run is over (the agents idle).
     limit = await noop_limit(bootstrap, partitions, list(pods.values()), batch=settings.scheduling.batch_size)
     out["noop_limit_pods_per_s"] = limit
@@ -213,7 +235,8 @@ async def _publish(producer: RecordProducer, arrivals: list[tuple[float, Record]
     await producer.flush(pending)
 
 
-def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: dict[str, float], collector: Collector,
+def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict[str, float],
+           published: dict[str, float], collector: Collector,
            loop: _LifecycleLoop, startup_s: float, t0: float, cpu_workers: dict[int, float],
            harness_cpu: float) -> dict[str, Any]:
     first: dict[str, tuple[float, str]] = {}
@@ -243,14 +266,15 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: di
     start = [(loop.running[uid] - published[uid]) * 1000 for uid in loop.running
              if not gang_of.get(uid) and uid in published]
     scheduler_cpu = sum(cpu_workers.values())
-    # Bursts (100 or more pods published at one instant): their pods over the time while some
-    # burst was in flight (the union of each burst's publish -> last binding); the run's pace
-    # between bursts is the scenario's, not the scheduler's.
-    by_stamp: dict[float, list[str]] = {}
-    for uid, stamp in published.items():
-        by_stamp.setdefault(stamp, []).append(uid)
-    bursts = [uids for uids in by_stamp.values() if len(uids) >= 100 and all(u in first for u in uids)]
-    spans = sorted((published[b[0]], max(first[u][0] for u in b)) for b in bursts)
+    # Bursts (100 or more pods the scenario sends at one instant): their pods over the time
+    # while some burst was in flight (the union of each burst's first publish -> last binding);
+    # the run's pace between bursts is the scenario's, not the scheduler's.
+    by_offset: dict[float, list[str]] = {}
+    for uid, offset in offsets.items():
+        by_offset.setdefault(offset, []).append(uid)
+    bursts = [uids for uids in by_offset.values()
+              if len(uids) >= 100 and all(u in first and u in published for u in uids)]
+    spans = sorted((min(published[u] for u in b), max(first[u][0] for u in b)) for b in bursts)
     busy, end = 0.0, float("-inf")
     for lo, hi in spans:
         busy += max(0.0, hi - max(lo, end))
@@ -261,6 +285,20 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: di
         if ts >= first_publish:
             point = plugins.setdefault(sample.plugin, {})
             point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
+    attempts: Counter[str] = Counter()
+    for ts, a in collector.of(AttemptsSample):
+        if ts >= first_publish:
+            attempts[a.result] += a.count
+    reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
+    for _, f in collector.of(SchedulingFeedback):
+        if f.uid in pods:
+            for reason in f.reasons or {f.message: 1}:
+                reasons[reason] += 1
+    figures = allocation(
+        {n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in nodes},
+        {uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()},
+        {uid: (ts, node) for uid, (ts, node) in first.items()},
+        [(t.time, t.uid) for t in loop.terminated], first_publish)
     return {
         "scenario": s.name,
         "startup_s": round(startup_s, 2),
@@ -280,12 +318,24 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], published: di
         "queue_latency_ms": percentiles(queue),
         "start_latency_ms": percentiles(start),
         "gang_latency_ms": percentiles(gang),
+        "latency_cdf_ms": {"queue": _cdf(queue), "start": _cdf(start), "gang": _cdf(gang)},
         "plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
+        "attempts": dict(sorted(attempts.items())),
+        "unschedulable_reasons": dict(reasons.most_common(20)),
+        **figures,
         "harness_cpu_s": round(harness_cpu, 2),
         "scheduler_cpu_s": round(scheduler_cpu, 2),
         "lifecycle_cpu_s": round(loop.cpu_s, 2),
         "thresholds": {"throughput_drop_pct": s.throughput_drop_pct, "queue_p99_rise_pct": s.queue_p99_rise_pct},
     }
+
+
+def _cdf(values: list[float], points: int = 200) -> list[float]:
+    """`points` evenly spaced quantiles of `values` (the plotted latency CDF), in ms."""
+    if not values:
+        return []
+    qs = np.linspace(0, 100, min(points, len(values)))
+    return [round(float(v), 1) for v in np.percentile(np.asarray(values), qs)]
 
 
 def compare(baseline: dict[str, Any], new: dict[str, Any]) -> tuple[list[tuple[str, Any, Any, str]], bool]:
@@ -309,12 +359,16 @@ def compare(baseline: dict[str, Any], new: dict[str, Any]) -> tuple[list[tuple[s
     return rows, regressed
 
 
-def report(r: dict[str, Any]) -> str:
-    """The Markdown report of one run."""
+SERIES = ("throughput_series", "latency_cdf_ms", "allocation_series_pct")  # plotted, not tabled
+
+
+def report(r: dict[str, Any], plots: list[str] | None = None) -> str:
+    """The Markdown report of one run; `plots` are image paths relative to the report."""
     lines = [f"# koordstream perf run: {r['scenario']}", "", "| figure | value |", "|---|---|"]
     for key, value in r.items():
-        if key == "scenario":
+        if key == "scenario" or key in SERIES:
             continue
         shown = ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else value
         lines.append(f"| {key} | {shown} |")
+    lines += [""] + [f"![{Path(p).stem}]({p})" for p in plots or []]
     return "\n".join(lines) + "\n"

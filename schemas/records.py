@@ -629,10 +629,23 @@ class ProfilingSample(Record):
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptsSample(Record):
+    """Scheduling attempts a profile made since its last sample, by result (kube-scheduler's
+    `scheduler_schedule_attempts_total`: scheduled, unschedulable, error)."""
+
+    KIND: ClassVar[str] = "AttemptsSample"
+    profile: str
+    result: str
+    count: int
+    kind: str = field(default="AttemptsSample", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
 RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, Binding, Yield, Requeue, SchedulingFeedback,
-    EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample,
+    EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
 

@@ -7,7 +7,8 @@ by the replica feed in `streams` (it reads every `state-changes` partition, no g
 
 Profiling: about once a second while it schedules, the loop publishes on `profiling` one
 ProfilingSample per (profile, plugin, extension point) with the time spent there since the
-last ones (the frameworks' own timings; nothing is sampled when nothing ran).
+last ones (the frameworks' own timings; nothing is sampled when nothing ran), and one
+AttemptsSample per (profile, result) with the scheduling attempts made since.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import AgentConfig, Clock, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
 from schemas import topics
-from schemas.records import NodeStateChange, Pod, PodDeleted, ProfilingSample, Requeue, Reservation
+from schemas.records import (
+    AttemptsSample,
+    NodeStateChange,
+    Pod,
+    PodDeleted,
+    ProfilingSample,
+    Requeue,
+    Reservation,
+)
 
 PROFILING_EVERY_S = 1.0
 
@@ -36,6 +45,7 @@ class SchedulerService:
         self.clock = clock
         self.batch_size = batch_size
         self._profiled: dict[tuple[str, str, str], int] = {}  # (profile, plugin, point) -> ns sent
+        self._attempts_sent: dict[tuple[str, str], int] = {}  # (profile, result) -> attempts sent
         self._profiled_at = 0.0
         self.wake = asyncio.Event()
         self.replica_ready = asyncio.Event()  # set once the replica caught up with history
@@ -70,7 +80,7 @@ class SchedulerService:
         self.wake.set()
 
     def profiling_samples(self) -> list[Output]:
-        """What each plugin spent per extension point since the last samples, as records."""
+        """What each plugin spent per extension point, and the attempts made, since the last samples."""
         out = []
         for name, fw in self.core.frameworks.items():
             for (plugin, point), ns in fw.timings.items():
@@ -80,6 +90,11 @@ class SchedulerService:
                     self._profiled[key] = ns
                     out.append(Output(topics.PROFILING, plugin, ProfilingSample(
                         profile=name, plugin=plugin, extension_point=point, duration_ns=delta)))
+        for (profile, result), count in self.core.attempts.items():
+            delta = count - self._attempts_sent.get((profile, result), 0)
+            if delta > 0:
+                self._attempts_sent[profile, result] = count
+                out.append(Output(topics.PROFILING, profile, AttemptsSample(profile=profile, result=result, count=delta)))
         return out
 
     async def run(self) -> None:

@@ -29,6 +29,7 @@ the pod changes.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -101,6 +102,10 @@ class SchedulerCore:
         self.pods: dict[str, Tracked] = {}
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
+        # Scheduling attempts by (profile, result), results named as kube-scheduler's
+        # scheduler_schedule_attempts_total: scheduled (a claim went out), unschedulable (no node
+        # fits), error (Reserve or Permit refused). A claim the owner refuses is a new attempt.
+        self.attempts: Counter[tuple[str, str]] = Counter()
         self._arrival = 0
         self._group_arrival: dict[str, int] = {}  # decision key -> arrival of its first pod
         # Request vectors by request map: pods of one template share one (read-only) vector.
@@ -280,6 +285,7 @@ class SchedulerCore:
         tracked.profile = info.profile
         if placement.placed:
             tracked.state, tracked.row = CLAIMED, placement.row
+            self.attempts[info.profile, "scheduled"] += 1
             return placement.outputs
         if placement.status.code == Code.WAIT:
             tracked.state, tracked.row = WAITING, placement.row
@@ -287,6 +293,7 @@ class SchedulerCore:
         tracked.failures += 1
         tracked.state = QUEUED
         diagnosis = placement.diagnosis
+        self.attempts[info.profile, "error" if diagnosis is None else "unschedulable"] += 1
         if diagnosis is None:  # Reserve or Permit said no: back off and retry
             self.queue.add(info, failures=tracked.failures)
             return [self._feedback(info.pod, info.attempt, placement.status.message(), {}, final=False)]

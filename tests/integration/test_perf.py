@@ -1,6 +1,7 @@
 """`koordstream perf run` on its own embedded broker: a small mixed scenario (gangs,
 reservations, GPU shares, Job pods that complete through the Kwok-compatible lifecycle and free
-their nodes) is bound whole and consistently, and the JSON result has the documented keys."""
+their nodes) is bound whole and consistently, the JSON result has the documented keys and
+figures, and the report comes with its plots."""
 
 from __future__ import annotations
 
@@ -50,4 +51,12 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     assert set(result["throughput_samples_pods_per_s"]) == {"p50", "p90", "p95", "p99"}
     assert result["noop_limit_pods_per_s"] > 0 and result["ratio_to_limit"] > 0
     assert result["plugins"]["NodeResourcesFit"]["Filter"] > 0  # the scheduler's profiling samples
-    assert (tmp_path / "report" / "report.md").read_text().startswith("# koordstream perf run: small-mixed")
+    assert result["attempts"]["scheduled"] >= 400  # the scheduler's AttemptsSamples
+    assert 0 < result["allocation_pct"]["cpu_peak"] <= 100 and result["allocation_pct"]["gpu_peak"] > 0
+    assert set(result["fragmentation_pct"]) >= {"cpu"}
+    assert result["worker_memory_peak_mb"]["scheduler"] > 0 and result["worker_memory_peak_mb"]["state"] > 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert text.startswith("# koordstream perf run: small-mixed")
+    for png in ("throughput.png", "latency_cdf.png", "allocation.png"):
+        assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in text

@@ -199,3 +199,12 @@ def test_fit_counts_other_pods_nominations_of_equal_or_higher_priority() -> None
         "boss": "a",  # a preemptor is never blocked by its own nomination
         "low": "b",
     }
+
+
+def test_attempts_are_counted_by_result_per_profile() -> None:
+    core, _ = make_core(make_node("a", cpu=2000))
+    core.add(make_pod("fits", cpu=1000))
+    core.add(make_pod("too-big", cpu=3000))
+    core.schedule()
+    profile = make_pod("x").scheduler_name
+    assert core.attempts == {(profile, "scheduled"): 1, (profile, "unschedulable"): 1}
