@@ -4,7 +4,8 @@
 topic creation, no web server), declares the channels with raw serializers (the agents decode
 themselves, so bad input reaches the dead-letter topic), and registers the agents: node
 forwarder and owners, deciders, scheduler (agent, loop, and the replica feed that reads every
-`state-changes` partition with an aiokafka consumer outside any group).
+`state-changes` partition with an aiokafka consumer outside any group), and the scheduler's
+Prometheus endpoint when `worker.metrics_port` is set.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas import topics
 from streams import transport
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
+from streams.metrics import registry_for, serve_metrics
 from streams.outbox import PartitionedOutbox
 from streams.settings import Settings
 
@@ -113,6 +115,13 @@ def wire(app: faust.App, settings: Settings) -> None:
     @app.task  # type: ignore[untyped-decorator]
     async def replica_feed() -> None:
         await feed_state_changes(settings, service)
+
+    if settings.worker.metrics_port:
+        @app.task  # type: ignore[untyped-decorator]
+        async def metrics_endpoint() -> None:
+            server = await serve_metrics(registry_for(service.core), settings.worker.metrics_port)
+            async with server:
+                await server.serve_forever()
 
 
 def build_core(settings: Settings) -> SchedulerCore:

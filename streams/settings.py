@@ -75,6 +75,9 @@ class WorkerSettings:
     default is 700). Scheduling allocates a few short-lived records per pod; at the default the
     collector took a fifth of the scheduler's time in `koordstream bench basic --identical`.
     0 keeps Python's default."""
+    metrics_port: int = 0
+    """Port of the scheduler's Prometheus endpoint (`GET /metrics`, kube-scheduler's metric
+    names; see streams/metrics.py); 0: no endpoint. Only workers with the scheduler role serve it."""
     shutdown_deadline_s: float = 4.0
     """After SIGTERM/SIGINT the worker process exits at the latest after this long.
 
@@ -97,6 +100,8 @@ class Settings:
         unknown = set(self.worker.roles) - set(ROLES)
         if unknown or not self.worker.roles:
             raise SettingsError(f"worker.roles: choose from {', '.join(ROLES)}, got {list(self.worker.roles)!r}")
+        if not 0 <= self.worker.metrics_port <= 65535:
+            raise SettingsError(f"worker.metrics_port: must be a port number (0: off), got {self.worker.metrics_port}")
         if self.worker.loglevel not in ("crit", "error", "warn", "info", "debug"):
             raise SettingsError(f"worker.loglevel: must be crit, error, warn, info or debug, got {self.worker.loglevel!r}")
         return self

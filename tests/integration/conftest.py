@@ -62,12 +62,22 @@ def worker_env(bootstrap: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-async def worker(bootstrap: str) -> AsyncIterator[subprocess.Popen[bytes]]:
+def metrics_port() -> int:
+    """A free port for the session worker's Prometheus endpoint."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+async def worker(bootstrap: str, metrics_port: int) -> AsyncIterator[subprocess.Popen[bytes]]:
     """The agents, in one worker process, ready: its owners have reported a probe node."""
     await wait_ready(bootstrap)
     settings = load_settings(env=worker_env(bootstrap))
     await prepare(settings)
-    proc = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=worker_env(bootstrap))
+    env = {**worker_env(bootstrap), "KOORDSTREAM_WORKER_METRICS_PORT": str(metrics_port)}
+    proc = spawn_tied([sys.executable, "-m", "cli.main", "worker"], env=env)
     try:
         async with Harness(bootstrap) as h:
             probe = make_node(f"probe-{uuid.uuid4().hex[:6]}")

@@ -21,7 +21,8 @@ plugin that answers produces the records). A failing step unreserves in reverse 
 forgets the assumption.
 
 Time spent per plugin and extension point is added up in `timings` (nanoseconds, from the
-injected `timer`), for the benchmark's plugin shares and the profiling samples.
+injected `timer`) and the calls in `calls`, for the benchmark's plugin shares, the profiling
+samples and the Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ class Framework:
         self.timer = timer
         self.clock = clock or (lambda: 0.0)
         self.timings: dict[tuple[str, str], int] = defaultdict(int)
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
         self.waiting: dict[str, Waiting] = {}
         self._signers = [p for p in plugins.all() if isinstance(p, SignPlugin)]
         unsigned = [p for p in plugins.all() if not isinstance(p, SignPlugin) and not getattr(p, "SIGNATURE_FREE", False)
@@ -196,7 +198,11 @@ class Framework:
         try:
             return method(*args)
         finally:
-            self.timings[(plugin.NAME, point)] += self.timer() - t0
+            self._spent((plugin.NAME, point), t0)
+
+    def _spent(self, key: tuple[str, str], t0: int) -> None:
+        self.timings[key] += self.timer() - t0
+        self.calls[key] += 1
 
     # -- signatures ---------------------------------------------------------------------------
 
@@ -417,7 +423,7 @@ class Framework:
         for plugin in filters:
             t0 = self.timer()
             fitting = min(fitting, plugin.fit_steps(cycle, pod, self.state, row, fitting))
-            self.timings[(plugin.NAME, "Filter")] += self.timer() - t0
+            self._spent((plugin.NAME, "Filter"), t0)
         return fitting
 
     def _score_steps(self, cycle: CycleState, pod: PodInfo, row: int, steps: int,
@@ -427,7 +433,7 @@ class Framework:
             t0 = self.timer()
             for i, score in enumerate(plugin.score_steps(cycle, pod, self.state, row, steps)):
                 total[i] += weight * score
-            self.timings[(plugin.NAME, "Score")] += self.timer() - t0
+            self._spent((plugin.NAME, "Score"), t0)
         return total
 
     def _renormalize(self, cycle: CycleState, static: list[tuple[ScorePlugin, int]], raw_static: dict[str, Scores],
@@ -482,7 +488,7 @@ class Framework:
         for plugin in self.profile.bind:
             t0 = self.timer()
             outputs = plugin.bind(cycle, pod, self.state, row)
-            self.timings[(plugin.NAME, "Bind")] += self.timer() - t0
+            self._spent((plugin.NAME, "Bind"), t0)
             if outputs is not None:
                 return outputs
         return []
