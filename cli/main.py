@@ -174,13 +174,18 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
     try:
         s = scenario.load(path)
         s = s.quick() if args.quick else s
+        if s.trace_load or args.nodes_csv or args.pods_csv:
+            if not (args.nodes_csv and args.pods_csv):
+                raise scenario.ScenarioError(str(path), "trace", None, "a trace scenario needs --nodes-csv and "
+                                             "--pods-csv (Alibaba's cluster-trace-gpu-v2023 files)")
+            s = scenario.with_trace(s, args.nodes_csv, args.pods_csv)
         # A live bar on a terminal (nothing when the output is a file or a pipe).
         with Progress(TextColumn(f"{s.name}: pods bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True, disable=not console.is_terminal) as bar:
             task = bar.add_task("bound", total=None)
             result = asyncio.run(run_scenario(s, _settings(args), RunOptions(
                 on_progress=lambda done, total: bar.update(task, completed=done, total=total))))
-    except (scenario.ScenarioError, StageError, TimeoutError) as exc:
+    except (scenario.ScenarioError, StageError, TimeoutError, ValueError, OSError) as exc:
         console.print(f"[red]perf run: {exc}[/red]")
         return 2
     plots: list[str] = []
@@ -189,7 +194,7 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
 
         plots = [p.name for p in write_plots(result, args.report)]
     text = report(result, plots)
-    console.print(text)
+    console.print(text, markup=False)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -332,7 +337,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("scenario")
     r.add_argument("--quick", action="store_true", help="the scenario's shrunk variant")
     r.add_argument("--json", help="write the result as JSON to this file")
-    r.add_argument("--report", help="write report.md into this directory")
+    r.add_argument("--report", help="write report.md and the PNG plots into this directory")
+    r.add_argument("--nodes-csv", help="a trace scenario's node list (alibaba: openb_node_list_gpu_node.csv)")
+    r.add_argument("--pods-csv", help="a trace scenario's pod list (alibaba: openb_pod_list_default.csv)")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
     c.add_argument("baseline")

@@ -92,7 +92,8 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split"
         broker.start()
         bootstrap = broker.bootstrap
     env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
-           "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions)}
+           "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions),
+           **({"KOORDSTREAM_SCHEDULING_PROFILES": settings.scheduling.profiles} if settings.scheduling.profiles else {})}
     workers: list[Any] = []
     try:
         await wait_ready(bootstrap)

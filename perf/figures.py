@@ -6,9 +6,10 @@ the terminations the lifecycle published (numpy over nodes and events):
 - allocation over time: per 1-second bucket from the first pod published, the share of the
   cluster's CPU, memory and GPU (koordinator.sh/gpu-core) held by bound, not yet terminated
   pods;
-- fragmentation at the end: the share of the cluster's free CPU (and GPU) that sits on nodes
-  with less free than the largest request of the run's pods, i.e. free capacity the run's
-  biggest pod could not use.
+- fragmentation at the end, per resource: the expected share of the cluster's free capacity
+  that a pod drawn from the run's pods (among those asking for the resource, by frequency)
+  could not use, because it sits on nodes with less free than the pod asks (node totals: the
+  FGD paper's idea, without its per-GPU detail).
 """
 
 from __future__ import annotations
@@ -66,16 +67,18 @@ def allocation(capacity: Mapping[str, Mapping[str, int]], requests: Mapping[str,
 
 def fragmentation(cap: npt.NDArray[np.float64], used: npt.NDArray[np.float64],
                   requests: npt.NDArray[np.float64]) -> dict[str, float]:
-    """Per resource the run's pods ask for: the share of free capacity on nodes whose free
-    capacity is below the largest request (nodes that have none of it are left out)."""
+    """Per resource the run's pods ask for: the mean over those pods of the share of free
+    capacity on nodes whose free capacity is below the pod's request (nodes that have none of
+    the resource are left out)."""
     free = np.clip(cap - used, 0.0, None)
     out = {}
     for k, r in enumerate(RESOURCES):
-        largest = requests[:, k].max(initial=0.0) if len(requests) else 0.0
-        has = cap[:, k] > 0
-        total_free = free[has, k].sum()
-        if largest <= 0 or total_free <= 0:
+        asks = requests[requests[:, k] > 0, k] if len(requests) else np.zeros(0)
+        node_free = np.sort(free[cap[:, k] > 0, k])
+        total_free = node_free.sum()
+        if not len(asks) or total_free <= 0:
             continue
-        stranded = free[has, k][free[has, k] < largest].sum()
-        out[SHORT[r]] = round(float(stranded * 100.0 / total_free), 2)
+        below = np.concatenate(([0.0], np.cumsum(node_free)))  # free on the i smallest nodes
+        stranded = below[np.searchsorted(node_free, asks, side="left")]  # nodes with free < ask
+        out[SHORT[r]] = round(float(stranded.mean() * 100.0 / total_free), 2)
     return out

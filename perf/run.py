@@ -30,7 +30,7 @@ import resource
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,8 @@ def pod_object(pod: Pod, node: str) -> dict[str, Any]:
 async def run_scenario(s: sc.Scenario, settings: Settings, opts: RunOptions | None = None) -> dict[str, Any]:
     opts = opts or RunOptions()
     stages = load_stages(ROOT / stage for stage in s.stages)  # refused before anything starts
+    if s.profiles:
+        settings = replace(settings, scheduling=replace(settings.scheduling, profiles=str(ROOT / s.profiles)))
     started = time.perf_counter()
     async with system(settings, opts.bootstrap, opts.layout) as (settings, workers):
         return await _drive(s, settings, workers, Lifecycle(stages, speedup=s.speedup, seed=s.seed), started, opts)

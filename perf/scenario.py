@@ -35,6 +35,7 @@ file, the field and the value (`ScenarioError`). Generation is deterministic for
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import random
 from collections.abc import Mapping, Sequence
@@ -44,10 +45,13 @@ from typing import Any
 
 import yaml
 
+from agents.scheduler.fragmentation import MILLI
 from agents.state import devices
+from perf import trace
 from schemas.errors import SchemaError
 from schemas.quantity import parse_duration, to_canonical
 from schemas.records import (
+    DEFAULT_SCHEDULER,
     GANG_MIN_AVAILABLE_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_WAITING_TIME_ANNOTATION,
@@ -64,7 +68,9 @@ from schemas.records import (
     Taint,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 COMPLETE_DELAY_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
+GPU_MODEL_LABEL = "node.koordinator.sh/gpu-model"
 RESERVATION_LEAD_S = 1.0  # a reserved pod's Reservation is published this long before it
 QOS_CLASSES = ("LSE", "LSR", "LS", "BE", "SYSTEM")
 
@@ -129,12 +135,18 @@ class Scenario:
     queue_p99_rise_pct: float = 25.0
     quick_nodes: float = 0.02
     quick_pods: int = 2000
+    profiles: str = ""  # scheduler profiles (KubeSchedulerConfiguration-like YAML) for the workers
+    trace_load: float = 0.0  # above 0: nodes and pods come from a trace (`with_trace`)
+    trace_scheduler: str = ""  # the trace pods' schedulerName (empty: the default)
+    trace_nodes: tuple[Node, ...] = ()
+    trace_pods: tuple[Pod, ...] = ()
+    is_quick: bool = False
 
     def quick(self) -> Scenario:
         """The shrunk variant the tests run: pools scaled, pods and bursts capped."""
         scale = min(1.0, self.quick_pods / max(self.total + sum(b.count for b in self.bursts), 1))
         return dataclasses.replace(
-            self, name=f"{self.name} (quick)",
+            self, name=f"{self.name} (quick)", is_quick=True,
             pools=tuple(dataclasses.replace(p, count=max(1, round(p.count * self.quick_nodes))) for p in self.pools),
             total=min(self.total, self.quick_pods),
             bursts=tuple(dataclasses.replace(b, count=max(1, round(b.count * scale))) for b in self.bursts),
@@ -144,7 +156,8 @@ class Scenario:
 # --- reading -----------------------------------------------------------------------------------
 
 _FIELDS = {
-    "": {"name", "seed", "nodes", "pods", "lifecycle", "thresholds", "quick", "description"},
+    "": {"name", "seed", "nodes", "pods", "lifecycle", "thresholds", "quick", "description", "trace", "profiles"},
+    "trace": {"load", "schedulerName"},
     "pool": {"pool", "count", "allocatable", "labels", "taints", "gpus", "numa"},
     "gpus": {"count", "model", "memory"},
     "numa": {"cells", "threadsPerCore"},
@@ -215,13 +228,18 @@ def parse(raw: Any, source: str) -> Scenario:
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise r.fail("name", name, "is required")
+    trace = r.mapping(doc.get("trace") or {}, "trace", "trace")
+    trace_load = float(r.number(trace.get("load", 1.0), "trace.load", low=0.01)) if "trace" in doc else 0.0
+    profiles = str(doc.get("profiles") or "")
+    if profiles and not (ROOT / profiles).is_file():
+        raise r.fail("profiles", profiles, f"no such file under {ROOT}")
     pools = tuple(_pool(r, p, f"nodes[{i}]") for i, p in enumerate(_list(r, doc.get("nodes"), "nodes")))
-    if not pools:
-        raise r.fail("nodes", doc.get("nodes"), "needs at least one pool")
+    if not pools and not trace_load:
+        raise r.fail("nodes", doc.get("nodes"), "needs at least one pool (or a trace)")
     pods = r.mapping(doc.get("pods") or {}, "pods", "pods")
     templates = tuple(_template(r, t, f"pods.mix[{i}]") for i, t in enumerate(_list(r, pods.get("mix"), "pods.mix")))
-    if not templates:
-        raise r.fail("pods.mix", pods.get("mix"), "needs at least one template")
+    if not templates and not trace_load:
+        raise r.fail("pods.mix", pods.get("mix"), "needs at least one template (or a trace)")
     total = r.number(pods.get("total", 0), "pods.total", integer=True)
     if total and not sum(t.share for t in templates):
         raise r.fail("pods.mix", [t.name for t in templates], "some template needs a share above 0")
@@ -251,6 +269,7 @@ def parse(raw: Any, source: str) -> Scenario:
         queue_p99_rise_pct=float(r.number(thresholds.get("queueP99RisePct", 25), "thresholds.queueP99RisePct")),
         quick_nodes=float(r.number(quick.get("nodes", 0.02), "quick.nodes", low=0.0001, high=1)),
         quick_pods=r.number(quick.get("pods", 2000), "quick.pods", low=1, integer=True),
+        profiles=profiles, trace_load=trace_load, trace_scheduler=str(trace.get("schedulerName", "")),
     )
 
 
@@ -335,6 +354,8 @@ def _check_fits(r: _Reader, t: Template, pools: Sequence[Pool]) -> None:
 
 
 def nodes(s: Scenario) -> list[Node]:
+    if s.trace_nodes:
+        return list(s.trace_nodes)
     out = []
     for p in s.pools:
         cpus = p.allocatable["cpu"] // 1000
@@ -375,6 +396,8 @@ def arrivals(s: Scenario) -> list[tuple[float, Record]]:
     """Every record to publish, with its offset in seconds from the start, in time order:
     `total` pods drawn from the mix by share at `rate` (gangs as runs of their members), then
     each burst at its time; a reserved pod's Reservation `RESERVATION_LEAD_S` before it."""
+    if s.trace_pods:
+        return [(i / s.rate, pod) for i, pod in enumerate(s.trace_pods)]
     rng = random.Random(s.seed)
     weighted = [t for t in s.templates if t.share > 0]
     by_name = {t.name: t for t in s.templates}
@@ -404,3 +427,59 @@ def arrivals(s: Scenario) -> list[tuple[float, Record]]:
             emit(by_name[b.template], b.at_s)
     out.sort(key=lambda item: item[0])
     return out
+
+
+# --- traces ------------------------------------------------------------------------------------
+
+
+def with_trace(s: Scenario, nodes_csv: str | Path, pods_csv: str | Path) -> Scenario:
+    """A trace scenario with its nodes and pods, from the Alibaba GPU trace's files (the node
+    list and a pod list, cluster-trace-gpu-v2023). The pods are the trace's workload as the FGD
+    paper builds it (`perf.trace.workload`: ordered by name, shuffled with the seed, inflated
+    until the GPU requests reach `trace.load` x the GPU capacity), arriving at the scenario's
+    rate, never leaving. A share of one GPU asks koordinator.sh/gpu-core and gpu-memory-ratio
+    (percent, rounded up), whole GPUs nvidia.com/gpu; a `gpu_spec` becomes a required node
+    affinity on the nodes' GPU model label. The quick variant keeps every k-th node (k from
+    `quick.nodes`) and caps the pods at `quick.pods`. Bad trace files raise a ValueError naming
+    the file, line, column and value."""
+    if not s.trace_load:
+        raise ScenarioError(s.source, "trace", None, "this scenario does not replay a trace; leave out the CSV files")
+    cluster = trace.load_nodes(nodes_csv)
+    keep = list(range(len(cluster.model)))
+    if s.is_quick:
+        keep = keep[::max(1, round(1 / s.quick_nodes))]
+    with open(nodes_csv, newline="") as f:
+        names = [row.get("sn") or f"trace-node-{i:05d}" for i, row in enumerate(csv.DictReader(f))]
+    node_records = []
+    for i in keep:
+        count = int(cluster.gpu_count[i])
+        model = cluster.model[i]
+        alloc = ResourceList(cpu=int(cluster.cpu_cap[i]), memory=int(cluster.memory[i]) * 2**20, pods=110)
+        if count:
+            alloc[devices.NVIDIA_GPU] = count
+        node_records.append(Node(name=names[i], labels={GPU_MODEL_LABEL: model} if count else {},
+                                 capacity=alloc, allocatable=alloc,
+                                 gpus=tuple(GpuDevice(minor=g, model=model) for g in range(count))))
+    capacity = sum(int(cluster.gpu_count[i]) for i in keep) * MILLI
+    pods = trace.workload(trace.load_pods(pods_csv, sorted(set(cluster.model))), capacity, s.trace_load, s.seed)
+    if s.is_quick:
+        pods = pods[:s.quick_pods]
+    namespace = s.name.replace(" ", "-").replace("(", "").replace(")", "")
+    return dataclasses.replace(s, trace_nodes=tuple(node_records),
+                               trace_pods=tuple(_trace_pod(p, f"{namespace}-{n:06d}", namespace, s.trace_scheduler)
+                                                for n, p in enumerate(pods)))
+
+
+def _trace_pod(p: trace.TracePod, uid: str, namespace: str, scheduler: str) -> Pod:
+    requests = ResourceList(cpu=p.cpu, memory=p.memory * 2**20)
+    if p.gpus and p.milli < MILLI:
+        percent = -(-p.milli // 10)
+        requests.update({devices.GPU_CORE: percent, devices.GPU_RATIO: percent})
+    elif p.gpus:
+        requests[devices.NVIDIA_GPU] = p.gpus
+    affinity: dict[str, Any] = {}
+    if p.models:
+        affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "In", "values": sorted(p.models)}]}]}}}
+    return Pod(uid=uid, name=uid, namespace=namespace, labels={"template": "trace"}, requests=requests,
+               affinity=affinity, scheduler_name=scheduler or DEFAULT_SCHEDULER)

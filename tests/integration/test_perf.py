@@ -60,3 +60,29 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     for png in ("throughput.png", "latency_cdf.png", "allocation.png"):
         assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
+
+
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023"
+
+
+@pytest.mark.skipif(not (TRACE / "openb_node_list_gpu_node.csv").exists(),
+                    reason="the Alibaba trace is not next to the repository")
+def test_the_alibaba_trace_runs_through_the_real_system_with_fgd(tmp_path: Path) -> None:
+    out = tmp_path / "alibaba.json"
+    done = subprocess.run([sys.executable, "-m", "cli.main", "perf", "run", "alibaba", "--quick", "--json", str(out),
+                           "--nodes-csv", str(TRACE / "openb_node_list_gpu_node.csv"),
+                           "--pods-csv", str(TRACE / "openb_pod_list_default.csv")],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["pods_total"] == 600 and result["pods_bound"] + result["pods_unschedulable"] <= 600
+    assert result["pods_bound"] > 500 and result["pods_double_bound"] == result["nodes_overcommitted"] == 0
+    assert result["plugins"]["FGD"]["Score"] > 0  # the scenario's profile: FGD scores the GPU pods
+    assert result["allocation_pct"]["gpu_final"] > 50 and "gpu" in result["fragmentation_pct"]
+
+
+def test_a_trace_scenario_without_its_files_is_refused_before_the_run() -> None:
+    done = subprocess.run([sys.executable, "-m", "cli.main", "perf", "run", "alibaba", "--quick"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "needs --nodes-csv and --pods-csv" in done.stdout

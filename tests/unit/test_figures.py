@@ -14,15 +14,16 @@ def test_allocation_follows_bindings_and_terminations() -> None:
     assert out["allocation_series_pct"]["cpu"] == [25.0, 50.0, 87.5, 62.5]  # p1 ends during second 3
     assert out["allocation_pct"]["cpu_peak"] == 87.5 and out["allocation_pct"]["cpu_final"] == 62.5
     assert "gpu" not in out["allocation_series_pct"]  # no GPUs in this cluster
-    # Free at the end: a 2000m, b 1000m; the largest request is 3000m, so all free CPU is stranded.
-    assert out["fragmentation_pct"]["cpu"] == 100.0
+    # Free at the end: a 2000m, b 1000m. Pods of 2000m could use a only (b's 1000m of 3000m
+    # stranded), the pod of 3000m neither: (1/3 + 1/3 + 1) / 3.
+    assert out["fragmentation_pct"]["cpu"] == round((1 / 3 + 1 / 3 + 1) / 3 * 100, 2)
 
 
-def test_fragmentation_counts_only_free_capacity_the_largest_pod_cannot_use() -> None:
+def test_fragmentation_counts_only_free_capacity_the_pods_cannot_use() -> None:
     capacity = {"a": {"cpu": 8000, GPU_CORE: 800}, "b": {"cpu": 8000, GPU_CORE: 800}, "c": {"cpu": 8000}}
     requests = {"g": {"cpu": 1000, GPU_CORE: 350}, "h": {"cpu": 1000, GPU_CORE: 200}}
     out = allocation(capacity, requests, {"g": (0.5, "a"), "h": (0.5, "b")}, [], t0=0.0)
-    # GPU free: a 450 (fits 350), b 600: nothing stranded. c has no GPUs and is left out.
+    # GPU free: a 450, b 600: both fit 350 and 200, nothing stranded. c has no GPUs: left out.
     assert out["fragmentation_pct"]["gpu"] == 0.0
     assert out["allocation_pct"]["gpu_final"] == round(550 * 100 / 1600, 2)
     # CPU: every node has at least 7000m free against a largest request of 1000m.
@@ -33,3 +34,11 @@ def test_an_empty_run_has_no_allocation() -> None:
     out = allocation({"a": {"cpu": 1000}}, {}, {}, [], t0=0.0)
     assert out["allocation_pct"] == {"cpu_peak": 0.0, "cpu_final": 0.0}
     assert out["fragmentation_pct"] == {}
+
+
+def test_free_gpu_on_a_nearly_full_node_is_stranded() -> None:
+    capacity = {"a": {GPU_CORE: 800}, "b": {GPU_CORE: 800}}
+    requests = {"x": {GPU_CORE: 700}, "y": {GPU_CORE: 350}, "z": {GPU_CORE: 200}}
+    out = allocation(capacity, requests, {"x": (0.0, "a")}, [], t0=0.0)
+    # Free: a 100, b 800. Each of the three pods asks more than 100: a's 100 of 900 is stranded.
+    assert out["fragmentation_pct"]["gpu"] == round(100 * 100 / 900, 2)

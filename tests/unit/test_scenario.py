@@ -21,11 +21,17 @@ SHIPPED = sorted((ROOT / "perf" / "scenarios").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
-def test_shipped_scenarios_read_and_their_stage_files_load(path: Path) -> None:
+def test_shipped_scenarios_read_and_their_stage_files_load(path: Path, tmp_path: Path) -> None:
     s = scenario.load(path)
     assert s.name == path.stem
     load_stages(ROOT / stage for stage in s.stages)
+    if s.trace_load:  # nodes and pods come from the trace files
+        s = scenario.with_trace(s, *tiny_trace(tmp_path, nodes=40))
     quick = s.quick()
+    if s.trace_load:
+        quick = scenario.with_trace(quick, *tiny_trace(tmp_path, nodes=40))
+        assert len(scenario.nodes(quick)) < len(scenario.nodes(s))
+        return
     assert sum(p.count for p in quick.pools) < sum(p.count for p in s.pools)
     records = scenario.arrivals(quick)
     assert 0 < len(records) <= quick.quick_pods * 1.5 + 100
@@ -89,3 +95,61 @@ def test_a_bad_scenario_names_the_file_the_field_and_the_value(tmp_path: Path, c
     with pytest.raises(scenario.ScenarioError) as exc:
         scenario.load(path)
     assert exc.value.field == field and str(exc.value).startswith(str(path))
+
+
+def tiny_trace(tmp_path: Path, nodes: int = 3) -> tuple[Path, Path]:
+    """A trace in the Alibaba files' format: nodes with 0, 2 or 8 GPUs of two models; pods
+    with a share of a GPU, whole GPUs, a GPU model, or no GPU."""
+    node_csv, pod_csv = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    rows = ["sn,cpu_milli,memory_mib,gpu,model"] + [
+        f"n-{i:03d},64000,262144,{(0, 2, 8)[i % 3]},{('', 'T4', 'V100M32')[i % 3]}" for i in range(nodes)]
+    node_csv.write_text("\n".join(rows) + "\n")
+    pod_csv.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+                       "deletion_time,scheduled_time\n"
+                       "p-0,8000,16384,1,455,,LS,Running,0,1,0\n"
+                       "p-1,16000,32768,2,1000,V100M32,LS,Running,0,1,0\n"
+                       "p-2,4000,8192,0,0,,BE,Running,0,1,0\n")
+    return node_csv, pod_csv
+
+
+def test_a_trace_scenario_takes_its_nodes_and_pods_from_the_trace_files(tmp_path: Path) -> None:
+    s = scenario.with_trace(scenario.load(ROOT / "perf" / "scenarios" / "alibaba.yaml"), *tiny_trace(tmp_path))
+    nodes = {n.name: n for n in scenario.nodes(s)}
+    assert set(nodes) == {"n-000", "n-001", "n-002"}
+    assert len(nodes["n-002"].gpus) == 8 and nodes["n-002"].labels == {scenario.GPU_MODEL_LABEL: "V100M32"}
+    assert nodes["n-000"].allocatable["memory"] == 262144 * 2**20 and not nodes["n-000"].gpus
+    pods = [r for _, r in scenario.arrivals(s)]
+    assert all(isinstance(p, Pod) and p.scheduler_name == "gpu-fgd" for p in pods)
+    # GPU capacity 10 GPUs at load 1.0: the shuffled three, then copies up to 10,000 milli-GPU.
+    assert sum(p.requests.get(devices.GPU_CORE, 0) * 10 + p.requests.get(devices.NVIDIA_GPU, 0) * 1000
+               for p in pods) <= 10_000
+    share = next(p for p in pods if devices.GPU_CORE in p.requests)
+    assert share.requests[devices.GPU_CORE] == share.requests[devices.GPU_RATIO] == 46  # 455 milli, rounded up
+    whole = next(p for p in pods if devices.NVIDIA_GPU in p.requests)
+    terms = whole.affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": scenario.GPU_MODEL_LABEL, "operator": "In",
+                                            "values": ["V100M32"]}]}]
+    assert [at for at, _ in scenario.arrivals(s)][:3] == [0.0, 1 / s.rate, 2 / s.rate]
+
+
+def test_a_trace_scenario_needs_its_files_and_a_plain_one_refuses_them(tmp_path: Path) -> None:
+    with pytest.raises(scenario.ScenarioError) as exc:
+        scenario.with_trace(scenario.load(ROOT / "perf" / "scenarios" / "basic.yaml"), *tiny_trace(tmp_path))
+    assert exc.value.field == "trace"
+    bad = tmp_path / "bad-nodes.csv"
+    bad.write_text("sn,cpu_milli,memory_mib,gpu,model\nn-0,lots,1,0,\n")
+    with pytest.raises(ValueError, match="bad-nodes.csv:2: cpu_milli='lots'"):
+        scenario.with_trace(scenario.load(ROOT / "perf" / "scenarios" / "alibaba.yaml"), bad, tiny_trace(tmp_path)[1])
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"trace": {"load": 0}}, "trace.load"),
+    ({"trace": {"lode": 1}}, "trace.lode"),
+    ({"profiles": "perf/profiles/missing.yaml"}, "profiles"),
+])
+def test_bad_trace_fields_are_refused(tmp_path: Path, change: dict[str, Any], field: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", **change}))
+    with pytest.raises(scenario.ScenarioError) as exc:
+        scenario.load(path)
+    assert exc.value.field == field
