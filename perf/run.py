@@ -2,7 +2,10 @@
 lifecycle, measured the way kube-scheduler's scheduler_perf measures.
 
 Flow: the system comes up (`perf.demo.system`: embedded broker, topics, workers); the
-scenario's nodes are published and start-up waits for the whole pipeline (`start_up`); then the
+scenario's nodes are published and start-up waits for the whole pipeline (`start_up`) and, when
+the scenario has Node stages, for every node to become Ready (nodes register with Ready False
+and the not-ready taint; a stage that changes a node's conditions publishes the node again,
+the taint following its Ready condition); then the
 scenario's records (pods, and reservations ahead of their pods) are published at their time
 offsets while a lifecycle task reads Bindings and EvictionCommands back: a bound pod enters the
 lifecycle (`perf.kwok.Lifecycle`, the scenario's Stage files, its speed-up), a pod that reaches
@@ -50,18 +53,22 @@ from schemas.records import (
     AttemptsSample,
     Binding,
     EvictionCommand,
+    Node,
+    NodeCondition,
     Pod,
     PodTerminated,
     ProfilingSample,
     Record,
     ResourceList,
     SchedulingFeedback,
+    Taint,
 )
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 FINISHED = ("Succeeded", "Failed")
+NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
 
 
 @dataclass
@@ -118,13 +125,31 @@ async def run_scenario(s: sc.Scenario, settings: Settings, opts: RunOptions | No
         return await _drive(s, settings, workers, Lifecycle(stages, speedup=s.speedup, seed=s.seed), started, opts)
 
 
+def node_object(node: Node) -> dict[str, Any]:
+    """A node as the lifecycle's Stage selectors see it (Kubernetes JSON)."""
+    return {"metadata": {"name": node.name, "labels": dict(node.labels)},
+            "status": {"conditions": [{"type": c.type, "status": c.status} for c in node.conditions]}}
+
+
+def not_ready(node: Node) -> Node:
+    """A node as it registers: Ready False, tainted not-ready until node-initialize runs."""
+    return replace(node, conditions=(NodeCondition("Ready", "False"),), taints=(*node.taints, NOT_READY))
+
+
 class _LifecycleLoop:
-    """Feeds Bindings and EvictionCommands into the lifecycle and publishes terminations."""
+    """Feeds Bindings and EvictionCommands into the lifecycle and publishes terminations; with
+    Node stages, publishes each node whose conditions a stage changed (the not-ready taint
+    follows its Ready condition, as Kubernetes' node lifecycle controller keeps it)."""
 
     def __init__(self, collector: Collector, producer: RecordProducer, lifecycle: Lifecycle,
-                 pods: dict[str, Pod], t0: float, on_progress: Callable[[int, int], None] | None = None) -> None:
+                 pods: dict[str, Pod], nodes: list[Node], t0: float,
+                 on_progress: Callable[[int, int], None] | None = None) -> None:
         self.collector, self.producer, self.lifecycle = collector, producer, lifecycle
         self.pods, self.t0, self.on_progress = pods, t0, on_progress
+        self.nodes = {n.name: n for n in nodes}  # as last published
+        self.ready: set[str] = set()
+        for n in nodes:
+            lifecycle.upsert("Node", n.name, node_object(n), 0.0)
         self.node: dict[str, str] = {}
         self.running: dict[str, float] = {}  # uid -> wall time it reached Running
         self.terminated: list[Placement] = []
@@ -151,9 +176,11 @@ class _LifecycleLoop:
                 if obj is not None:
                     obj["metadata"]["deletionTimestamp"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                     self.lifecycle.upsert("Pod", r.uid, obj, now)
-        ended = []
+        ended: list[Record] = []
+        changed: list[Record] = []
         for t in self.lifecycle.due(now):
-            if t.kind != "Pod":
+            if t.kind == "Node":
+                changed += self._node_changed(t.key)
                 continue
             if t.phase == "Running":
                 self.running.setdefault(t.key, self.t0 + t.at)
@@ -163,8 +190,25 @@ class _LifecycleLoop:
                 self.lifecycle.forget("Pod", t.key)
         if ended:
             await self.producer.flush(await self.producer.publish(topics.NODE_INBOX, ended))
+        if changed:
+            await self.producer.flush(await self.producer.publish(topics.NODES, changed))
         if self.on_progress is not None:
             self.on_progress(len(self.node), len(self.pods))
+
+    def _node_changed(self, name: str) -> list[Record]:
+        obj, node = self.lifecycle.objects.get(("Node", name)), self.nodes.get(name)
+        if obj is None or node is None:
+            return []
+        conditions = tuple(NodeCondition(str(c.get("type", "")), str(c.get("status", "")))
+                           for c in obj.get("status", {}).get("conditions") or ())
+        ready = NodeCondition("Ready", "True") in conditions
+        taints = tuple(t for t in node.taints if t != NOT_READY) + (() if ready else (NOT_READY,))
+        (self.ready.add if ready else self.ready.discard)(name)
+        updated = replace(node, conditions=conditions, taints=taints)
+        if updated == node:
+            return []  # a heartbeat that changes nothing the scheduler reads is not published
+        self.nodes[name] = updated
+        return [updated]
 
 
 async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecycle: Lifecycle, started: float,
@@ -180,16 +224,25 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
     harness_before = _self_cpu_s()
     published: dict[str, float] = {}
+    # With Node stages, nodes register not ready and the lifecycle initializes them.
+    staged = nodes if lifecycle.stages.get("Node") else []
+    nodes = [not_ready(n) if staged else n for n in nodes]
     try:
         async with RecordProducer(bootstrap, partitions) as producer:
-            await start_up(producer, collector, nodes, probe, partitions, opts.startup_timeout_s)
-            startup_s = time.perf_counter() - started
-            cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
-            harness_before = _self_cpu_s()
-            t0 = time.time()
-            loop = _LifecycleLoop(collector, producer, lifecycle, pods, t0, opts.on_progress)
+            loop = _LifecycleLoop(collector, producer, lifecycle, pods, nodes if staged else [], time.time(),
+                                  opts.on_progress)
             life = asyncio.create_task(loop.run())
             try:
+                await start_up(producer, collector, nodes, probe, partitions, opts.startup_timeout_s)
+                deadline = time.monotonic() + opts.startup_timeout_s
+                while len(loop.ready) < len(staged):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{len(staged) - len(loop.ready)} nodes did not become Ready in time")
+                    await asyncio.sleep(0.05)
+                startup_s = time.perf_counter() - started
+                cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
+                harness_before = _self_cpu_s()
+                t0 = time.time()
                 await _publish(producer, arrivals, published, t0)
                 await wait_decided(collector, set(pods), opts.stall_timeout_s)
             finally:
@@ -245,12 +298,12 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
     for ts, b in collector.of(Binding):
         if b.uid in pods and (b.uid not in first or ts < first[b.uid][0]):
             first[b.uid] = (ts, b.node)
-    final = {r.uid for _, r in collector.of(SchedulingFeedback) if r.final and r.uid in pods}
+    refused = {r.uid for _, r in collector.of(SchedulingFeedback) if r.uid in pods}  # unbound at the end: unschedulable
     checked = check(  # GPUs as the scheduler counts them: N whole GPUs are core and memory-ratio N x 100
         allocatable={n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in nodes},
         requests={uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()},
         bindings=[Placement(ts, b.uid, b.node) for ts, b in collector.of(Binding) if b.uid in pods],
-        unschedulable=final, counted=set(pods), terminations=loop.terminated,
+        unschedulable=refused, counted=set(pods), terminations=loop.terminated,
     )
     decisions = [ts for ts, _ in first.values()] + [ts for ts, r in collector.of(SchedulingFeedback)
                                                      if r.final and r.uid in pods]

@@ -32,7 +32,8 @@ SCENARIO = {
          "reserved": 0.5},
         {"name": "train", "share": 5, "qos": "LS", "requests": {"cpu": "2", "memory": "4Gi"},
          "gang": {"size": 2, "waitingTime": "30s"}}]},
-    "lifecycle": {"stages": ["infra/kwok/pod-ready.yaml", "infra/kwok/pod-complete.yaml", "infra/kwok/pod-delete.yaml"]},
+    "lifecycle": {"stages": ["infra/kwok/pod-ready.yaml", "infra/kwok/pod-complete.yaml", "infra/kwok/pod-delete.yaml",
+                             "infra/kwok/node-initialize.yaml"]},  # nodes register not ready
 }
 
 
