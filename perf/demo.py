@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -117,10 +117,12 @@ async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
 
 
 async def start_up(producer: RecordProducer, collector: Collector, nodes: list[Node], probe: Pod, partitions: int,
-                   timeout_s: float) -> None:
-    """Publish the nodes, wait until the owners reported every one, then until the whole
-    pipeline placed one probe pod (every group joined). `collector` must read `bindings`."""
-    await producer.flush(await producer.publish(topics.NODES, nodes))
+                   timeout_s: float, *, published: bool = False, ready: Callable[[Node], bool] | None = None) -> None:
+    """Publish the nodes (unless `published`), wait until the owners reported every one (with
+    `ready`: until the last Node record they reported of each satisfies it), then until the
+    whole pipeline placed one probe pod (every group joined). `collector` must read `bindings`."""
+    if not published:
+        await producer.flush(await producer.publish(topics.NODES, nodes))
     names = {n.name for n in nodes}
     deadline = time.monotonic() + timeout_s
     # State changes only matter for start-up; reading them during the run would take CPU from
@@ -128,9 +130,14 @@ async def start_up(producer: RecordProducer, collector: Collector, nodes: list[N
     reports = Collector(producer.bootstrap, [topics.STATE_CHANGES], partitions)
     await reports.start()
     try:
-        while {r.node for _, r in reports.of(NodeStateChange)} < names:
+        while True:
+            latest = {r.node: r.node_record for _, r in reports.of(NodeStateChange) if r.node_record is not None}
+            waiting = names - {name for name, node in latest.items() if ready is None or ready(node)}
+            if not waiting:
+                break
             if time.monotonic() > deadline:
-                raise TimeoutError("the agents did not report every node in time: is the worker running?")
+                raise TimeoutError(f"the agents did not report {len(waiting)} nodes{' ready' if ready else ''} in "
+                                   f"time (e.g. {sorted(waiting)[0]}): is the worker running?")
             await asyncio.sleep(0.05)
     finally:
         await reports.stop()

@@ -147,7 +147,6 @@ class _LifecycleLoop:
         self.collector, self.producer, self.lifecycle = collector, producer, lifecycle
         self.pods, self.t0, self.on_progress = pods, t0, on_progress
         self.nodes = {n.name: n for n in nodes}  # as last published
-        self.ready: set[str] = set()
         for n in nodes:
             lifecycle.upsert("Node", n.name, node_object(n), 0.0)
         self.node: dict[str, str] = {}
@@ -203,7 +202,6 @@ class _LifecycleLoop:
                            for c in obj.get("status", {}).get("conditions") or ())
         ready = NodeCondition("Ready", "True") in conditions
         taints = tuple(t for t in node.taints if t != NOT_READY) + (() if ready else (NOT_READY,))
-        (self.ready.add if ready else self.ready.discard)(name)
         updated = replace(node, conditions=conditions, taints=taints)
         if updated == node:
             return []  # a heartbeat that changes nothing the scheduler reads is not published
@@ -229,16 +227,14 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     nodes = [not_ready(n) if staged else n for n in nodes]
     try:
         async with RecordProducer(bootstrap, partitions) as producer:
+            # Registered first: the lifecycle's Ready updates must come after on each node's partition.
+            await producer.flush(await producer.publish(topics.NODES, nodes))
             loop = _LifecycleLoop(collector, producer, lifecycle, pods, nodes if staged else [], time.time(),
                                   opts.on_progress)
             life = asyncio.create_task(loop.run())
             try:
-                await start_up(producer, collector, nodes, probe, partitions, opts.startup_timeout_s)
-                deadline = time.monotonic() + opts.startup_timeout_s
-                while len(loop.ready) < len(staged):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{len(staged) - len(loop.ready)} nodes did not become Ready in time")
-                    await asyncio.sleep(0.05)
+                await start_up(producer, collector, nodes, probe, partitions, opts.startup_timeout_s, published=True,
+                               ready=(lambda n: NOT_READY not in n.taints) if staged else None)
                 startup_s = time.perf_counter() - started
                 cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
                 harness_before = _self_cpu_s()

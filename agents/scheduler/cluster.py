@@ -220,18 +220,41 @@ class CpuTable:
         self._assumed: dict[str, tuple[int, set[int], dict[int, int]]] = {}
         self._assumed_rows: dict[int, set[int]] = {}
         self._assumed_memory: dict[int, dict[int, int]] = {}
-        self.changes: dict[int, int] = {}  # row -> a counter bumped whenever its CPUs or cells change
-        # Filter answers by request, per row, with the row's counter when computed: the exact
-        # choice runs again only on rows that changed since (one per placement).
-        self.fit_cache: dict[Hashable, dict[int, tuple[int, bool]]] = {}
+        # Per row, a counter bumped whenever its CPUs or cells change; and the rows with cells.
+        self.changes: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self.rows: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
+        # Filter answers by request: per row, the answer and the row's counter when computed,
+        # so the exact choice runs again only on rows that changed since (one per placement).
+        self.fit_cache: dict[Hashable, tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]] = {}
 
     def _changed(self, row: int) -> None:
-        self.changes[row] = self.changes.get(row, 0) + 1
+        if row >= len(self.changes):
+            self.changes = np.concatenate([self.changes, np.zeros(max(row + 1, 2 * len(self.changes)) - len(self.changes),
+                                                                  dtype=np.int64)])
+        self.changes[row] += 1
+
+    def cached_fits(self, request: Hashable, size: int) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+        """The cached answers for `request` over `size` rows, and the counters they were computed at
+        (-1: never); grown with the cluster, dropped all at once when many requests pile up."""
+        if len(self.fit_cache) > 64:
+            self.fit_cache.clear()
+        fits, seen = self.fit_cache.get(request, (np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64)))
+        if len(fits) < size:
+            fits = np.concatenate([fits, np.zeros(size - len(fits), dtype=bool)])
+            seen = np.concatenate([seen, np.full(size - len(seen), -1, dtype=np.int64)])
+            self.fit_cache[request] = (fits, seen)
+        return fits, seen
+
+    def counters(self, size: int) -> npt.NDArray[np.int64]:
+        if len(self.changes) < size:
+            self._changed(size - 1)
+        return self.changes[:size]
 
     def set_node(self, row: int, node: Node) -> None:
         self.cells[row] = cpus.cells_of(node.numa)
         self.policy[row] = node.labels.get(cpus.NUMA_POLICY_LABEL, "None")
         self._changed(row)
+        self.rows = np.array(sorted(r for r, c in self.cells.items() if c), dtype=np.intp)
 
     def report(self, row: int, usage: Mapping[str, int]) -> bool:
         used = {int(k.split("/")[1]) for k, v in usage.items() if k.startswith("cpu/") and v}

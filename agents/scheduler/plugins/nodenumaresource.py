@@ -91,24 +91,26 @@ class NodeNUMAResource(ParsedPlugin):
         out = np.zeros(state.size, dtype=bool)
         table = state.cpus
         promised = cycle.read(PROMISED) or {}
-        if len(table.fit_cache) > 64:
-            table.fit_cache.clear()
-        cache = table.fit_cache.setdefault(req, {})
-        for row, cells in table.cells.items():  # only nodes with a NUMA topology can bind CPUs
-            if row >= state.size:
-                continue
-            version = table.changes.get(row, 0)
-            hit = cache.get(row)
-            if hit is not None and hit[0] == version and row not in promised:
-                out[row] = hit[1]
-                continue
-            fits = (sum(len(c.cpus) for c in cells) - len(table.bound(row)) >= req.cpus
-                    and self._choose(cycle, req, state, row) is not None)
-            if row not in promised:  # others' promises are per pod: not cached
-                cache[row] = (version, fits)
-            out[row] = fits
+        fits, seen = table.cached_fits(req, state.size)
+        counters = table.counters(state.size)
+        numa_rows = table.rows[table.rows < state.size]  # only nodes with a NUMA topology bind CPUs
+        stale = numa_rows[seen[numa_rows] != counters[numa_rows]]
+        for row in stale.tolist():
+            if row in promised:
+                continue  # answered below, without the cache
+            fits[row] = self._fits(cycle, req, state, row)
+            seen[row] = counters[row]
+        out[numa_rows] = fits[numa_rows]
+        for row in promised:  # others' promises are per pod: never cached
+            if row < state.size and table.cells.get(row):
+                out[row] = self._fits(cycle, req, state, row)
         picked: Mask = out[rows]
         return picked
+
+    def _fits(self, cycle: CycleState, req: cpus.CpuRequest, state: ClusterState, row: int) -> bool:
+        cells = state.cpus.cells[row]
+        return (sum(len(c.cpus) for c in cells) - len(state.cpus.bound(row)) >= req.cpus
+                and self._choose(cycle, req, state, row) is not None)
 
     def explain(self, cycle: CycleState, pod: PodInfo, state: ClusterState, failed: Mask) -> dict[str, int]:
         return {REASON: int(failed.sum())}

@@ -115,7 +115,7 @@ def test_bad_typical_pods_name_the_field(item: dict[str, object], field: str) ->
 
 def test_pods_without_gpus_still_batch_and_gpu_pods_learn_typical_pods() -> None:
     sched = Scheduler([gpu_node(f"n{i}", 8, 64000) for i in range(3)], profiles=FGD_YAML.read_text())
-    [fw] = sched.core.frameworks.values()
+    fw = sched.core.frameworks["gpu-fgd"]
     cpu_pod = Pod(uid="c", name="c", requests=ResourceList(cpu=1000), scheduler_name="gpu-fgd")
     assert fw.signature(sched.core.pod_info(cpu_pod)) is not None
     assert fw.signature(sched.core.pod_info(gpu_pod("g", 1000, 1, 50))) is None
