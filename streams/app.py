@@ -131,7 +131,8 @@ def build_core(settings: Settings) -> SchedulerCore:
     config = profiles.load(Path(s.profiles).read_text()) if s.profiles else None
     return SchedulerCore(space, ClusterState(space), time.monotonic, config=config,
                          backoff_initial_s=s.backoff_initial_s, backoff_max_s=s.backoff_max_s,
-                         flush_s=s.unschedulable_flush_s, batching=s.equivalence_batching)
+                         flush_s=s.unschedulable_flush_s, batching=s.equivalence_batching,
+                         gather=s.gather_classes)
 
 
 async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:

@@ -61,6 +61,10 @@ class SchedulingSettings:
     """A pod that fits nowhere is retried after this long even without a cluster event."""
     equivalence_batching: bool = True
     """Place consecutive pods with equal scheduling signatures as one class."""
+    gather_classes: bool = True
+    """Within one micro-batch of ready pods, bring pods with equal signatures (so of equal
+    priority) together at the place of the first of them before placing, so that one class
+    serves them all; off: only pods that are already consecutive in the queue batch."""
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ class SchedulerCore:
         backoff_max_s: float = 1.0,
         flush_s: float = 30.0,
         batching: bool = True,
+        gather: bool = True,
     ) -> None:
         self.space = space
         self.state = state
@@ -99,6 +100,7 @@ class SchedulerCore:
         self.queue = SchedulingQueue(self.config.queue_sort.sort_key, clock, backoff_initial_s=backoff_initial_s,
                                      backoff_max_s=backoff_max_s, flush_s=flush_s)
         self.batching = batching
+        self.gather = gather
         self.pods: dict[str, Tracked] = {}
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
@@ -260,7 +262,8 @@ class SchedulerCore:
             j = i + 1
             while j < len(batch) and batch[j].profile == profile:
                 j += 1
-            for placement in self.frameworks[profile].schedule(batch[i:j], batching=self.batching):
+            for placement in self.frameworks[profile].schedule(batch[i:j], batching=self.batching,
+                                                               gather=self.gather):
                 outputs += self._handle(placement)
             i = j
         return outputs

@@ -134,6 +134,14 @@ class Waiting:
     deadline: float
 
 
+def gathered(signatures: Sequence[Hashable | None]) -> list[int]:
+    """Positions in the order that brings equal signatures together where the first of them
+    stands (stable otherwise; None is unique)."""
+    first: dict[Hashable, int] = {}
+    keys = [i if sig is None else first.setdefault(sig, i) for i, sig in enumerate(signatures)]
+    return sorted(range(len(keys)), key=keys.__getitem__)
+
+
 class Ranking:
     """Feasible nodes by score (highest first), ties by node index: the order `argmax` picks.
 
@@ -334,17 +342,25 @@ class Framework:
 
     # -- scheduling ---------------------------------------------------------------------------
 
-    def schedule(self, pods: Sequence[PodInfo], *, batching: bool = True) -> list[Placement]:
-        """Place pods in order; consecutive pods with equal signatures go as one class."""
+    def schedule(self, pods: Sequence[PodInfo], *, batching: bool = True, gather: bool = False) -> list[Placement]:
+        """Place pods in order; consecutive pods with equal signatures go as one class.
+
+        With `gather`, pods with equal signatures are first brought together, at the place
+        of the first of them (`gathered`): a reordering among pods of one priority (the
+        signature includes it) within this batch, so that one evaluation serves them all."""
+        sigs = [self.signature(p) if batching else None for p in pods]
+        if gather and batching:
+            order = gathered(sigs)
+            pods, sigs = [pods[k] for k in order], [sigs[k] for k in order]
         out: list[Placement] = []
         i = 0
         while i < len(pods):
             if self.attempts_ns is not None:
                 self._attempt_start = self.timer()
-            sig = self.signature(pods[i]) if batching else None
+            sig = sigs[i]
             j = i + 1
             if sig is not None:
-                while j < len(pods) and self.signature(pods[j]) == sig:
+                while j < len(pods) and sigs[j] == sig:
                     j += 1
             if j - i > 1:
                 out += self._schedule_class(pods[i:j])

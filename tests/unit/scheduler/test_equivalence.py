@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.profiles import load
-from agents.scheduler.framework.runtime import Framework
+from agents.scheduler.framework.runtime import Framework, gathered
 from agents.state.cpus import NUMA_POLICY_LABEL
 from agents.state.devices import GPU_CORE, GPU_RATIO
 from schemas.records import (
@@ -92,7 +92,8 @@ def pods_from(tpl: list[tuple], runs: list[tuple[int, int]]) -> list[Pod]:  # ty
     return out
 
 
-def place(node_specs: list[tuple], nominated: bool, pods: list[Pod], profile: str, batching: bool) -> list[tuple]:  # type: ignore[type-arg]
+def place(node_specs: list[tuple], nominated: bool, pods: list[Pod], profile: str, batching: bool,  # type: ignore[type-arg]
+          gather: bool = False) -> list[tuple]:  # type: ignore[type-arg]
     state = build(node_specs, nominated)
     fw = Framework(PROFILES[profile], state, timer=lambda: 0)
     infos = [info(p) for p in pods]
@@ -100,7 +101,7 @@ def place(node_specs: list[tuple], nominated: bool, pods: list[Pod], profile: st
         p.arrival = i
     return [(p.pod.uid, p.node, p.status.code, p.diagnosis.message() if p.diagnosis else "",
              p.outputs[0].record.devices if p.outputs else ())  # type: ignore[attr-defined]
-            for p in fw.schedule(infos, batching=batching)]
+            for p in fw.schedule(infos, batching=batching, gather=gather)]
 
 
 @settings(max_examples=300)
@@ -111,6 +112,25 @@ def test_batched_placement_equals_one_by_one(node_specs, tpl, runs, nominated, p
     batched = place(node_specs, nominated, pods, profile, batching=True)
     one_by_one = place(node_specs, nominated, pods, profile, batching=False)
     assert batched == one_by_one
+
+
+@settings(max_examples=200)
+@given(nodes, templates, st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6)), min_size=1, max_size=8),
+       st.booleans(), st.sampled_from(["default-scheduler", "packer"]))
+def test_gathered_placement_equals_one_by_one_in_the_gathered_order(node_specs, tpl, runs, nominated, profile) -> None:  # type: ignore[no-untyped-def]
+    """Gathering only reorders: equal signatures move up to the first of them, the rest keep
+    their order, and the placements are those of one by one in that order."""
+    pods = pods_from(tpl, runs)
+    fw = Framework(PROFILES[profile], build(node_specs, nominated), timer=lambda: 0)
+    order = gathered([fw.signature(info(p)) for p in pods])
+    assert sorted(order) == list(range(len(pods)))
+    gathered_pods = [pods[k] for k in order]
+    by_uid = sorted(place(node_specs, nominated, pods, profile, batching=True, gather=True))
+    assert by_uid == sorted(place(node_specs, nominated, gathered_pods, profile, batching=False))
+
+
+def test_gathering_brings_equal_signatures_to_the_first_of_them() -> None:
+    assert gathered(["a", "b", None, "a", "b", "c", "a"]) == [0, 3, 6, 1, 4, 2, 5]
 
 
 def test_a_run_of_identical_pods_is_one_class() -> None:
