@@ -34,7 +34,7 @@ per batch for the schedulers' replicas.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
@@ -97,6 +97,18 @@ class HoldEntry:
     created: float = 0.0  # the pod's creation time (gangs rank by it)
     soft: bool = False  # rejected while lower-ranked gangs were asked to yield
     yields: dict[str, list[str]] = field(default_factory=dict)  # loser gang -> its holds, asked to yield
+
+    def plain(self) -> dict[str, Any]:
+        """As JSON, without the fields that hold their defaults (`HoldEntry(**plain)` restores
+        them): a node's table value carries every hold it ever had, so this is most of the
+        bytes the owners write to their changelog."""
+        return {k: v for k, v in self.__dict__.items() if k in _HOLD_REQUIRED or v != _HOLD_DEFAULTS[k]}
+
+
+_HOLD_FIELDS = {f.name: f for f in fields(HoldEntry)}
+_HOLD_REQUIRED = frozenset(n for n, f in _HOLD_FIELDS.items() if f.default is MISSING and f.default_factory is MISSING)
+_HOLD_DEFAULTS = {n: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc,operator]
+                  for n, f in _HOLD_FIELDS.items() if n not in _HOLD_REQUIRED}
 
 
 @dataclass
@@ -193,7 +205,7 @@ class NodeState:
             "exists": self.exists,
             "allocatable": self.allocatable,
             "unschedulable": self.unschedulable,
-            "holds": {hid: dict(h.__dict__) for hid, h in self.holds.items()},
+            "holds": {hid: h.plain() for hid, h in self.holds.items()},
             "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
             "tombstones": sorted(self.tombstones),
             "seq": self.seq,
