@@ -183,7 +183,9 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
         with Progress(TextColumn(f"{s.name}: pods bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True, disable=not console.is_terminal) as bar:
             task = bar.add_task("bound", total=None)
-            result = asyncio.run(run_scenario(s, _settings(args), RunOptions(
+            settings = _settings(args)
+            result = asyncio.run(run_scenario(s, settings, RunOptions(
+                bootstrap=settings.kafka.bootstrap,  # empty: an embedded broker for the run
                 on_progress=lambda done, total: bar.update(task, completed=done, total=total))))
     except (scenario.ScenarioError, StageError, TimeoutError, ValueError, OSError) as exc:
         console.print(f"[red]perf run: {exc}[/red]")

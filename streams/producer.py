@@ -26,6 +26,7 @@ from schemas.records import (
     Release,
 )
 from streams.outbox import PartitionedOutbox
+from streams.transport import COMPRESSION, MAX_BATCH_BYTES
 
 
 def key_of(topic: str, record: Record) -> str:
@@ -50,7 +51,8 @@ class RecordProducer:
     def __init__(self, bootstrap: str, partitions: int, linger_ms: int = 2) -> None:
         self.bootstrap = bootstrap
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms,
-                                          max_request_size=4 * 1024 * 1024)
+                                          max_request_size=4 * 1024 * 1024, compression_type=COMPRESSION,
+                                          max_batch_size=MAX_BATCH_BYTES)
         self.outbox = PartitionedOutbox(self._send, partitions)
 
     async def _send(self, topic: str, key: bytes | None, value: bytes, partition: int,
