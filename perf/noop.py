@@ -44,7 +44,7 @@ async def noop_limit(bootstrap: str, partitions: int, pods: Sequence[Pod], batch
             hop = asyncio.create_task(_hop(consumer, producer, sink, batch, len(pods)))
             await producer.flush(pending)
             deadline = time.monotonic() + timeout_s
-            while len(collector.of(Binding)) < len(pods):
+            while len(collector.records) < len(pods):  # the sink holds Bindings only
                 if time.monotonic() > deadline:
                     hop.cancel()
                     return 0.0
