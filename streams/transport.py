@@ -18,7 +18,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 SCHEME = "koordstream"
 FETCH_MAX_WAIT_MS = 20
-COMPRESSION = "lz4"  # record batches the agents and publishers produce (aiokafka, through cramjam)
+COMPRESSION = "zstd"  # record batches the agents and publishers produce (aiokafka, through cramjam)
 MAX_BATCH_BYTES = 1024 * 1024  # per partition per produce request (aiokafka's default: 16 KiB)
 
 
