@@ -87,3 +87,16 @@ def test_a_trace_scenario_without_its_files_is_refused_before_the_run() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "needs --nodes-csv and --pods-csv" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["basic", "mixed-100k", "sandbox-burst"])
+def test_the_quick_variants_of_the_shipped_scenarios_run_whole_and_consistent(name: str, tmp_path: Path) -> None:
+    out = tmp_path / f"{name}.json"
+    done = subprocess.run([sys.executable, "-m", "cli.main", "perf", "run", name, "--quick", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["scenario"] == f"{name} (quick)" and set(result) >= KEYS
+    assert result["pods_bound"] == result["pods_total"] > 0
+    assert result["pods_double_bound"] == result["nodes_overcommitted"] == 0
+    assert result["harness_cpu_s"] < result["scheduler_cpu_s"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cli.main import main
+from perf.run import compare
 
 BASE: dict[str, Any] = {"scenario": "basic", "throughput_pods_per_s": 1000.0, "queue_latency_ms": {"p99": 400.0},
                         "wall_s": 10.0, "thresholds": {"throughput_drop_pct": 10, "queue_p99_rise_pct": 25}}
@@ -32,3 +33,15 @@ def test_run_refuses_a_bad_scenario_before_starting(tmp_path: Path) -> None:
     bad.write_text("name: bad\nnodes: [{pool: a, count: 1, allocatable: {cpu: '1', memory: 1Gi}, colour: red}]\n"
                    "pods: {total: 1, mix: [{name: x, requests: {cpu: 100m}}]}\n")
     assert main(["perf", "run", str(bad)]) == 2
+
+
+BASELINES = sorted((Path(__file__).parents[2] / "perf" / "baselines").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", BASELINES, ids=[p.stem for p in BASELINES])
+def test_every_shipped_baseline_is_a_consistent_run_of_its_scenario(path: Path) -> None:
+    result = json.loads(path.read_text())
+    assert result["scenario"] == path.stem and (path.parents[1] / "scenarios" / f"{path.stem}.yaml").exists()
+    assert result["pods_double_bound"] == result["nodes_overcommitted"] == 0
+    rows, regressed = compare(result, result)
+    assert not regressed and rows[0][0] == "throughput_pods_per_s"
