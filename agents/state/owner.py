@@ -98,11 +98,22 @@ class HoldEntry:
     soft: bool = False  # rejected while lower-ranked gangs were asked to yield
     yields: dict[str, list[str]] = field(default_factory=dict)  # loser gang -> its holds, asked to yield
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_plain", None)  # any change: `plain` computes again
+
     def plain(self) -> dict[str, Any]:
         """As JSON, without the fields that hold their defaults (`HoldEntry(**plain)` restores
         them): a node's table value carries every hold it ever had, so this is most of the
-        bytes the owners write to their changelog."""
-        return {k: v for k, v in self.__dict__.items() if k in _HOLD_REQUIRED or v != _HOLD_DEFAULTS[k]}
+        bytes the owners write to their changelog. Kept until a field is assigned (the cores
+        assign fields, never change their contents in place), since a node's state is written
+        whole for every batch that touches it."""
+        cached: dict[str, Any] | None = self.__dict__.get("_plain")
+        if cached is None:
+            cached = {k: v for k, v in self.__dict__.items()
+                      if k in _HOLD_REQUIRED or (k in _HOLD_DEFAULTS and v != _HOLD_DEFAULTS[k])}
+            object.__setattr__(self, "_plain", cached)
+        return cached
 
 
 _HOLD_FIELDS = {f.name: f for f in fields(HoldEntry)}

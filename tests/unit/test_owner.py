@@ -109,6 +109,18 @@ def test_state_round_trips_through_json() -> None:
     assert REASON_POD_TERMINATED
 
 
+def test_the_written_state_follows_every_change_of_a_hold() -> None:
+    """Holds keep their JSON between writes; each state written must still be the state."""
+    state, _ = run([NODE, make_claim("a", cpu=300)])
+    written = [state.to_json()]
+    for record in (Commit("a", 0, "n1", "a"), PodTerminated("a", "n1")):
+        run([record], state)
+        written.append(state.to_json())
+        assert NodeState.from_json(written[-1]) == state
+    assert [w["holds"]["a/0/n1"]["status"] for w in written] == [HELD, COMMITTED, TERMINATED]
+    assert "devices" not in written[0]["holds"]["a/0/n1"]  # defaults are left out
+
+
 def test_state_changes_carry_the_node_record_when_it_changed_and_every_nomination() -> None:
     state, result = run([make_node("n1", labels={"zone": "a"}), Nomination("x", "n1", 7, ResourceList(cpu=100))])
     [change] = [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
