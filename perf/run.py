@@ -295,9 +295,11 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
         if b.uid in pods and (b.uid not in first or ts < first[b.uid][0]):
             first[b.uid] = (ts, b.node)
     refused = {r.uid for _, r in collector.of(SchedulingFeedback) if r.uid in pods}  # unbound at the end: unschedulable
-    checked = check(  # GPUs as the scheduler counts them: N whole GPUs are core and memory-ratio N x 100
-        allocatable={n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in nodes},
-        requests={uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()},
+    # GPUs as the scheduler counts them: N whole GPUs are core and memory-ratio N x 100.
+    capacity = {n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in nodes}
+    requests = {uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()}
+    checked = check(
+        allocatable=capacity, requests=requests,
         bindings=[Placement(ts, b.uid, b.node) for ts, b in collector.of(Binding) if b.uid in pods],
         unschedulable=refused, counted=set(pods), terminations=loop.terminated,
     )
@@ -346,9 +348,7 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
             for reason in f.reasons or {f.message: 1}:
                 reasons[reason] += 1
     figures = allocation(
-        {n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in nodes},
-        {uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()},
-        {uid: (ts, node) for uid, (ts, node) in first.items()},
+        capacity, requests, first,
         [(t.time, t.uid) for t in loop.terminated], first_publish)
     return {
         "scenario": s.name,
