@@ -165,7 +165,6 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perf import scenario
-    from perf.kwok import StageError
     from perf.run import RunOptions, report, run_scenario
 
     path = Path(args.scenario)
@@ -187,7 +186,7 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
             result = asyncio.run(run_scenario(s, settings, RunOptions(
                 bootstrap=settings.kafka.bootstrap,  # empty: an embedded broker for the run
                 on_progress=lambda done, total: bar.update(task, completed=done, total=total))))
-    except (scenario.ScenarioError, StageError, TimeoutError, ValueError, OSError) as exc:
+    except (ValueError, TimeoutError, OSError) as exc:  # ScenarioError, StageError, bad trace files
         console.print(f"[red]perf run: {exc}[/red]")
         return 2
     plots: list[str] = []

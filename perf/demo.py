@@ -129,9 +129,15 @@ async def start_up(producer: RecordProducer, collector: Collector, nodes: list[N
     # the agents on a two-core machine.
     reports = Collector(producer.bootstrap, [topics.STATE_CHANGES], partitions)
     await reports.start()
+    latest: dict[str, Node] = {}  # node -> the last Node record the owners reported
+    read = 0
     try:
         while True:
-            latest = {r.node: r.node_record for _, r in reports.of(NodeStateChange) if r.node_record is not None}
+            records = reports.records
+            for _, _, r in itertools.islice(records, read, None):
+                if isinstance(r, NodeStateChange) and r.node_record is not None:
+                    latest[r.node] = r.node_record
+            read = len(records)
             waiting = names - {name for name, node in latest.items() if ready is None or ready(node)}
             if not waiting:
                 break

@@ -290,21 +290,22 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
            published: dict[str, float], collector: Collector,
            loop: _LifecycleLoop, startup_s: float, t0: float, cpu_workers: dict[int, float],
            harness_cpu: float) -> dict[str, Any]:
+    bindings = [(ts, b) for ts, b in collector.of(Binding) if b.uid in pods]
+    feedback = [(ts, f) for ts, f in collector.of(SchedulingFeedback) if f.uid in pods]
     first: dict[str, tuple[float, str]] = {}
-    for ts, b in collector.of(Binding):
-        if b.uid in pods and (b.uid not in first or ts < first[b.uid][0]):
+    for ts, b in bindings:
+        if b.uid not in first or ts < first[b.uid][0]:
             first[b.uid] = (ts, b.node)
-    refused = {r.uid for _, r in collector.of(SchedulingFeedback) if r.uid in pods}  # unbound at the end: unschedulable
+    refused = {f.uid for _, f in feedback}  # those still unbound at the end are unschedulable
     # GPUs as the scheduler counts them: N whole GPUs are core and memory-ratio N x 100.
     capacity = {n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in nodes}
     requests = {uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()}
     checked = check(
         allocatable=capacity, requests=requests,
-        bindings=[Placement(ts, b.uid, b.node) for ts, b in collector.of(Binding) if b.uid in pods],
+        bindings=[Placement(ts, b.uid, b.node) for ts, b in bindings],
         unschedulable=refused, counted=set(pods), terminations=loop.terminated,
     )
-    decisions = [ts for ts, _ in first.values()] + [ts for ts, r in collector.of(SchedulingFeedback)
-                                                     if r.final and r.uid in pods]
+    decisions = [ts for ts, _ in first.values()] + [ts for ts, f in feedback if f.final]
     first_publish = min(published.values()) if published else t0
     wall = max(decisions) - first_publish if decisions else 0.0
     buckets = np.bincount(np.floor(np.array([ts - first_publish for ts, _ in first.values()])).astype(int).clip(0)) \
@@ -343,10 +344,9 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
         if ts >= first_publish:
             attempts[a.result] += a.count
     reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
-    for _, f in collector.of(SchedulingFeedback):
-        if f.uid in pods:
-            for reason in f.reasons or {f.message: 1}:
-                reasons[reason] += 1
+    for _, f in feedback:
+        for reason in f.reasons or {f.message: 1}:
+            reasons[reason] += 1
     figures = allocation(
         capacity, requests, first,
         [(t.time, t.uid) for t in loop.terminated], first_publish)

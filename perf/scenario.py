@@ -35,7 +35,6 @@ file, the field and the value (`ScenarioError`). Generation is deterministic for
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import random
 from collections.abc import Mapping, Sequence
@@ -448,8 +447,6 @@ def with_trace(s: Scenario, nodes_csv: str | Path, pods_csv: str | Path) -> Scen
     keep = list(range(len(cluster.model)))
     if s.is_quick:
         keep = keep[::max(1, round(1 / s.quick_nodes))]
-    with open(nodes_csv, newline="") as f:
-        names = [row.get("sn") or f"trace-node-{i:05d}" for i, row in enumerate(csv.DictReader(f))]
     node_records = []
     for i in keep:
         count = int(cluster.gpu_count[i])
@@ -457,7 +454,7 @@ def with_trace(s: Scenario, nodes_csv: str | Path, pods_csv: str | Path) -> Scen
         alloc = ResourceList(cpu=int(cluster.cpu_cap[i]), memory=int(cluster.memory[i]) * 2**20, pods=110)
         if count:
             alloc[devices.NVIDIA_GPU] = count
-        node_records.append(Node(name=names[i], labels={GPU_MODEL_LABEL: model} if count else {},
+        node_records.append(Node(name=cluster.names[i], labels={GPU_MODEL_LABEL: model} if count else {},
                                  capacity=alloc, allocatable=alloc,
                                  gpus=tuple(GpuDevice(minor=g, model=model) for g in range(count))))
     capacity = sum(int(cluster.gpu_count[i]) for i in keep) * MILLI

@@ -81,10 +81,11 @@ class Cluster:
     # GpuClustering: which GPU affinities (`TracePod.affinity`) run on each node
     tags: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
     tag_ids: dict[int, int] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)  # the node list's `sn` column
 
     def copy(self) -> Cluster:
         return Cluster(self.cpu.copy(), self.memory.copy(), self.gpu_left.copy(), self.gpu_count,
-                       self.model, self.cpu_cap, np.zeros((len(self.model), 16), dtype=bool))
+                       self.model, self.cpu_cap, np.zeros((len(self.model), 16), dtype=bool), names=self.names)
 
     def tag(self, row: int, affinity: int) -> None:
         column = self.tag_ids.setdefault(affinity, len(self.tag_ids))
@@ -120,7 +121,8 @@ def load_nodes(path: str | Path) -> Cluster:
     for i, count in enumerate(gpus):
         gpu_left[i, :count] = MILLI
     return Cluster(cpu=cpu.copy(), memory=memory, gpu_left=gpu_left, gpu_count=np.array(gpus, dtype=np.int64),
-                   model=[r["model"] for r in rows], cpu_cap=cpu)
+                   model=[r["model"] for r in rows], cpu_cap=cpu,
+                   names=[r.get("sn") or f"trace-node-{i:05d}" for i, r in enumerate(rows)])
 
 
 def load_pods(path: str | Path, models: Sequence[str] | None = None) -> list[TracePod]:
