@@ -520,7 +520,7 @@ class ClusterState:
         out = None
         for row, holds in self.gang_holds.items():
             for h in holds:
-                if h.decision_key != key and gangs.rank(h.priority, h.created, h.decision_key) > rank:
+                if h.decision_key != key and gangs.rank(h.priority, h.decision_key) > rank:
                     if out is None:
                         out = np.zeros((self.size, len(self.space)), dtype=np.int64)
                     out[row] += self.space.known(h.requests)

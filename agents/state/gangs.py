@@ -40,14 +40,17 @@ class GangSpec:
 
 NO_GANG = GangSpec(0)
 
-Rank = tuple[int, int, str]
+Rank = tuple[int, str]
 
 
-def rank(priority: int, created: float, key: str) -> Rank:
-    """A gang's place in wound-wait (DESIGN.md, rule 6): smaller wins. Higher priority first,
-    then earlier creation (whole seconds, Kubernetes' resolution, so members created together
-    rank their gang alike), then the decision key, so that every owner orders gangs the same."""
-    return (-priority, int(created), key)
+def rank(priority: int, key: str) -> Rank:
+    """A gang's place in wound-wait (DESIGN.md, rule 6): smaller wins. One rank per gang,
+    that every owner and scheduler replica computes the same from what they all see: higher
+    priority first, then the gang's decision key (namespace/name). Never a member's own
+    creation time: members of one gang are created at different times, and two gangs ranked
+    by whichever member claims could each be told to yield to the other. The PodGroup's
+    creation time would come between the two; there is no PodGroup record yet."""
+    return (-priority, key)
 
 
 def gang_spec(annotations: Mapping[str, str]) -> GangSpec:

@@ -4,20 +4,47 @@ Everything that changes a node enters its `node-inbox` partition, so one owner s
 of claims, commit / release decisions, terminations, nominations and node changes. The hold
 state machine lives here:
 
-    claim --fits--> held --Commit--> committed --PodTerminated--> terminated
+    claim --fits--> held --Commit--> committed --PodTerminated / NodeDeleted--> terminated
                       \\--Release--> released
+                      \\--Commit, node deleted--> terminated at once (a ghost)
     claim --does not fit / node gone / pod terminated--> rejected
 
-Replays re-send, never re-decide: every claim's outcome is recorded by hold id, and a
-redelivered claim gets the recorded answer. A Release of a committed hold is ignored (decisions
-are final); a Commit of a hold that is not held is a `Problem` (dead letter and alarm).
-Terminated pods leave tombstones so that nothing late re-allocates them.
+Replays re-send, never re-decide (DESIGN.md, rules 1 and 12). A crash may come after the
+table (changelog) write and before the outputs are delivered, so a restarted owner sees inputs
+again against a state that already has them. Every input's outcome is recorded, with what it
+takes to build all the outputs it caused, and a redelivered input re-sends them in full, built
+from the record, never from the redelivered message:
+
+- Claim: recorded per hold id (`HoldEntry`: the claim as held, the outcome, the reason, the
+  gangs it asked to yield). Re-sent: Held, or Rejected and its Yields. A claim that differs
+  from the recorded one under the same hold id is a `Problem` (dead letter), and still gets
+  the recorded answer.
+- Commit: the hold's status. Re-sent: a reservation's Available event and expiry timer (and
+  its end event if it ended since, so the last event says its phase now), the end of an
+  allocate-once reservation the commit consumed (`ended_by` on the reservation's entry), and
+  for a Commit that came after the node's deletion (rule 9: committed and terminated at once,
+  `terminated_by`), its PodTerminated to the decider and SchedulingFeedback. A Commit also drops
+  the pod's nomination on the node: it is bound here.
+- NodeDeleted: which holds it terminated (`terminated_by`) and which reservations it failed.
+  Re-sent: their PodTerminated records (to the deciders) and ReservationEvents.
+- ReservationExpired: the end it recorded on the reservation. Re-sent: that ReservationEvent.
+- Every batch reports a `NodeStateChange` (so one lost in a crash is sent again by the
+  replay), with the current status of every hold the batch was about (a claim's, a commit's or
+  release's, a terminated pod's, those a node deletion terminated) and, for the committed ones,
+  their `BoundPod` entries as a first commit reports them: a replica converges to the owner's
+  view whatever it missed.
+
+A Release of a committed hold is ignored (decisions are final); a Commit of a hold that is not
+held is a `Problem` (dead letter and alarm). Terminated pods leave tombstones so that nothing
+late re-allocates them, and a nomination of a pod bound here (or gone) is moot.
 
 Wound-wait between gangs (DESIGN.md, rule 6): a gang member's claim that does not fit, but
-would once the held, not yet accepted, claims of lower-ranked gangs (`gangs.rank`) are gone,
-is rejected softly; each such gang's decider gets a `Yield` naming its holds here, and the
-claimant is nominated on the node so the capacity they free is its. Owners report held gang
-claims (`NodeStateChange.gang_holds`) so that schedulers may claim such capacity at all.
+would once the held, not yet accepted, claims of lower-ranked gangs are gone, is rejected
+softly; each such gang's decider gets a `Yield` naming its holds here, and the claimant is
+nominated on the node so the capacity they free is its. Gangs rank by `gangs.rank` (priority,
+then the gang's decision key): one rank per gang, computed the same by every owner and replica.
+Owners report held gang claims (`NodeStateChange.gang_holds`) so that schedulers may claim such
+capacity at all.
 
 Reservations (`agents.state.reservations`) ride on the same machine: a claim that carries
 `reserving` is a reservation; once committed it is Available and holds its remainder (what
@@ -26,9 +53,14 @@ owner reports the phase changes as ReservationEvents, asks its agent for an expi
 (`OwnerResult.timers`) and ends the reservation when the `ReservationExpired` record the
 timer appends comes back through the inbox.
 
-`NodeOwner.apply(state, records)` is pure: it returns the new state, the outputs (Held /
-Rejected to the deciders, PodTerminated for pods of a deleted node) and one `NodeStateChange`
-per batch for the schedulers' replicas.
+`NodeOwner.apply(state, records, result)` is pure: it updates the state and adds to `result`
+the outputs (Held / Rejected / Yield and PodTerminated to the deciders, feedback,
+ReservationEvents, one `NodeStateChange` per batch for the schedulers' replicas), the problems
+and the timers.
+
+Known limit: a NodeDeleted carries no identity of the node object it deleted, so a deletion
+redelivered after the node was added again (the table already has the new node) is taken for
+a new deletion.
 """
 
 from __future__ import annotations
@@ -63,6 +95,7 @@ from schemas.records import (
     ReservationExpired,
     ReservationState,
     ResourceList,
+    SchedulingFeedback,
     Yield,
 )
 
@@ -74,6 +107,14 @@ REASON_NODE_UNSCHEDULABLE = "node is unschedulable"
 REASON_POD_TERMINATED = "pod already terminated"
 REASON_INSUFFICIENT = "Insufficient {}"
 REASON_INSUFFICIENT_PREFIX = "Insufficient "
+REASON_NODE_DELETED = "node deleted"
+
+# Which input ended a hold or a reservation, when it was not a record about that pod
+# (`HoldEntry.terminated_by`, a reservation entry's `ended_by`): a redelivery of that input
+# re-sends what it caused.
+BY_NODE_DELETED = "NodeDeleted"  # committed, then its node was deleted
+BY_COMMIT_ON_DELETED_NODE = "Commit"  # committed after its node was deleted, terminated at once
+BY_EXPIRY = "ReservationExpired"  # a reservation's expiry (else the hold id of the consumer that ended it)
 
 
 @dataclass
@@ -94,9 +135,12 @@ class HoldEntry:
     reservation: str = ""  # the reservation it consumes (uid)
     consumed: dict[str, int] = field(default_factory=dict)  # what it takes of that reservation
     reserving: dict[str, Any] | None = None  # the Reservation (plain) when the hold is one
-    created: float = 0.0  # the pod's creation time (gangs rank by it)
+    created: float = 0.0  # the pod's creation time (reported in GangHold)
     soft: bool = False  # rejected while lower-ranked gangs were asked to yield
     yields: dict[str, list[str]] = field(default_factory=dict)  # loser gang -> its holds, asked to yield
+    gang_waiting_s: float = 0.0  # as claimed: the Held re-sent on a redelivery carries them
+    gang_strict: bool = True
+    terminated_by: str = ""  # BY_NODE_DELETED or BY_COMMIT_ON_DELETED_NODE: that input re-sends its PodTerminated
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -135,7 +179,8 @@ class NodeState:
     tombstones: set[str] = field(default_factory=set)
     seq: int = 0
     record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
-    reservations: dict[str, dict[str, str]] = field(default_factory=dict)  # uid -> {hold, phase}
+    # uid -> {hold, phase}; once ended also {reason, allocated, ended_by}: the event its end sent
+    reservations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """Pods' full requests, plus what each reservation still holds for its consumers
@@ -260,182 +305,305 @@ def _decode(raw: dict[str, Any], kind: type[R]) -> R:
     return record
 
 
+def _differences(hold: HoldEntry, claim: Claim) -> list[str]:
+    """The claim's fields that differ from the claim recorded in `hold` (same hold id). The
+    gang's waiting time and mode are left out: they are the decider's, and states written
+    before they were recorded hold their defaults."""
+    out = [name for name, mine, theirs in (
+        ("decision_key", hold.decision_key, claim.decision_key),
+        ("requests", hold.requests, dict(claim.requests)),
+        ("priority", hold.priority, claim.priority),
+        ("devices", hold.devices, list(claim.devices)),
+        ("gang_min", hold.gang_min, claim.gang_min),
+        ("nominated_node", hold.nominated_node, claim.nominated_node),
+        ("namespace", hold.namespace, claim.namespace),
+        ("name", hold.name, claim.name),
+        ("quota", hold.quota, claim.quota),
+        ("creation_timestamp", hold.created, claim.creation_timestamp),
+        ("reserving", hold.reserving, to_plain(claim.reserving) if claim.reserving is not None else None),
+    ) if mine != theirs]
+    if hold.status != REJECTED and hold.reservation != claim.reservation:  # recorded for held claims only
+        out.append("reservation")
+    return out
+
+
 class NodeOwner:
     """Applies a batch of one node's inbox records to its state (see module docstring)."""
 
     def apply(self, state: NodeState, records: Iterable[Record], result: OwnerResult) -> NodeState:
-        touched: dict[str, str] = {}
-        changed = False
-        record_changed = False
+        report: dict[str, None] = {}  # hold ids the batch is about, in order: reported as they are now
+        node_changed = False
+        seen = False
         for record in records:
-            changed |= self._apply_one(state, record, result, touched)
-            record_changed |= isinstance(record, (Node, NodeDeleted))
-        if changed or touched:
+            seen = True
+            self._apply_one(state, record, result, report)
+            node_changed |= isinstance(record, (Node, NodeDeleted))
+        if seen:  # every batch reports, so a report lost in a crash is re-sent by the replay
             state.seq += 1
-            result.outputs.append(Output(topics.STATE_CHANGES, state.name, NodeStateChange(
-                node=state.name,
-                seq=state.seq,
-                allocatable=ResourceList(state.allocatable),
-                used=ResourceList(state.used()),
-                unschedulable=state.unschedulable,
-                deleted=not state.exists,
-                holds=touched,
-                node_record=_decode(state.record, Node) if record_changed and state.record else None,
-                nominations=tuple(state.nominations.values()),
-                device_usage=state.device_usage(),
-                committed=tuple(
-                    BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
-                             requests=ResourceList(h.requests), quota=h.quota, devices=tuple(h.devices))
-                    for hid, status in touched.items() if status == COMMITTED
-                    for h in (state.holds[hid],) if h.reserving is None  # a reservation is no victim
-                ),
-                reservations=state.available_reservations() if state.reservations else (),
-                gang_holds=tuple(
-                    GangHold(hold_id=hid, decision_key=h.decision_key, priority=h.priority, created=h.created,
-                             requests=ResourceList(h.requests))
-                    for hid, h in state.holds.items() if h.status == HELD and h.gang_min > 1
-                ),
-            )))
+            result.outputs.append(Output(topics.STATE_CHANGES, state.name, self._report(state, report, node_changed)))
         return state
 
-    def _apply_one(self, state: NodeState, record: Record, result: OwnerResult, touched: dict[str, str]) -> bool:
+    @staticmethod
+    def _report(state: NodeState, report: dict[str, None], node_changed: bool) -> NodeStateChange:
+        reported = [(hid, state.holds[hid]) for hid in report]
+        return NodeStateChange(
+            node=state.name,
+            seq=state.seq,
+            allocatable=ResourceList(state.allocatable),
+            used=ResourceList(state.used()),
+            unschedulable=state.unschedulable,
+            deleted=not state.exists,
+            holds={hid: h.status for hid, h in reported},
+            node_record=_decode(state.record, Node) if node_changed and state.record else None,
+            nominations=tuple(state.nominations.values()),
+            device_usage=state.device_usage(),
+            committed=tuple(
+                BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
+                         requests=ResourceList(h.requests), quota=h.quota, devices=tuple(h.devices))
+                for _, h in reported if h.status == COMMITTED and h.reserving is None  # a reservation is no victim
+            ),
+            reservations=state.available_reservations() if state.reservations else (),
+            gang_holds=tuple(
+                GangHold(hold_id=hid, decision_key=h.decision_key, priority=h.priority, created=h.created,
+                         requests=ResourceList(h.requests))
+                for hid, h in state.holds.items() if h.status == HELD and h.gang_min > 1
+            ),
+        )
+
+    def _apply_one(self, state: NodeState, record: Record, result: OwnerResult, report: dict[str, None]) -> None:
         if isinstance(record, Claim):
-            self._claim(state, record, result, touched)
-            return False
-        if isinstance(record, Commit):
+            self._claim(state, record, result, report)
+        elif isinstance(record, Commit):
+            self._commit(state, record, result, report)
+        elif isinstance(record, Release):
             hold = state.holds.get(record.hold_id)
-            if hold is not None and hold.status == HELD:
-                hold.status = COMMITTED
-                touched[record.hold_id] = COMMITTED
-                self._committed(state, record.hold_id, hold, result)
-            elif hold is None or hold.status not in (COMMITTED, TERMINATED):
-                result.problems.append(Problem(
-                    "hold_id", record.hold_id,
-                    f"Commit for a hold that is not held (state: {hold.status if hold else 'unknown'})", record,
-                ))
-            return False
-        if isinstance(record, Release):
-            hold = state.holds.get(record.hold_id)
-            if hold is not None and hold.status == HELD:
-                hold.status = RELEASED
-                touched[record.hold_id] = RELEASED
-            return False
-        if isinstance(record, PodTerminated):
-            self._terminate(state, record.uid, touched)
-            return state.reservations.pop(record.uid, None) is not None  # a reservation deleted
-        if isinstance(record, ReservationExpired):
-            return self._end_reservation(state, record.uid, rsv.FAILED, rsv.REASON_EXPIRED, result)
-        if isinstance(record, Node):
+            if hold is not None:
+                if hold.status == HELD:
+                    hold.status = RELEASED
+                report[record.hold_id] = None
+        elif isinstance(record, PodTerminated):
+            self._pod_terminated(state, record.uid, report)
+        elif isinstance(record, ReservationExpired):
+            self._expired(state, record.uid, result)
+        elif isinstance(record, Node):
             state.record = to_plain(record)
             state.exists = True
             state.allocatable = devices.node_gpu_totals(record.allocatable, record.gpus, record.rdma)
             state.allocatable.setdefault("pods", DEFAULT_MAX_PODS)
             state.unschedulable = record.unschedulable
-            return True
-        if isinstance(record, NodeDeleted):
-            if not state.exists:
-                return False
-            state.exists = False
-            for uid in list(state.reservations):
-                self._end_reservation(state, uid, rsv.FAILED, rsv.REASON_NODE_DELETED, result)
-            for hid, hold in list(state.holds.items()):
-                if hold.status == COMMITTED:
-                    self._terminate(state, hold.uid, touched)
-                    result.outputs.append(Output(topics.HOLDS, hold.decision_key, PodTerminated(
-                        uid=hold.uid, node=state.name, decision_key=hold.decision_key, reason="node deleted",
-                    )))
-                    touched[hid] = TERMINATED
-            return True
-        if isinstance(record, Nomination):
-            state.nominations[record.uid] = record
-            return True
-        if isinstance(record, NominationCleared):
-            return state.nominations.pop(record.uid, None) is not None
-        result.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on node-inbox", record))
-        return False
+        elif isinstance(record, NodeDeleted):
+            self._node_deleted(state, result, report)
+        elif isinstance(record, Nomination):
+            if not self._placed_here(state, record.uid):  # moot once the pod is bound here (or gone)
+                state.nominations[record.uid] = record
+        elif isinstance(record, NominationCleared):
+            state.nominations.pop(record.uid, None)
+        else:
+            result.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on node-inbox", record))
 
-    def _committed(self, state: NodeState, hid: str, hold: HoldEntry, result: OwnerResult) -> None:
-        """A reservation becomes Available (and asks for its expiry timer); a pod consuming an
-        allocate-once reservation ends it."""
-        if hold.reserving is not None:
-            state.reservations[hold.uid] = {"hold": hid, "phase": rsv.AVAILABLE}
-            reservation = state.reservation(hold.uid)
-            self._event(state, hold.uid, rsv.AVAILABLE, "", result)
-            expires_at = reservation.expires_at
-            if expires_at is not None:
-                result.timers.append((state.name, hold.uid, expires_at))
-        elif hold.reservation:
-            entry = state.reservations.get(hold.reservation)
-            if entry is not None and entry["phase"] == rsv.AVAILABLE and state.reservation(hold.reservation).allocate_once:
-                self._end_reservation(state, hold.reservation, rsv.SUCCEEDED, "", result)
+    # -- claims -------------------------------------------------------------------------------
 
-    def _end_reservation(self, state: NodeState, uid: str, phase: str, reason: str, result: OwnerResult) -> bool:
-        """An available reservation stops holding its remainder (its consumers keep theirs)."""
-        entry = state.reservations.get(uid)
-        if entry is None or entry["phase"] != rsv.AVAILABLE:
-            return False
-        self._event(state, uid, phase, reason, result)  # with what was allocated when it ended
-        entry["phase"] = phase
-        return True
-
-    @staticmethod
-    def _event(state: NodeState, uid: str, phase: str, reason: str, result: OwnerResult) -> None:
-        reservation = state.reservation(uid)
-        taken, _ = state.consumption(uid)
-        result.outputs.append(Output(topics.RESERVATIONS, uid, ReservationEvent(
-            name=reservation.name, uid=uid, phase=phase, node=state.name, reason=reason,
-            requests=ResourceList(state.holds[state.reservations[uid]["hold"]].requests), allocated=ResourceList(taken),
-        )))
-
-    def _terminate(self, state: NodeState, uid: str, touched: dict[str, str]) -> None:
-        state.tombstones.add(uid)
-        for hid, hold in state.holds.items():
-            if hold.uid == uid and hold.status == COMMITTED:
-                hold.status = TERMINATED
-                touched[hid] = TERMINATED
-
-    def _claim(self, state: NodeState, claim: Claim, result: OwnerResult, touched: dict[str, str]) -> None:
+    def _claim(self, state: NodeState, claim: Claim, result: OwnerResult, report: dict[str, None]) -> None:
         hid = claim.hold_id
         hold = state.holds.get(hid)
         if hold is None:
-            reason = self._refusal(state, claim)
-            yields = self._yields(state, claim) if reason.startswith(REASON_INSUFFICIENT_PREFIX) else {}
-            if yields:
-                reason = f"waiting for gang(s) {', '.join(sorted(yields))} to yield the capacity (wound-wait)"
-            hold = HoldEntry(
-                uid=claim.uid, attempt=claim.attempt, decision_key=claim.decision_key,
-                requests=dict(claim.requests), priority=claim.priority,
-                status=REJECTED if reason else HELD, reason=reason, gang_min=claim.gang_min,
-                nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
-                devices=list(claim.devices), quota=claim.quota,
-                reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
-                created=claim.creation_timestamp, soft=bool(yields), yields=yields,
-            )
-            if yields:  # the winner is promised what the losers free (DESIGN.md, rule 6)
-                state.nominations[claim.uid] = Nomination(uid=claim.uid, node=state.name, priority=claim.priority,
-                                                          requests=claim.requests, devices=claim.devices)
-            if claim.reservation and not reason:
-                hold.reservation = claim.reservation
-                hold.consumed = rsv.consumed(claim.requests, state.remaining(claim.reservation))
-            state.holds[hid] = hold
-            touched[hid] = hold.status
-        # A redelivered claim gets its recorded answer again; nothing changes.
+            hold = state.holds[hid] = self._decide(state, claim)
+        else:  # redelivered: the recorded answer again, nothing changes
+            differs = _differences(hold, claim)
+            if differs:
+                result.problems.append(Problem(
+                    "hold_id", hid,
+                    f"Claim differs from the claim recorded for this hold id in {', '.join(differs)}; "
+                    "answered with the recorded outcome", claim,
+                ))
+        report[hid] = None
+        self._answer(state, hold, result)
+
+    def _decide(self, state: NodeState, claim: Claim) -> HoldEntry:
+        """A new claim: hold it, or reject it (asking lower-ranked gangs to yield when that
+        would make it fit); the outcome, recorded."""
+        reason = self._refusal(state, claim)
+        yields = self._yields(state, claim) if reason.startswith(REASON_INSUFFICIENT_PREFIX) else {}
+        if yields:
+            reason = f"waiting for gang(s) {', '.join(sorted(yields))} to yield the capacity (wound-wait)"
+        hold = HoldEntry(
+            uid=claim.uid, attempt=claim.attempt, decision_key=claim.decision_key,
+            requests=dict(claim.requests), priority=claim.priority,
+            status=REJECTED if reason else HELD, reason=reason, gang_min=claim.gang_min,
+            nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
+            devices=list(claim.devices), quota=claim.quota,
+            reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
+            created=claim.creation_timestamp, soft=bool(yields), yields=yields,
+            gang_waiting_s=claim.gang_waiting_s, gang_strict=claim.gang_strict,
+        )
+        if yields:  # the winner is promised what the losers free (DESIGN.md, rule 6)
+            state.nominations[claim.uid] = Nomination(uid=claim.uid, node=state.name, priority=claim.priority,
+                                                      requests=claim.requests, devices=claim.devices)
+        if claim.reservation and not reason:
+            hold.reservation = claim.reservation
+            hold.consumed = rsv.consumed(claim.requests, state.remaining(claim.reservation))
+        return hold
+
+    @staticmethod
+    def _answer(state: NodeState, hold: HoldEntry, result: OwnerResult) -> None:
+        """The claim's answer (Held, or Rejected and the Yields it asked for), from the record."""
         if hold.status == REJECTED:
-            result.outputs.append(Output(topics.HOLDS, claim.decision_key, Rejected(
-                uid=claim.uid, attempt=claim.attempt, node=claim.node,
-                decision_key=claim.decision_key, reason=hold.reason, soft=hold.soft,
+            result.outputs.append(Output(topics.HOLDS, hold.decision_key, Rejected(
+                uid=hold.uid, attempt=hold.attempt, node=state.name,
+                decision_key=hold.decision_key, reason=hold.reason, soft=hold.soft,
             )))
             for key, holds in sorted(hold.yields.items()):
                 result.outputs.append(Output(topics.HOLDS, key, Yield(
-                    decision_key=key, node=state.name, holds=tuple(holds), winner=claim.decision_key,
+                    decision_key=key, node=state.name, holds=tuple(holds), winner=hold.decision_key,
                 )))
-        else:
-            result.outputs.append(Output(topics.HOLDS, claim.decision_key, Held(
-                uid=claim.uid, attempt=claim.attempt, node=claim.node, decision_key=claim.decision_key,
-                namespace=claim.namespace, name=claim.name, gang_min=claim.gang_min,
-                gang_waiting_s=claim.gang_waiting_s, gang_strict=claim.gang_strict,
-                nominated_node=claim.nominated_node, devices=claim.devices,
+        else:  # held, and whatever became of it since: the answer was Held
+            result.outputs.append(Output(topics.HOLDS, hold.decision_key, Held(
+                uid=hold.uid, attempt=hold.attempt, node=state.name, decision_key=hold.decision_key,
+                namespace=hold.namespace, name=hold.name, gang_min=hold.gang_min,
+                gang_waiting_s=hold.gang_waiting_s, gang_strict=hold.gang_strict,
+                nominated_node=hold.nominated_node, devices=tuple(hold.devices),
             )))
+
+    # -- commit -------------------------------------------------------------------------------
+
+    def _commit(self, state: NodeState, commit: Commit, result: OwnerResult, report: dict[str, None]) -> None:
+        hid = commit.hold_id
+        hold = state.holds.get(hid)
+        if hold is not None:
+            report[hid] = None
+        if hold is not None and hold.status == HELD:
+            hold.status = COMMITTED
+            if state.exists:
+                self._committed(state, hid, hold)
+            else:  # its node is gone: terminated at once, as Kubernetes' pod GC does (rule 9)
+                hold.terminated_by = BY_COMMIT_ON_DELETED_NODE
+                self._terminate(state, hold.uid)
+                if hold.reserving is not None:
+                    state.reservations[hold.uid] = {"hold": hid, "phase": rsv.FAILED, "reason": rsv.REASON_NODE_DELETED,
+                                                    "allocated": {}, "ended_by": hid}
+        elif hold is None or hold.status not in (COMMITTED, TERMINATED):
+            result.problems.append(Problem(
+                "hold_id", hid,
+                f"Commit for a hold that is not held (state: {hold.status if hold else 'unknown'})", commit,
+            ))
+            return
+        state.nominations.pop(hold.uid, None)  # bound here: its nomination is moot
+        self._commit_outputs(state, hid, hold, result)
+
+    def _committed(self, state: NodeState, hid: str, hold: HoldEntry) -> None:
+        """A reservation becomes Available; a pod consuming an allocate-once reservation ends it."""
+        if hold.reserving is not None:
+            state.reservations[hold.uid] = {"hold": hid, "phase": rsv.AVAILABLE}
+        elif hold.reservation:
+            entry = state.reservations.get(hold.reservation)
+            if entry is not None and entry["phase"] == rsv.AVAILABLE and state.reservation(hold.reservation).allocate_once:
+                self._end_reservation(state, hold.reservation, rsv.SUCCEEDED, "", ended_by=hid)
+
+    def _commit_outputs(self, state: NodeState, hid: str, hold: HoldEntry, result: OwnerResult) -> None:
+        """What a Commit sends, the first time and whenever it is redelivered, from the record:
+        a ghost's termination and feedback; a reservation's Available event and expiry timer
+        (then its end, if it ended since, so the last event is its phase now); the end of the
+        reservation whose commit ended it."""
+        if hold.terminated_by == BY_COMMIT_ON_DELETED_NODE:
+            result.outputs.append(Output(topics.HOLDS, hold.decision_key, PodTerminated(
+                uid=hold.uid, node=state.name, decision_key=hold.decision_key, reason=REASON_NODE_DELETED,
+            )))
+            result.outputs.append(Output(topics.FEEDBACK, hold.uid, SchedulingFeedback(
+                uid=hold.uid, namespace=hold.namespace, name=hold.name, attempt=hold.attempt,
+                message=f"node {state.name} was deleted before the pod's binding was committed there: "
+                        "the pod is terminated (as Kubernetes' pod garbage collector does)",
+                reasons={REASON_NODE_DELETED: 1},
+            )))
+        if hold.reserving is not None:
+            if hold.terminated_by != BY_COMMIT_ON_DELETED_NODE:
+                reservation = _decode(hold.reserving, Reservation)
+                result.outputs.append(self._event(state, hold, rsv.AVAILABLE, "", {}))
+                if reservation.expires_at is not None:
+                    result.timers.append((state.name, hold.uid, reservation.expires_at))
+            entry = state.reservations.get(hold.uid)
+            if entry is not None and "ended_by" in entry:
+                result.outputs.append(self._end_event(state, hold.uid))
+        elif hold.reservation:
+            entry = state.reservations.get(hold.reservation)
+            if entry is not None and entry.get("ended_by") == hid:
+                result.outputs.append(self._end_event(state, hold.reservation))
+
+    # -- reservations -------------------------------------------------------------------------
+
+    @staticmethod
+    def _end_reservation(state: NodeState, uid: str, phase: str, reason: str, ended_by: str) -> None:
+        """An available reservation stops holding its remainder (its consumers keep theirs).
+        Recorded with what was allocated when it ended, and which input ended it."""
+        entry = state.reservations[uid]
+        entry.update(phase=phase, reason=reason, allocated=dict(state.consumption(uid)[0]), ended_by=ended_by)
+
+    def _expired(self, state: NodeState, uid: str, result: OwnerResult) -> None:
+        entry = state.reservations.get(uid)
+        if entry is None:
+            return
+        if entry["phase"] == rsv.AVAILABLE:
+            self._end_reservation(state, uid, rsv.FAILED, rsv.REASON_EXPIRED, ended_by=BY_EXPIRY)
+        if entry.get("ended_by") == BY_EXPIRY:  # the first time, and on every redelivery
+            result.outputs.append(self._end_event(state, uid))
+
+    def _end_event(self, state: NodeState, uid: str) -> Output:
+        entry = state.reservations[uid]
+        return self._event(state, state.holds[entry["hold"]], entry["phase"], entry.get("reason", ""),
+                           entry.get("allocated", {}))
+
+    @staticmethod
+    def _event(state: NodeState, hold: HoldEntry, phase: str, reason: str, allocated: dict[str, int]) -> Output:
+        assert hold.reserving is not None
+        return Output(topics.RESERVATIONS, hold.uid, ReservationEvent(
+            name=hold.reserving["name"], uid=hold.uid, phase=phase, node=state.name, reason=reason,
+            requests=ResourceList(hold.requests), allocated=ResourceList(allocated),
+        ))
+
+    # -- terminations and deletions -----------------------------------------------------------
+
+    @staticmethod
+    def _terminate(state: NodeState, uid: str) -> None:
+        state.tombstones.add(uid)
+        for hold in state.holds.values():
+            if hold.uid == uid and hold.status == COMMITTED:
+                hold.status = TERMINATED
+
+    def _pod_terminated(self, state: NodeState, uid: str, report: dict[str, None]) -> None:
+        self._terminate(state, uid)
+        for hid, hold in state.holds.items():
+            if hold.uid == uid:
+                report[hid] = None
+        state.nominations.pop(uid, None)  # gone: its nomination is moot
+        entry = state.reservations.get(uid)
+        if entry is not None and entry["phase"] == rsv.AVAILABLE:  # a reservation deleted
+            entry["phase"] = rsv.DELETED
+
+    def _node_deleted(self, state: NodeState, result: OwnerResult, report: dict[str, None]) -> None:
+        """Available reservations fail and committed pods are terminated (their deciders told);
+        open holds wait for their deciders. A redelivered deletion re-sends what it sent."""
+        if state.exists:
+            state.exists = False
+            for uid, entry in state.reservations.items():
+                if entry["phase"] == rsv.AVAILABLE:
+                    self._end_reservation(state, uid, rsv.FAILED, rsv.REASON_NODE_DELETED, ended_by=BY_NODE_DELETED)
+            for hold in state.holds.values():
+                if hold.status == COMMITTED:
+                    hold.status, hold.terminated_by = TERMINATED, BY_NODE_DELETED
+                    state.tombstones.add(hold.uid)
+        for uid, entry in state.reservations.items():
+            if entry.get("ended_by") == BY_NODE_DELETED:
+                result.outputs.append(self._end_event(state, uid))
+        for hid, hold in state.holds.items():
+            if hold.terminated_by == BY_NODE_DELETED:
+                report[hid] = None
+                result.outputs.append(Output(topics.HOLDS, hold.decision_key, PodTerminated(
+                    uid=hold.uid, node=state.name, decision_key=hold.decision_key, reason=REASON_NODE_DELETED,
+                )))
+
+    @staticmethod
+    def _placed_here(state: NodeState, uid: str) -> bool:
+        """The pod was bound on this node (committed, or terminated since)."""
+        return uid in state.tombstones or any(h.uid == uid and h.status == COMMITTED for h in state.holds.values())
 
     def _refusal(self, state: NodeState, claim: Claim, ignoring: frozenset[str] = frozenset()) -> str:
         if not state.exists:
@@ -466,10 +634,10 @@ class NodeOwner:
         yet accepted) claims are gone, those gangs, with their holds here; else nothing."""
         if claim.gang_min <= 1:
             return {}
-        mine = gangs.rank(claim.priority, claim.creation_timestamp, claim.decision_key)
+        mine = gangs.rank(claim.priority, claim.decision_key)
         losers = {hid: h for hid, h in state.holds.items()
                   if h.status == HELD and h.gang_min > 1 and h.decision_key != claim.decision_key
-                  and gangs.rank(h.priority, h.created, h.decision_key) > mine}
+                  and gangs.rank(h.priority, h.decision_key) > mine}
         if not losers or self._refusal(state, claim, ignoring=frozenset(losers)):
             return {}
         out: dict[str, list[str]] = {}

@@ -27,6 +27,7 @@ from schemas.records import RESERVATION_POLICIES, Pod, Reservation, ReservationO
 
 RESTRICTED = "Restricted"
 AVAILABLE, SUCCEEDED, FAILED = "Available", "Succeeded", "Failed"
+DELETED = "Deleted"  # the owners' mark of a reservation deleted while available (no event: it is gone)
 REASON_EXPIRED, REASON_NODE_DELETED = "Expired", "NodeDeleted"
 SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 

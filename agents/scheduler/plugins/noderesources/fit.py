@@ -131,8 +131,7 @@ class Fit:
                 taken = np.zeros((state.size, len(state.space)), dtype=np.int64)
                 np.add.at(taken, a.rows[counted], a.vectors[counted])
         if state.gang_holds and pod.decision_key != pod.uid:
-            yieldable = state.yieldable(gangs.rank(pod.priority, pod.pod.creation_timestamp, pod.decision_key),
-                                        pod.decision_key)
+            yieldable = state.yieldable(gangs.rank(pod.priority, pod.decision_key), pod.decision_key)
             if yieldable is not None:
                 taken = -yieldable if taken is None else taken - yieldable
         cycle.write(NAME, taken)
