@@ -1,23 +1,66 @@
 """Deciders: the pod ledger, partitioned by decision key, the only writer of Bindings.
 
 A decision key is a pod's gang (namespace/name) when it has one, else its uid, so one decider
-sees every member of a gang. Per hold id the decider records its decision and, on a replay,
-re-sends exactly the recorded outputs:
+sees every member of a gang. The decisions:
 
 - the first Held of a pending pod is accepted (a gang: once `gang_min` members are held, all
   of them at once): Commit to the node's inbox, and, only after the broker acknowledged the
-  Commit, the Binding (`Decision.after_commit`);
-- every other Held (pod already bound, deleted, or a second claim) gets a Release;
-- a Rejected of the pod's current attempt requeues the pod with the next attempt;
-- a deleted pod releases what it holds; a deleted bound pod is terminated at its node.
+  Commit, the Binding (`Decision.after_commit`). Accepting a pod also clears every nomination
+  made for it: the one its Held names and the ones owners made when they rejected it softly;
+- once a gang has been accepted, a member that arrives later (beyond min-available) is
+  accepted at once, like a single pod (as Koordinator lets members of a satisfied gang
+  through). The gang stays satisfied while any of its members is bound; once every bound
+  member is terminated or deleted the gang starts over and waits for min-available again (a
+  new job reusing the gang's name is a new gang);
+- every other Held (pod already bound, deleted, an older attempt, or a second claim) gets a
+  Release;
+- a Rejected of a pending pod requeues it with the next attempt (an older attempt announces
+  the latest one again); a soft rejection (wound-wait) also notes the node where the owner
+  nominated the pod (`PodEntry.nominated`); a soft rejection of a pod that is bound or gone
+  clears that nomination at once;
+- a deleted pod releases what it holds and clears its nominations; a deleted bound pod is
+  terminated at its node. A termination (PodTerminated) makes a pod final.
+
+Replay re-sends, never re-decides (DESIGN.md, rule 1). Every input's outcome is recorded with
+all the outputs it caused, and a redelivered input re-sends them in full, rebuilt from the
+record, never from the redelivered message (a redelivered Held that carries other devices or
+names gets byte-identical outputs). What is recorded, by input:
+
+- Held / Rejected, by hold id: `decisions[hold id]` (accepted, released, waiting,
+  `requeued:<attempt>`, ignored) and, for the Release or Requeue it got, `reasons[hold id]`;
+  uid, attempt and node come from the hold id itself, the decision key is the ledger's;
+- an acceptance, as a group: `accepted[hold id]` holds what rebuilds that member's Commit,
+  NominationCleareds and Binding besides its hold id (namespace, name, claimed devices, the
+  nodes whose nominations it clears: the Held's nominated node and `PodEntry.nominated`, as
+  they were at the decision) and its group; `groups[group id]` lists the hold ids of a gang's
+  round (`round:<n>`) accepted together (a pod accepted alone is its own group, unlisted). A
+  redelivered Held of any member re-sends the whole group (once per batch): after a crash
+  only the member that completed the gang may come back, and its fellow members must be
+  committed and bound too;
+- the outputs of the rarer inputs, as plain records in `sent[input id]`: a deletion
+  (`deleted:<uid>`: its Releases, NominationCleareds or PodTerminated), a termination of a
+  pod still pending (`terminated:<uid>`), a soft rejection of a pod bound or gone (hold id:
+  its NominationCleared);
+- a gang given up, per round: `gave_up[round]`, its members' Release and Requeue with the
+  trigger (`timeout:<round>`, the rejected hold id, `yield:<node>:<holds>`) and the reason, so
+  that the same trigger redelivered re-sends them and no other input does (a round given up
+  by a Strict rejection is not re-sent by its timer firing later).
+
+A redelivered Held whose hold was released by another input (a give-up, a deletion) gets its
+Release again (owners ignore a Release of a hold not held). A PodTerminated of a bound pod
+changes only its status, so a redelivered one finds nothing to do, as the first time.
+
+States written before these records existed still read (new fields default to empty); where
+an old record lacks what rebuilds the outputs (an acceptance or requeue decided by the
+earlier code) the decider falls back to the message, as that code did.
 
 Gangs wait for their members with a timer: when a gang's first member is held, the decider
 asks its agent for a timer (`Decision.timers`: key, round, seconds); the agent arms it and,
 when it fires, appends `GangTimeout(key, round)` to the gang's own `holds` partition. If the
-gang is still waiting in that round, every held member is released and requeued together
-(the outcome is recorded per round, so a replayed timeout re-sends it). In Strict mode (the
-default) a member whose claim is rejected takes the gang's held members down with it, so the
-gang retries as a whole instead of keeping capacity held for a gang that cannot complete.
+gang is still waiting in that round, every held member is released and requeued together.
+In Strict mode (the default) a rejection of a member's current attempt takes the gang's held
+members down with it, so the gang retries as a whole instead of keeping capacity held for a
+gang that cannot complete.
 
 Wound-wait (DESIGN.md, rule 6): a `Yield` from an owner (a higher-ranked gang needs what this
 gang holds there) gives the gang up like a timeout if it is still waiting; a soft rejection
@@ -35,6 +78,7 @@ from typing import Any
 from agents.ports import Output, Problem
 from agents.state import cpus, devices
 from schemas import topics
+from schemas.codec import decode_object, to_plain
 from schemas.records import (
     GANG_DEFAULT_WAITING_S,
     Binding,
@@ -54,6 +98,8 @@ from schemas.records import (
 PENDING, BOUND, DELETED, TERMINATED = "pending", "bound", "deleted", "terminated"
 ACCEPTED, RELEASED, WAITING, REQUEUED, IGNORED = "accepted", "released", "waiting", "requeued", "ignored"
 
+REASON_TIMEOUT = "gang waiting time exceeded"
+
 
 @dataclass
 class PodEntry:
@@ -62,6 +108,15 @@ class PodEntry:
     attempt: int = 0  # the attempt bound, or the latest one requeued
     namespace: str = ""
     name: str = ""
+    nominated: list[str] = field(default_factory=list)  # nodes whose owners nominated it (soft rejections)
+
+    def plain(self) -> dict[str, Any]:
+        raw = dict(self.__dict__)
+        if self.nominated:
+            raw["nominated"] = list(self.nominated)
+        else:
+            del raw["nominated"]  # most pods have none: keep the table's bytes as they were
+        return raw
 
 
 @dataclass
@@ -70,21 +125,29 @@ class LedgerState:
 
     key: str
     pods: dict[str, PodEntry] = field(default_factory=dict)
-    decisions: dict[str, str] = field(default_factory=dict)
+    decisions: dict[str, str] = field(default_factory=dict)  # hold id -> outcome of its Held / Rejected
     waiting: dict[str, dict[str, Any]] = field(default_factory=dict)  # gang holds not yet decided
     round: int = 0  # the gang's current wait; a timer belongs to one round
     timer_s: float = 0.0  # the armed timer's length (0: none armed for this round)
     gave_up: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # round -> members released
+    accepted: dict[str, dict[str, Any]] = field(default_factory=dict)  # hold id -> what rebuilds its outputs
+    groups: dict[str, list[str]] = field(default_factory=dict)  # group id -> hold ids accepted together (2+)
+    reasons: dict[str, str] = field(default_factory=dict)  # hold id -> reason of the Release / Requeue it got
+    sent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # input id -> other outputs it caused
 
     def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key,
-            "pods": {uid: dict(p.__dict__) for uid, p in self.pods.items()},
+            "pods": {uid: p.plain() for uid, p in self.pods.items()},
             "decisions": self.decisions,
             "waiting": self.waiting,
             "round": self.round,
             "timer_s": self.timer_s,
             "gave_up": self.gave_up,
+            "accepted": self.accepted,
+            # Left out when empty, as most keys (single pods) have none of these.
+            **{name: value for name, value in (("groups", self.groups), ("reasons", self.reasons),
+                                               ("sent", self.sent)) if value},
         }
 
     @classmethod
@@ -97,6 +160,10 @@ class LedgerState:
             round=int(raw.get("round", 0)),
             timer_s=float(raw.get("timer_s", 0.0)),
             gave_up=dict(raw.get("gave_up", {})),
+            accepted=dict(raw.get("accepted", {})),
+            groups=dict(raw.get("groups", {})),
+            reasons=dict(raw.get("reasons", {})),
+            sent=dict(raw.get("sent", {})),
         )
 
 
@@ -110,19 +177,32 @@ class Decision:
     timers: list[tuple[str, int, float]] = field(default_factory=list)  # (key, round, seconds) to arm
 
 
+def _plain(output: Output) -> dict[str, Any]:
+    return {"topic": output.topic, "key": output.key, "record": to_plain(output.record)}
+
+
+def _output(raw: dict[str, Any]) -> Output:
+    return Output(raw["topic"], raw["key"], decode_object(raw["record"]))
+
+
+def _hold_fields(hid: str) -> tuple[str, int, str]:
+    """uid, attempt and node of a hold id (the inverse of `schemas.records.hold_id`)."""
+    uid, attempt, node = hid.rsplit("/", 2)
+    return uid, int(attempt), node
+
+
 class Decider:
     def apply(self, state: LedgerState, records: Iterable[Record], out: Decision) -> LedgerState:
+        resent: set[str] = set()  # groups re-sent in this batch: once is enough
         for record in records:
             if isinstance(record, Held):
-                self._held(state, record, out)
+                self._held(state, record, out, resent)
             elif isinstance(record, Rejected):
                 self._rejected(state, record, out)
             elif isinstance(record, PodDeleted):
                 self._deleted(state, record, out)
             elif isinstance(record, PodTerminated):
-                entry = state.pods.setdefault(record.uid, PodEntry())
-                if entry.status == BOUND:
-                    entry.status = TERMINATED
+                self._terminated(state, record, out)
             elif isinstance(record, GangTimeout):
                 self._timeout(state, record.round, out)
             elif isinstance(record, Yield):
@@ -131,22 +211,49 @@ class Decider:
                 out.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on holds", record))
         return state
 
+    # -- recorded outputs ---------------------------------------------------------------------
+
+    @staticmethod
+    def _send(state: LedgerState, input_id: str, outputs: list[Output], out: Decision, keep_empty: bool = False) -> None:
+        """Record what an input caused (besides acceptances and give-ups) and send it."""
+        if outputs or keep_empty:
+            state.sent[input_id] = [_plain(o) for o in outputs]
+        out.first.extend(outputs)
+
+    @staticmethod
+    def _resend(state: LedgerState, input_id: str, out: Decision) -> None:
+        out.first.extend(_output(raw) for raw in state.sent.get(input_id, ()))
+
+    @staticmethod
+    def _release(key: str, uid: str, attempt: int, node: str, reason: str) -> Output:
+        return Output(topics.NODE_INBOX, node, Release(
+            uid=uid, attempt=attempt, node=node, decision_key=key, reason=reason,
+        ))
+
+    @staticmethod
+    def _requeue(key: str, uid: str, attempt: int, reason: str) -> Output:
+        return Output(topics.REQUEUE, uid, Requeue(uid=uid, attempt=attempt, decision_key=key, reason=reason))
+
     # -- Held ---------------------------------------------------------------------------------
 
-    def _held(self, state: LedgerState, held: Held, out: Decision) -> None:
+    def _held(self, state: LedgerState, held: Held, out: Decision, resent: set[str]) -> None:
         hid = held.hold_id
         recorded = state.decisions.get(hid)
         if recorded is not None:
-            self._resend(state, held, recorded, out)
+            self._resend_held(state, held, recorded, out, resent)
             return
-        entry = state.pods.setdefault(held.uid, PodEntry(namespace=held.namespace, name=held.name))
-        stale = entry.status == PENDING and held.attempt < entry.attempt  # requeued since
-        if entry.status != PENDING or stale or any(w["uid"] == held.uid for w in state.waiting.values()):
-            state.decisions[hid] = RELEASED
-            out.first.append(self._release(held, "an older attempt" if stale else f"pod is {entry.status}"))
+        entry = state.pods.get(held.uid)
+        if entry is None:
+            entry = state.pods[held.uid] = PodEntry(namespace=held.namespace, name=held.name)
+        refusal = self._refusal(state, entry, held)
+        if refusal:
+            state.decisions[hid], state.reasons[hid] = RELEASED, refusal
+            out.first.append(self._release(state.key, held.uid, held.attempt, held.node, refusal))
             return
-        if held.gang_min <= 1:
-            self._accept(state, held, out)
+        if held.gang_min <= 1 or self._satisfied(state):
+            self._accept(state, hid, {hid: self._member(held.namespace, held.name, held.nominated_node,
+                                                        held.devices, entry)}, out)
+            resent.add(hid)
             return
         state.decisions[hid] = WAITING
         state.waiting[hid] = {
@@ -158,51 +265,101 @@ class Decider:
             state.timer_s = held.gang_waiting_s or GANG_DEFAULT_WAITING_S
             out.timers.append((state.key, state.round, state.timer_s))
         if len(state.waiting) >= held.gang_min:
+            group = f"round:{state.round}"
             state.round, state.timer_s = state.round + 1, 0.0  # complete: this round's timer is moot
-            for wid, w in sorted(state.waiting.items()):
-                member = Held(
-                    uid=w["uid"], attempt=w["attempt"], node=w["node"], decision_key=state.key,
-                    namespace=w["namespace"], name=w["name"], gang_min=w["gang_min"],
-                    nominated_node=w["nominated_node"], devices=tuple(w.get("devices", ())),
-                )
-                del state.waiting[wid]
-                self._accept(state, member, out)
-
-    def _accept(self, state: LedgerState, held: Held, out: Decision) -> None:
-        entry = state.pods.setdefault(held.uid, PodEntry())
-        entry.status, entry.node, entry.attempt = BOUND, held.node, held.attempt
-        entry.namespace, entry.name = held.namespace, held.name
-        state.decisions[held.hold_id] = ACCEPTED
-        self._emit_accept(state.key, held, out)
-
-    def _emit_accept(self, key: str, held: Held, out: Decision) -> None:
-        out.first.append(Output(topics.NODE_INBOX, held.node, Commit(
-            uid=held.uid, attempt=held.attempt, node=held.node, decision_key=key,
-        )))
-        if held.nominated_node:
-            out.first.append(Output(topics.NODE_INBOX, held.nominated_node,
-                                    NominationCleared(uid=held.uid, node=held.nominated_node)))
-        allocated, nics = devices.decode(held.devices), devices.decode_rdma(held.devices)
-        annotations = {devices.DEVICE_ALLOCATED: devices.annotation(allocated, nics)} if allocated or nics else {}
-        cpusets = cpus.decode(held.devices)
-        if cpusets:
-            annotations[cpus.RESOURCE_STATUS] = cpus.annotation(cpusets)
-        out.after_commit.append(Output(topics.BINDINGS, held.uid, Binding(
-            uid=held.uid, namespace=held.namespace, name=held.name, node=held.node,
-            attempt=held.attempt, decision_key=key, annotations=annotations,
-        )))
+            members = {
+                wid: self._member(w["namespace"], w["name"], w["nominated_node"], w.get("devices", ()),
+                                  state.pods.get(w["uid"]))
+                for wid, w in sorted(state.waiting.items())
+            }
+            state.waiting.clear()
+            self._accept(state, group, members, out)
+            resent.add(group)
 
     @staticmethod
-    def _release(held: Held, reason: str) -> Output:
-        return Output(topics.NODE_INBOX, held.node, Release(
-            uid=held.uid, attempt=held.attempt, node=held.node, decision_key=held.decision_key, reason=reason,
-        ))
+    def _refusal(state: LedgerState, entry: PodEntry, held: Held) -> str:
+        """Why a new Held of this pod gets a Release ("" if it may be accepted or wait)."""
+        if entry.status != PENDING:
+            return f"pod is {entry.status}"
+        if held.attempt < entry.attempt:  # requeued since
+            return "an older attempt"
+        if any(w["uid"] == held.uid for w in state.waiting.values()):
+            return "another claim of the pod is waiting"
+        return ""
 
-    def _resend(self, state: LedgerState, held: Held, recorded: str, out: Decision) -> None:
+    @staticmethod
+    def _satisfied(state: LedgerState) -> bool:
+        """The gang was accepted and some member is still bound: later members bind at once."""
+        return any(p.status == BOUND for p in state.pods.values())
+
+    @staticmethod
+    def _member(namespace: str, name: str, nominated_node: str, held_devices: Iterable[str],
+                entry: PodEntry | None) -> dict[str, Any]:
+        """What rebuilds an accepted hold's outputs besides its hold id (uid, attempt, node),
+        taken when it is decided; empty lists are left out (most pods have none)."""
+        member: dict[str, Any] = {"namespace": namespace, "name": name}
+        clears: list[str] = []
+        for n in [nominated_node, *(entry.nominated if entry else ())]:
+            if n and n not in clears:
+                clears.append(n)
+        if clears:
+            member["clears"] = clears
+        if held_devices:
+            member["devices"] = list(held_devices)
+        return member
+
+    def _accept(self, state: LedgerState, group: str, members: dict[str, dict[str, Any]], out: Decision) -> None:
+        """Accept `members` (hold id -> `_member`) together as `group` and send their outputs."""
+        if group not in members:  # a gang's round; a pod accepted alone is its own group
+            state.groups[group] = list(members)
+        for hid, m in members.items():
+            uid, attempt, node = _hold_fields(hid)
+            entry = state.pods.setdefault(uid, PodEntry())
+            entry.status, entry.node, entry.attempt = BOUND, node, attempt
+            entry.namespace, entry.name = m["namespace"], m["name"]
+            if group != hid:
+                m["group"] = group
+            state.accepted[hid] = m
+            state.decisions[hid] = ACCEPTED
+        self._emit_group(state, group, out)
+
+    def _emit_group(self, state: LedgerState, group: str, out: Decision) -> None:
+        for hid in state.groups.get(group, (group,)):  # a pod accepted alone is its own group
+            self._emit_member(state.key, hid, state.accepted[hid], out)
+
+    @staticmethod
+    def _emit_member(key: str, hid: str, m: dict[str, Any], out: Decision) -> None:
+        uid, attempt, node = _hold_fields(hid)
+        out.first.append(Output(topics.NODE_INBOX, node, Commit(uid=uid, attempt=attempt, node=node, decision_key=key)))
+        for n in m.get("clears", ()):
+            out.first.append(Output(topics.NODE_INBOX, n, NominationCleared(uid=uid, node=n)))
+        claimed = tuple(m.get("devices", ()))
+        allocated, nics = devices.decode(claimed), devices.decode_rdma(claimed)
+        annotations = {devices.DEVICE_ALLOCATED: devices.annotation(allocated, nics)} if allocated or nics else {}
+        cpusets = cpus.decode(claimed)
+        if cpusets:
+            annotations[cpus.RESOURCE_STATUS] = cpus.annotation(cpusets)
+        out.after_commit.append(Output(topics.BINDINGS, uid, Binding(
+            uid=uid, namespace=m["namespace"], name=m["name"], node=node,
+            attempt=attempt, decision_key=key, annotations=annotations,
+        )))
+
+    def _resend_held(self, state: LedgerState, held: Held, recorded: str, out: Decision, resent: set[str]) -> None:
+        hid = held.hold_id
         if recorded == ACCEPTED:
-            self._emit_accept(state.key, held, out)
+            member = state.accepted.get(hid)
+            if member is None:  # decided by earlier code, which kept no record: rebuilt as it did
+                self._emit_member(state.key, hid, self._member(held.namespace, held.name, held.nominated_node,
+                                                               held.devices, None), out)
+            elif member.get("group", hid) not in resent:
+                resent.add(member.get("group", hid))
+                self._emit_group(state, member.get("group", hid), out)
         elif recorded == RELEASED:
-            out.first.append(self._release(held, "replayed"))
+            # No reason recorded: released by another input (a give-up, a deletion), which
+            # re-sends it too, or decided by earlier code.
+            uid, attempt, node = _hold_fields(hid)
+            out.first.append(self._release(state.key, uid, attempt, node, state.reasons.get(hid, "replayed")))
+        # WAITING: the Held caused nothing yet.
 
     # -- Rejected -----------------------------------------------------------------------------
 
@@ -211,42 +368,52 @@ class Decider:
 
         A rejection of an attempt older than the pod's latest (a scheduler that restarted and
         lost count) announces the latest attempt again, so that scheduler catches up instead
-        of waiting forever for an answer.
+        of waiting forever for an answer; it does not take the gang's current round down.
         """
         hid = rejected.hold_id
+        strict_reason = f"gang member {rejected.uid} was rejected (Strict mode)"
         recorded = state.decisions.get(hid)
-        fresh = recorded is None
-        if recorded is None:
-            entry = state.pods.setdefault(rejected.uid, PodEntry())
-            if entry.status == PENDING:
-                entry.attempt = max(entry.attempt, rejected.attempt + 1)
-                recorded = f"{REQUEUED}:{entry.attempt}"
-            else:
-                recorded = IGNORED
-            state.decisions[hid] = recorded
-        if recorded.startswith(REQUEUED):
-            out.first.append(Output(topics.REQUEUE, rejected.uid, Requeue(
-                uid=rejected.uid, attempt=int(recorded.rsplit(":", 1)[1]), decision_key=state.key,
-                reason=f"{rejected.node}: {rejected.reason}",
-            )))
-            reason = f"gang member {rejected.uid} was rejected (Strict mode)"
-            if rejected.soft:
-                return  # a lower-ranked gang yields: this member retries, the others stay held
-            if fresh and any(w.get("strict", True) for w in state.waiting.values()):
-                self._give_up(state, reason, out, trigger=hid)
-            elif not fresh:  # a replay: re-send the give-up it caused, if any
-                for members in state.gave_up.values():
-                    if members and members[0].get("trigger") == hid:
-                        self._resend_give_up(state, members, reason, out)
+        if recorded is not None:  # a replay: re-send what it sent, and the give-up it caused
+            if recorded.startswith(REQUEUED):
+                uid, _, node = _hold_fields(hid)
+                legacy = f"{node}: {rejected.reason}"  # recorded by earlier code, which kept no reason
+                out.first.append(self._requeue(state.key, uid, int(recorded.rsplit(":", 1)[1]),
+                                               state.reasons.get(hid, legacy)))
+            self._resend(state, hid, out)
+            self._resend_give_ups(state, hid, strict_reason, out)
+            return
+        entry = state.pods.get(rejected.uid)
+        if entry is None:
+            entry = state.pods[rejected.uid] = PodEntry()
+        current = False
+        if entry.status == PENDING:
+            current = rejected.attempt >= entry.attempt
+            entry.attempt = max(entry.attempt, rejected.attempt + 1)
+            reason = f"{rejected.node}: {rejected.reason}"
+            state.decisions[hid], state.reasons[hid] = f"{REQUEUED}:{entry.attempt}", reason
+            out.first.append(self._requeue(state.key, rejected.uid, entry.attempt, reason))
+            if rejected.soft and rejected.node not in entry.nominated:
+                entry.nominated.append(rejected.node)  # cleared when the pod binds or is deleted
+        else:
+            state.decisions[hid] = IGNORED
+            if rejected.soft:  # the owner nominated a pod that is bound or gone: clear it now
+                self._send(state, hid, [Output(topics.NODE_INBOX, rejected.node,
+                                               NominationCleared(uid=rejected.uid, node=rejected.node))], out)
+        if current and not rejected.soft and any(w.get("strict", True) for w in state.waiting.values()):
+            self._give_up(state, strict_reason, out, trigger=hid)
 
     # -- gangs that cannot complete -----------------------------------------------------------
 
     def _timeout(self, state: LedgerState, round_: int, out: Decision) -> None:
+        trigger = f"timeout:{round_}"
         recorded = state.gave_up.get(str(round_))
-        if recorded is not None:  # a replayed timeout: re-send what it did
-            self._resend_give_up(state, recorded, "gang waiting time exceeded", out)
+        if recorded is not None:
+            # A replayed timeout re-sends what it did ("": written before triggers named
+            # timeouts); a round given up otherwise (Strict, Yield) is not the timer's.
+            if recorded and recorded[0].get("trigger", "") in ("", trigger):
+                self._send_give_up(state, recorded, REASON_TIMEOUT, out)
         elif round_ == state.round and state.timer_s and state.waiting:
-            self._give_up(state, "gang waiting time exceeded", out)
+            self._give_up(state, REASON_TIMEOUT, out, trigger=trigger)
 
     def _yield(self, state: LedgerState, y: Yield, out: Decision) -> None:
         """Wound-wait: a higher-ranked gang needs what this gang holds on `y.node`. Still
@@ -254,14 +421,12 @@ class Decider:
         (a replayed Yield re-sends what it did)."""
         trigger = f"yield:{y.node}:{','.join(y.holds)}"
         reason = f"yielded to gang {y.winner} (wound-wait)"
+        if self._resend_give_ups(state, trigger, reason, out):
+            return
         if any(hid in state.waiting for hid in y.holds):
             self._give_up(state, reason, out, trigger=trigger)
-            return
-        for members in state.gave_up.values():
-            if members and members[0].get("trigger") == trigger:
-                self._resend_give_up(state, members, reason, out)
 
-    def _give_up(self, state: LedgerState, reason: str, out: Decision, trigger: str = "") -> None:
+    def _give_up(self, state: LedgerState, reason: str, out: Decision, trigger: str) -> None:
         """Release every held member of the waiting gang and requeue them together."""
         members = []
         for wid, w in sorted(state.waiting.items()):
@@ -269,40 +434,81 @@ class Decider:
             entry.attempt = max(entry.attempt, w["attempt"] + 1)
             state.decisions[wid] = RELEASED
             members.append({"uid": w["uid"], "attempt": w["attempt"], "node": w["node"], "next": entry.attempt,
-                            "trigger": trigger})
+                            "trigger": trigger, "reason": reason})
         state.waiting.clear()
         state.gave_up[str(state.round)] = members
         state.round, state.timer_s = state.round + 1, 0.0
-        self._resend_give_up(state, members, reason, out)
+        self._send_give_up(state, members, reason, out)
 
-    def _resend_give_up(self, state: LedgerState, members: list[dict[str, Any]], reason: str, out: Decision) -> None:
+    def _resend_give_ups(self, state: LedgerState, trigger: str, reason: str, out: Decision) -> bool:
+        """Re-send the give-ups `trigger` caused; whether there was one."""
+        found = False
+        for members in state.gave_up.values():
+            if members and members[0].get("trigger") == trigger:
+                self._send_give_up(state, members, reason, out)
+                found = True
+        return found
+
+    @staticmethod
+    def _send_give_up(state: LedgerState, members: list[dict[str, Any]], reason: str, out: Decision) -> None:
+        """`reason` stands in only for records written before the reason was recorded."""
         for m in members:
-            out.first.append(Output(topics.NODE_INBOX, m["node"], Release(
-                uid=m["uid"], attempt=m["attempt"], node=m["node"], decision_key=state.key, reason=reason,
-            )))
-            out.first.append(Output(topics.REQUEUE, m["uid"], Requeue(
-                uid=m["uid"], attempt=m["next"], decision_key=state.key, reason=reason,
-            )))
+            why = m.get("reason", reason)
+            out.first.append(Decider._release(state.key, m["uid"], m["attempt"], m["node"], why))
+            out.first.append(Decider._requeue(state.key, m["uid"], m["next"], why))
 
-    # -- deletions ----------------------------------------------------------------------------
+    # -- deletions and terminations -----------------------------------------------------------
 
     def _deleted(self, state: LedgerState, deleted: PodDeleted, out: Decision) -> None:
-        entry = state.pods.setdefault(deleted.uid, PodEntry(namespace=deleted.namespace, name=deleted.name))
+        input_id = f"deleted:{deleted.uid}"
+        if input_id in state.sent:
+            self._resend(state, input_id, out)
+            return
+        entry = state.pods.get(deleted.uid)
+        if entry is None:
+            entry = state.pods[deleted.uid] = PodEntry(namespace=deleted.namespace, name=deleted.name)
+        outputs: list[Output] = []
         if entry.status == PENDING:
             entry.status = DELETED
+            outputs = self._gone(state, deleted.uid, entry, "pod deleted")
+        elif entry.status in (BOUND, TERMINATED):  # owners ignore a second termination
+            entry.status = TERMINATED
+            if entry.node:
+                outputs.append(Output(topics.NODE_INBOX, entry.node, PodTerminated(
+                    uid=deleted.uid, node=entry.node, decision_key=state.key, reason="pod deleted",
+                )))
+        self._send(state, input_id, outputs, out, keep_empty=True)
+
+    def _terminated(self, state: LedgerState, terminated: PodTerminated, out: Decision) -> None:
+        """A bound pod is gone. Only a committed pod is terminated, so a pod the ledger holds
+        pending (or does not know) is made final too: nothing later binds it again."""
+        input_id = f"terminated:{terminated.uid}"
+        if input_id in state.sent:
+            self._resend(state, input_id, out)
+            return
+        entry = state.pods.get(terminated.uid)
+        if entry is None:
+            state.pods[terminated.uid] = PodEntry(status=TERMINATED, node=terminated.node)
         elif entry.status == BOUND:
             entry.status = TERMINATED
-        if entry.status == DELETED:
-            for wid, w in list(state.waiting.items()):
-                if w["uid"] == deleted.uid:
-                    del state.waiting[wid]
-                    state.decisions[wid] = RELEASED
-                    out.first.append(Output(topics.NODE_INBOX, w["node"], Release(
-                        uid=deleted.uid, attempt=w["attempt"], node=w["node"],
-                        decision_key=state.key, reason="pod deleted",
-                    )))
-        elif entry.status == TERMINATED and entry.node:
-            # Re-sent on a redelivered deletion too: owners ignore a second termination.
-            out.first.append(Output(topics.NODE_INBOX, entry.node, PodTerminated(
-                uid=deleted.uid, node=entry.node, decision_key=state.key, reason="pod deleted",
-            )))
+        elif entry.status == PENDING:
+            entry.status, entry.node = TERMINATED, entry.node or terminated.node
+            self._send(state, input_id, self._gone(state, terminated.uid, entry, "pod terminated"), out)
+
+    def _gone(self, state: LedgerState, uid: str, entry: PodEntry, reason: str) -> list[Output]:
+        """A pending pod is gone: release its waiting holds and clear the nominations made for it."""
+        outputs: list[Output] = []
+        clears = list(entry.nominated)
+        for wid, w in list(state.waiting.items()):
+            if w["uid"] == uid:
+                del state.waiting[wid]
+                state.decisions[wid] = RELEASED
+                outputs.append(self._release(state.key, uid, w["attempt"], w["node"], reason))
+                if w.get("nominated_node") and w["nominated_node"] not in clears:
+                    clears.append(w["nominated_node"])
+        if outputs and not state.waiting:
+            # Its last waiting member gone, the round ends: its timer is moot, and the next
+            # member to wait arms a timer for a new round.
+            state.round, state.timer_s = state.round + 1, 0.0
+        outputs += [Output(topics.NODE_INBOX, n, NominationCleared(uid=uid, node=n)) for n in clears]
+        return outputs

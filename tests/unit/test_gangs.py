@@ -1,8 +1,10 @@
 """Gangs: annotations validated, the waiting-time timeout releasing a partial gang (as a
-record, replayed safely), Strict mode, and two gangs competing for the same capacity."""
+record, replayed safely), Strict mode, two gangs competing for the same capacity, members
+beyond min-available, and replays that re-send a gang's recorded outputs in full."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,13 +12,18 @@ import pytest
 from agents.state.gangs import GangError, GangSpec, gang_spec
 from agents.state.ledger import Decider, Decision, LedgerState
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from schemas import topics
+from schemas.codec import encode
 from schemas.quantity import parse_duration
 from schemas.records import (
     Binding,
     GangTimeout,
     Held,
     NodeStateChange,
+    NominationCleared,
     Pod,
+    PodDeleted,
+    PodTerminated,
     Rejected,
     Release,
     Requeue,
@@ -196,3 +203,119 @@ def test_the_owner_asks_lower_ranked_gangs_to_yield_and_resends_on_replay() -> N
     # A higher-ranked gang is not asked to yield to a lower-ranked one.
     low = [r for r in apply(make_claim("z1", cpu=2000, key="ns/z", gang_min=2)) if isinstance(r, Rejected)]
     assert not low[0].soft and not any(isinstance(r, Yield) for r in apply(make_claim("z1", cpu=2000, key="ns/z", gang_min=2)))
+
+
+# -- replay safety of gangs: a redelivered input re-sends everything it caused, from the record --
+
+
+def wire(out: Decision) -> tuple[list[tuple[str, str, bytes]], list[tuple[str, str, bytes]]]:
+    """A decision's outputs as they go on the wire (topic, key, encoded record)."""
+    return ([(o.topic, o.key, encode(o.record)) for o in out.first],
+            [(o.topic, o.key, encode(o.record)) for o in out.after_commit])
+
+
+def test_a_replayed_member_resends_the_whole_gangs_acceptance() -> None:
+    state = LedgerState("ns/g")
+    assert run(state, held("a", gang_min=2, devices=("gpu/0/100/100",))).first == []  # its offset is committed
+    first = run(state, held("b", node="n2", gang_min=2))  # completes the gang; crash before delivery
+    assert sorted(o.record.uid for o in first.after_commit) == ["a", "b"]  # type: ignore[attr-defined]
+    # Only Held(b) comes back (with other fields, even): a and b are re-sent, as the first time.
+    again = run(state, held("b", node="n2", gang_min=2, devices=("gpu/3/100/100",), name="x"))
+    assert wire(again) == wire(first)
+
+
+def test_a_replayed_deletion_of_a_waiting_member_resends_its_release() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a"), held("b"))
+    deleted = PodDeleted(uid="a", decision_key="ns/g")
+    first = run(state, deleted)
+    assert kinds(first) == [("Release", "a", 0)] and list(state.waiting) == ["b/0/n1"]
+    assert wire(run(state, deleted)) == wire(first)  # the pod is gone and no longer waiting: re-sent
+
+
+def test_members_beyond_min_available_bind_at_once_until_the_gang_is_gone() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a", gang_min=2), held("b", gang_min=2))
+    late = run(state, held("c", gang_min=2))
+    assert kinds(late) == [("Commit", "c", 0)] and [o.record.uid for o in late.after_commit] == ["c"]  # type: ignore[attr-defined]
+    assert late.timers == [] and state.waiting == {}
+    # Once every bound member is gone, the gang starts over: a new member waits for min-available.
+    run(state, PodDeleted(uid="a", decision_key="ns/g"), PodTerminated(uid="b", node="n1", decision_key="ns/g"),
+        PodDeleted(uid="c", decision_key="ns/g"))
+    anew = run(state, held("d", gang_min=2))
+    assert anew.first == [] and list(state.waiting) == ["d/0/n1"] and anew.timers == [("ns/g", 1, 600.0)]
+
+
+def test_nominations_from_soft_rejections_are_cleared_when_the_pod_binds_elsewhere() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a", gang_min=2))
+    soft = Rejected(uid="b", attempt=0, node="n1", decision_key="ns/g", reason="wound-wait", soft=True)
+    run(state, soft)
+    assert state.pods["b"].nominated == ["n1"]
+    first = run(state, held("b", node="n2", attempt=1, gang_min=2))
+    cleared = [(o.topic, o.key, o.record) for o in first.first if isinstance(o.record, NominationCleared)]
+    assert cleared == [(topics.NODE_INBOX, "n1", NominationCleared(uid="b", node="n1"))]
+    assert wire(run(state, held("a", gang_min=2))) == wire(first)  # re-sent with the group
+
+
+def test_nominations_from_soft_rejections_are_cleared_when_the_pod_is_deleted() -> None:
+    state = LedgerState("ns/g")
+    run(state, Rejected(uid="b", attempt=0, node="n1", decision_key="ns/g", reason="wound-wait", soft=True))
+    deleted = PodDeleted(uid="b", decision_key="ns/g")
+    first = run(state, deleted)
+    assert [(o.key, o.record) for o in first.first] == [("n1", NominationCleared(uid="b", node="n1"))]
+    assert wire(run(state, deleted)) == wire(first)
+
+
+def test_a_redelivered_yield_resends_what_it_sent_the_first_time() -> None:
+    state = LedgerState("ns/b")
+    run(state, held("b1", key="ns/b", gang_min=2))
+    y = Yield(decision_key="ns/b", node="n1", holds=("b1/0/n1",), winner="ns/a")
+    first = run(state, y)
+    assert wire(run(state, replace(y, winner="ns/z"))) == wire(first)
+
+
+def test_the_timer_of_a_round_given_up_otherwise_sends_nothing() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a"), held("b"))
+    run(state, Rejected(uid="c", attempt=0, node="n1", decision_key="ns/g", reason="Insufficient cpu"))
+    assert state.round == 1  # Strict mode gave up round 0; its timer still fires
+    out = run(state, GangTimeout(decision_key="ns/g", round=0))
+    assert out.first == [] and out.after_commit == []
+
+
+def test_a_rejection_of_an_older_attempt_does_not_take_the_current_round_down() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a"), held("b"))
+    run(state, Rejected(uid="c", attempt=0, node="n1", decision_key="ns/g", reason="Insufficient cpu"))
+    run(state, held("a", attempt=1), held("b", attempt=1))  # round 1 waits for c's next attempt
+    late = run(state, Rejected(uid="c", attempt=0, node="n2", decision_key="ns/g", reason="Insufficient cpu"))
+    assert kinds(late) == [("Requeue", "c", 1)]  # the latest attempt announced again, nothing given up
+    assert sorted(state.waiting) == ["a/1/n1", "b/1/n1"]
+
+
+def test_a_gang_whose_waiting_members_were_all_deleted_arms_a_new_timer_for_the_next() -> None:
+    state = LedgerState("ns/g")
+    assert run(state, held("a")).timers == [("ns/g", 0, 600.0)]
+    run(state, PodDeleted(uid="a", decision_key="ns/g"))
+    assert run(state, GangTimeout(decision_key="ns/g", round=0)).first == []  # nothing waits
+    out = run(state, held("b"))
+    assert out.timers == [("ns/g", 1, 600.0)]  # else b would wait for ever (until a restart)
+    again = run(state, GangTimeout(decision_key="ns/g", round=1))
+    assert kinds(again) == [("Release", "b", 0), ("Requeue", "b", 1)]
+
+
+def test_a_batch_replaying_several_members_resends_their_group_once() -> None:
+    state = LedgerState("ns/g")
+    first = run(state, held("a", gang_min=2), held("b", node="n2", gang_min=2))
+    again = run(state, held("a", gang_min=2), held("b", node="n2", gang_min=2), held("a", gang_min=2))
+    assert wire(again) == wire(first)
+
+
+def test_a_termination_of_a_waiting_member_releases_its_hold_and_is_replayed() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a"), held("b"))
+    terminated = PodTerminated(uid="a", node="n1", decision_key="ns/g", reason="node deleted")
+    first = run(state, terminated)
+    assert kinds(first) == [("Release", "a", 0)] and list(state.waiting) == ["b/0/n1"]
+    assert wire(run(state, terminated)) == wire(first)

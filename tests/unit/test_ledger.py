@@ -1,7 +1,21 @@
 """The decider: accept once, release the rest, requeue rejections, close deletions."""
 
+from dataclasses import replace
+
 from agents.state.ledger import BOUND, DELETED, TERMINATED, Decider, Decision, LedgerState
-from schemas.records import Binding, Commit, Held, PodDeleted, Rejected, Release, Requeue
+from schemas import topics
+from schemas.codec import encode
+from schemas.records import (
+    Binding,
+    Commit,
+    Held,
+    NominationCleared,
+    PodDeleted,
+    PodTerminated,
+    Rejected,
+    Release,
+    Requeue,
+)
 
 
 def held(uid: str = "p", node: str = "n1", attempt: int = 0, key: str = "", gang_min: int = 0) -> Held:
@@ -77,3 +91,77 @@ def test_stale_rejection_announces_the_latest_attempt_again() -> None:
     assert [o.record.attempt for o in out.first] == [4]
     _, out = run([Rejected(uid="p", attempt=0, node="n2", decision_key="p", reason="full")], state)
     assert [o.record.attempt for o in out.first] == [1]  # a replay re-sends what it sent
+
+
+# -- replay safety: a redelivered input re-sends its recorded outputs, built from the record --
+
+
+def sent(out: Decision) -> tuple[list[tuple[str, str, bytes]], list[tuple[str, str, bytes]]]:
+    """A decision's outputs as they go on the wire (topic, key, encoded record)."""
+    return ([(o.topic, o.key, encode(o.record)) for o in out.first],
+            [(o.topic, o.key, encode(o.record)) for o in out.after_commit])
+
+
+def test_a_redelivered_held_with_changed_fields_resends_byte_identical_outputs() -> None:
+    first = Held(uid="p", attempt=0, node="n1", decision_key="p", namespace="ns", name="p",
+                 nominated_node="n7", devices=("gpu/0/100/100",))
+    state, out = run([first])
+    binding = out.after_commit[0].record
+    assert isinstance(binding, Binding) and binding.annotations  # the GPU it claimed is on the Binding
+    changed = replace(first, namespace="other", name="q", nominated_node="n9", devices=("gpu/1/50/50",),
+                      decision_key="elsewhere")
+    _, again = run([changed], state)
+    assert sent(again) == sent(out)
+
+
+def test_a_redelivered_released_held_resends_the_same_release() -> None:
+    state, _ = run([held(node="n1")])
+    _, out = run([held(node="n2", attempt=1)], state)
+    assert kinds(out.first) == ["Release"]
+    _, again = run([replace(held(node="n2", attempt=1), decision_key="elsewhere")], state)
+    assert sent(again) == sent(out)
+
+
+def test_a_redelivered_rejection_resends_the_recorded_requeue() -> None:
+    rejected = Rejected(uid="p", attempt=0, node="n1", decision_key="p", reason="Insufficient cpu")
+    state, out = run([rejected])
+    _, again = run([replace(rejected, reason="something else")], state)
+    assert sent(again) == sent(out)
+
+
+def test_a_replayed_deletion_resends_the_termination_it_sent() -> None:
+    state, _ = run([held(node="n1")])
+    deleted = PodDeleted(uid="p", decision_key="p")
+    state, out = run([deleted], state)
+    assert kinds(out.first) == ["PodTerminated"]
+    _, again = run([deleted], state)
+    assert sent(again) == sent(out)
+
+
+def test_a_termination_of_a_pod_the_ledger_does_not_know_is_final() -> None:
+    # Only a pod that was bound can be terminated: a later claim of it must not bind it again.
+    state, _ = run([PodTerminated(uid="p", node="n1", decision_key="p", reason="node deleted")])
+    _, out = run([held(node="n2")], state)
+    assert kinds(out.first) == ["Release"] and out.after_commit == []
+    assert state.pods["p"].status == TERMINATED
+
+
+def test_a_soft_rejection_of_a_bound_pod_clears_the_nomination_it_caused() -> None:
+    state, _ = run([held(node="n1")])
+    soft = Rejected(uid="p", attempt=0, node="n2", decision_key="p", reason="wound-wait", soft=True)
+    state, out = run([soft], state)
+    assert [(o.topic, o.key, o.record) for o in out.first] == [
+        (topics.NODE_INBOX, "n2", NominationCleared(uid="p", node="n2"))]
+    _, again = run([soft], state)
+    assert sent(again) == sent(out)
+
+
+def test_state_written_before_replay_records_reads_back_with_defaults() -> None:
+    legacy = {"key": "p", "pods": {"p": {"status": "bound", "node": "n1", "attempt": 0, "namespace": "default",
+                                         "name": "p"}},
+              "decisions": {"p/0/n1": "accepted"}, "waiting": {}}
+    state = LedgerState.from_json(legacy)
+    assert state.pods["p"].nominated == [] and state.accepted == {} and state.sent == {}
+    _, out = run([held(node="n1")], state)  # no record of the outputs: rebuilt as before
+    assert kinds(out.first) == ["Commit"] and kinds(out.after_commit) == ["Binding"]
+    assert LedgerState.from_json(state.to_json()) == state

@@ -9,7 +9,9 @@ outputs that were already appended (no transactions). Outputs reach the broker o
 flushed, possibly in part; a crash loses what was not flushed, while the table write may
 already be persisted. On top: duplicated deliveries, a second
 claim for the same pod on another node, claims after the pod was bound, deletions while held,
-and terminations racing commits. After the run every log is drained.
+and terminations racing commits. Pods c and d form a gang (min-available 2, one decider for
+both); its timers fire as records at any time, and once everything else is drained for every
+round still waiting (as the deciders' agent re-arms them). After the run every log is drained.
 
 Invariants: no pod bound to two nodes; no node over-committed at any moment, both in the
 owners' own accounting and as recomputed by the independent checker from the Bindings and
@@ -30,13 +32,26 @@ from agents.state.ledger import Decider, Decision, LedgerState
 from agents.state.owner import HELD, NodeOwner, NodeState, OwnerResult
 from perf.checker import Placement, check
 from schemas import topics
-from schemas.records import Binding, Claim, PodDeleted, PodTerminated, Record, Requeue, ResourceList
+from schemas.records import (
+    Binding,
+    Claim,
+    GangTimeout,
+    PodDeleted,
+    PodTerminated,
+    Record,
+    Requeue,
+    ResourceList,
+)
 from tests.builders import make_node
 
 NODES = ["n0", "n1", "n2"]
 PODS = ["a", "b", "c", "d"]
 CPU = {"a": 600, "b": 500, "c": 400, "d": 700}
 ALLOC = 1000
+GANG = "ns/g"
+KEY = {"a": "a", "b": "b", "c": GANG, "d": GANG}  # a pod's decision key: c and d are one gang
+GANG_MIN = {"c": 2, "d": 2}
+KEYS = ["a", "b", GANG]
 
 
 @dataclass
@@ -73,7 +88,7 @@ class Actor:
 class World:
     def __init__(self) -> None:
         self.owners = {n: Actor(state=NodeState(n)) for n in NODES}
-        self.deciders = {p: Actor(state=LedgerState(p)) for p in PODS}
+        self.deciders = {k: Actor(state=LedgerState(k)) for k in KEYS}
         for n, owner in self.owners.items():
             owner.log.append(make_node(n, cpu=ALLOC))
             owner.commit()
@@ -129,6 +144,7 @@ class World:
         state = actor.state
         assert isinstance(state, LedgerState)
         Decider().apply(state, [record], decision)
+        self.problems += [p.error for p in decision.problems]
         actor.outgoing += decision.first + decision.after_commit  # the Commit is on the broker first
 
     def flush(self, actor: Actor, count: int) -> None:
@@ -137,22 +153,38 @@ class World:
         self.route(sent)
 
     def claim(self, uid: str, node: str) -> None:
-        self.owners[node].log.append(Claim(uid=uid, attempt=self.attempt[uid], node=node, decision_key=uid,
-                                           requests=ResourceList(cpu=CPU[uid], pods=1)))
+        self.owners[node].log.append(Claim(uid=uid, attempt=self.attempt[uid], node=node, decision_key=KEY[uid],
+                                           requests=ResourceList(cpu=CPU[uid], pods=1), gang_min=GANG_MIN.get(uid, 0)))
+
+    def fire_timers(self) -> bool:
+        """Every gang still waiting gets its round's timeout (the agent re-arms timers for every
+        waiting gang of its table); whether one was due."""
+        due = False
+        for key, actor in self.deciders.items():
+            state = actor.state
+            assert isinstance(state, LedgerState)
+            if state.waiting and state.timer_s:
+                actor.log.append(GangTimeout(decision_key=key, round=state.round))
+                due = True
+        return due
 
     def drain(self) -> None:
         actors = [*self.owners.values(), *self.deciders.values()]
-        while any(a.pos < len(a.log) or a.outgoing for a in actors):
-            for n in NODES:
-                self.step_owner(n)
-            for p in PODS:
-                self.step_decider(p)
-            for a in actors:
-                self.flush(a, len(a.outgoing))
+        while True:
+            while any(a.pos < len(a.log) or a.outgoing for a in actors):
+                for n in NODES:
+                    self.step_owner(n)
+                for k in KEYS:
+                    self.step_decider(k)
+                for a in actors:
+                    self.flush(a, len(a.outgoing))
+            if not self.fire_timers():
+                return
 
 
 ACTIONS = st.tuples(
-    st.sampled_from(["owner", "decider", "flush", "claim", "persist", "commit", "crash", "duplicate", "delete", "terminate"]),
+    st.sampled_from(["owner", "decider", "flush", "claim", "persist", "commit", "crash", "duplicate", "delete", "terminate",
+                     "timeout"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -165,10 +197,25 @@ CRASH_AFTER_PERSIST = [
     ("persist", 3, 0), ("crash", 3, 0),
 ]
 
+# A gang member is held and waits; the decider commits its offset. The second member completes
+# the gang, the table is persisted and the decider crashes before any output is acknowledged:
+# only the second Held is replayed, and it must re-send the first member's Commit too.
+GANG_CRASH = [
+    ("claim", 0, 2), ("owner", 0, 1), ("owner", 0, 1), ("decider", 0, 2), ("commit", 5, 0),
+    ("claim", 1, 3), ("owner", 1, 1), ("owner", 1, 1), ("decider", 0, 3), ("persist", 5, 0), ("crash", 5, 0),
+]
+# A waiting gang member is deleted; the decider persists and crashes before its Release is out.
+GANG_DELETE_CRASH = [
+    ("claim", 0, 2), ("owner", 0, 1), ("owner", 0, 1), ("decider", 0, 2), ("commit", 5, 0),
+    ("delete", 0, 2), ("decider", 0, 2), ("persist", 5, 0), ("crash", 5, 0),
+]
+
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(ACTIONS, min_size=1, max_size=120))
 @example(CRASH_AFTER_PERSIST)
+@example(GANG_CRASH)
+@example(GANG_DELETE_CRASH)
 def test_no_double_binding_no_overcommit_no_leak(actions: list[tuple[str, int, int]]) -> None:
     world = World()
     for action, i, j in actions:
@@ -179,9 +226,9 @@ def test_no_double_binding_no_overcommit_no_leak(actions: list[tuple[str, int, i
             if j % 2:  # often acknowledged at once, sometimes left in flight
                 world.flush(world.owners[node], 99)
         elif action == "decider":
-            world.step_decider(pod)
+            world.step_decider(KEY[pod])
             if i % 2:
-                world.flush(world.deciders[pod], 99)
+                world.flush(world.deciders[KEY[pod]], 99)
         elif action == "flush":  # a partial flush: some outputs acknowledged, the rest still in flight
             world.flush(actors[(i + j) % len(actors)], i % 4)
         elif action == "claim":  # also: a second claim on another node, a claim after binding
@@ -197,11 +244,13 @@ def test_no_double_binding_no_overcommit_no_leak(actions: list[tuple[str, int, i
             if actor.log:
                 actor.log.append(actor.log[i % len(actor.log)])
         elif action == "delete":  # deletion, possibly while held
-            world.deciders[pod].log.append(PodDeleted(uid=pod, decision_key=pod))
+            world.deciders[KEY[pod]].log.append(PodDeleted(uid=pod, decision_key=KEY[pod]))
         elif action == "terminate":  # the cluster reports a bound pod gone, racing the pipeline
             bound = [b for b in world.bindings if b.uid == pod]
             if bound:
                 world.owners[bound[0].node].log.append(PodTerminated(uid=pod, node=bound[0].node))
+        elif action == "timeout":  # a gang timer fires, for this round or a stale or future one
+            world.deciders[GANG].log.append(GangTimeout(decision_key=GANG, round=i % 3))
     world.drain()
 
     nodes_of = {}
