@@ -1,8 +1,17 @@
 """The independent checker, table-driven: it must catch what it exists to catch."""
 
+import json
+
 import pytest
 
-from perf.checker import Placement, check
+from perf.checker import (
+    DevicePlacement,
+    Placement,
+    check,
+    device_amounts,
+    devices_overcommitted,
+    partial_gangs,
+)
 
 ALLOC = {"n1": {"cpu": 1000, "pods": 110}, "n2": {"cpu": 1000, "pods": 2}}
 REQ = {"a": {"cpu": 600}, "b": {"cpu": 600}, "c": {"cpu": 100}}
@@ -37,3 +46,46 @@ def test_counts_bound_and_unschedulable() -> None:
 def test_counted_limits_the_counts_but_not_the_consistency_check() -> None:
     result = check(ALLOC, REQ, [Placement(1, "a", "n1"), Placement(2, "b", "n1")], counted=["a"])
     assert (result.pods_total, result.pods_bound, result.nodes_overcommitted) == (1, 1, 1)
+
+
+GPU = "koordinator.sh/gpu-core"
+RATIO = "koordinator.sh/gpu-memory-ratio"
+
+
+def _gpu(minor: int, share: int) -> str:
+    return json.dumps({"gpu": [{"minor": minor, "resources": {GPU: str(share), RATIO: str(share)}}]})
+
+
+CAPACITY = {"n1": {"gpu/0/core": 100, "gpu/0/ratio": 100, "gpu/1/core": 100, "gpu/1/ratio": 100,
+                   "rdma/0/vfs": 2}}
+
+
+@pytest.mark.parametrize(
+    ("placements", "terminations", "over"),
+    [
+        ([("a", _gpu(0, 60)), ("b", _gpu(1, 60))], [], []),
+        ([("a", _gpu(0, 60)), ("b", _gpu(0, 60))], [], ["n1/gpu/0/core", "n1/gpu/0/ratio"]),  # totals fit, GPU 0 not
+        ([("a", _gpu(0, 60)), ("b", _gpu(0, 60))], [Placement(1.5, "a", "n1")], []),  # a freed GPU 0 first
+        ([("a", _gpu(0, 60)), ("a", _gpu(0, 60))], [], []),  # the same binding read twice
+        ([("a", json.dumps({"rdma": [{"minor": 0, "resources": {"koordinator.sh/rdma": "2"}}]})),
+          ("b", json.dumps({"rdma": [{"minor": 0, "resources": {"koordinator.sh/rdma": "1"}}]}))], [],
+         ["n1/rdma/0/vfs"]),
+        ([("a", ""), ("b", "")], [], []),  # no devices
+    ],
+    ids=["two-gpus", "one-gpu-twice", "freed-first", "read-twice", "rdma-vfs", "no-devices"],
+)
+def test_devices_overcommitted(placements: list[tuple[str, str]], terminations: list[Placement],
+                               over: list[str]) -> None:
+    found = devices_overcommitted(
+        CAPACITY, [DevicePlacement(float(i + 1), uid, "n1", device_amounts(a)) for i, (uid, a) in enumerate(placements)],
+        terminations)
+    assert sorted(found) == over
+
+
+@pytest.mark.parametrize(
+    ("bound", "partial"),
+    [(set(), []), ({"g0", "g1"}, []), ({"g0"}, ["g"]), ({"g0", "g1", "g2"}, []), ({"x"}, [])],
+    ids=["none", "min-available", "one-of-two", "all", "others"],
+)
+def test_partial_gangs(bound: set[str], partial: list[str]) -> None:
+    assert partial_gangs({"g": (2, ["g0", "g1", "g2"])}, bound) == partial

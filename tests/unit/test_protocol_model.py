@@ -1,0 +1,455 @@
+"""The protocol's safety model: owners, deciders and a scheduler replica under crashes and replays.
+
+A stronger sibling of `test_protocol_safety`: the real cores (`NodeOwner`, `Decider`, the
+scheduler's `ClusterState` as the replica) on logs that stand in for Kafka partitions, driven
+by hypothesis through gangs (one member beyond min-available, deletions while waiting, gang
+timeouts), two gangs competing (wound-wait, with nominations), GPUs claimed device by device
+(and the same hold claimed again with other devices), node deletion and re-creation, and
+crashes at every point between table write, outputs and offset commit:
+
+- an actor (an owner or a decider) takes one record at a time from its log; `persist` writes
+  its table (the changelog may run ahead of the committed offset), `commit` commits its offset
+  once its outputs are acknowledged (with the table), `crash` restores the last persisted
+  table, rewinds to the committed offset and loses what was not acknowledged;
+- outputs reach the broker when flushed, in order, possibly in part; records may be delivered
+  twice; timers fire as records on the decider's own log, re-armed from its table after a crash.
+
+Invariants, at every step and at quiescence (everything drained, every timer fired):
+no pod with two distinct Bindings; no node over-committed in the owners' accounting or as the
+independent checker recomputes it from Bindings and terminations, GPU by GPU included; no gang
+partially bound, and a member of an accepted gang never given up for the gang's waiting time;
+every pod the ledger holds bound has its Binding; no hold left held; no Commit of a hold that
+was not held; no committed pod left on a deleted node; no two gangs asked to yield to each
+other; no nomination left for a pod that is bound or deleted; and the replica's view of every
+node equals the owner's (used capacity, bound pods, no assumption left).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from agents.ports import Output
+from agents.scheduler.cluster import ClusterState
+from agents.state import devices
+from agents.state.ledger import BOUND, DELETED, Decider, Decision, LedgerState
+from agents.state.owner import COMMITTED, HELD, NodeOwner, NodeState, OwnerResult
+from agents.state.resources import ResourceSpace
+from perf.checker import (
+    DevicePlacement,
+    Placement,
+    check,
+    device_amounts,
+    devices_overcommitted,
+    partial_gangs,
+)
+from schemas import topics
+from schemas.records import (
+    Binding,
+    Claim,
+    GangTimeout,
+    GpuDevice,
+    Node,
+    NodeDeleted,
+    NodeStateChange,
+    PodDeleted,
+    PodTerminated,
+    Record,
+    Requeue,
+    ResourceList,
+    Yield,
+)
+
+NODES = ["n0", "n1", "n2"]
+CPU_PER_NODE = 1000
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    uid: str
+    key: str  # decision key: the gang, or the uid
+    cpu: int
+    gpu: int = 0  # GPU share (core and memory-ratio) on one GPU
+    gang_min: int = 0
+    priority: int = 0
+    created: float = 0.0
+
+
+# Gangs g (three members, min-available two: g2 is beyond) and h compete at equal priority; their
+# members' creation times interleave (g0 < h0 < g1), so ranking by a member's own creation time
+# would let each gang outrank the other.
+PODS = {p.uid: p for p in [
+    PodSpec("a", "a", 500, gpu=60),
+    PodSpec("b", "b", 400, gpu=50),
+    PodSpec("g0", "g", 300, gpu=40, gang_min=2, created=10.0),
+    PodSpec("g1", "g", 300, gang_min=2, created=12.0),
+    PodSpec("g2", "g", 300, gang_min=2, created=13.0),
+    PodSpec("h0", "h", 400, gang_min=2, created=11.0),
+    PodSpec("h1", "h", 400, gang_min=2, created=11.0),
+]}
+UIDS = list(PODS)
+KEYS = sorted({p.key for p in PODS.values()})
+GANGS = {key: (PODS[members[0]].gang_min, members) for key in KEYS
+         for members in ([u for u, p in PODS.items() if p.key == key],) if PODS[members[0]].gang_min}
+
+
+def node_record(name: str) -> Node:
+    alloc = ResourceList(cpu=CPU_PER_NODE, memory=64 * 2**30, pods=110)
+    return Node(name=name, capacity=alloc, allocatable=alloc, gpus=(GpuDevice(0), GpuDevice(1)))
+
+
+@dataclass
+class Actor:
+    log: list[Record] = field(default_factory=list)
+    pos: int = 0
+    state: object = None
+    saved_state: object = None
+    saved_pos: int = 0
+    outgoing: list[Output] = field(default_factory=list)
+
+    def take(self) -> Record | None:
+        if self.pos >= len(self.log):
+            return None
+        self.pos += 1
+        return self.log[self.pos - 1]
+
+    def persist_state(self) -> None:
+        self.saved_state = copy.deepcopy(self.state)
+
+    def commit(self) -> None:
+        if not self.outgoing:
+            self.persist_state()
+            self.saved_pos = self.pos
+
+    def crash(self) -> None:
+        self.state, self.pos = copy.deepcopy(self.saved_state), self.saved_pos
+        self.outgoing.clear()
+
+
+class World:
+    def __init__(self) -> None:
+        self.owners = {n: Actor(state=NodeState(n)) for n in NODES}
+        self.deciders = {k: Actor(state=LedgerState(k)) for k in KEYS}
+        for n, owner in self.owners.items():
+            owner.log.append(node_record(n))
+        self.space = ResourceSpace()
+        self.replica = ClusterState(self.space)
+        self.attempt = dict.fromkeys(UIDS, 0)
+        self.deleted: set[str] = set()
+        self.bindings: list[tuple[int, Binding]] = []
+        self.frees: list[Placement] = []
+        self.yields: set[tuple[str, str]] = set()  # (loser, winner)
+        self.violations: list[str] = []
+        self.problems: list[str] = []
+        self.clock = 0
+        for n in NODES:  # every node registered and reported before the run
+            self.step_owner(n)
+            self.flush(self.owners[n], 99)
+            self.owners[n].commit()
+        for d in self.deciders.values():
+            d.commit()
+
+    # -- the broker ------------------------------------------------------------------------------
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def route(self, outputs: list[Output]) -> None:
+        for out in outputs:
+            r = out.record
+            if out.topic == topics.NODE_INBOX:
+                self.owners[out.key].log.append(r)
+            elif out.topic == topics.HOLDS:
+                self.deciders[out.key].log.append(r)
+                if isinstance(r, Yield):
+                    self.yields.add((r.decision_key, r.winner))
+            elif out.topic == topics.REQUEUE:
+                assert isinstance(r, Requeue)
+                self.attempt[r.uid] = max(self.attempt[r.uid], r.attempt)
+                self.replica_forget(r.uid, r.attempt)
+                key = PODS[r.uid].key
+                if key in GANGS and "waiting time" in r.reason and any(
+                        b.uid in GANGS[key][1] for _, b in self.bindings):
+                    self.violations.append(f"{r.uid}: given up for the waiting time of gang {key}, already accepted")
+            elif out.topic == topics.BINDINGS:
+                assert isinstance(r, Binding)
+                self.bindings.append((self.tick(), r))
+            elif out.topic == topics.STATE_CHANGES:
+                assert isinstance(r, NodeStateChange)
+                self.replica.apply(r)
+
+    def replica_forget(self, uid: str, attempt: int) -> None:
+        for hid in list(self.replica.assumptions):
+            u, a, _ = hid.split("/", 2)
+            if u == uid and int(a) < attempt:
+                self.replica.forget(hid)
+
+    def flush(self, actor: Actor, count: int) -> None:
+        sent, actor.outgoing = actor.outgoing[:count], actor.outgoing[count:]
+        self.route(sent)
+
+    # -- the agents ------------------------------------------------------------------------------
+
+    def step_owner(self, node: str) -> None:
+        actor = self.owners[node]
+        record = actor.take()
+        if record is None:
+            return
+        state = actor.state
+        assert isinstance(state, NodeState)
+        committed_before = {h.uid for h in state.holds.values() if h.status == COMMITTED}
+        result = OwnerResult()
+        NodeOwner().apply(state, [record], result)
+        self.problems += [p.error for p in result.problems if "Commit" in p.error]
+        for uid in committed_before - {h.uid for h in state.holds.values() if h.status == COMMITTED}:
+            self.frees.append(Placement(self.tick(), uid, node))
+        if state.exists:
+            for name, amount in state.used().items():
+                limit = state.allocatable.get(name, 0)
+                if amount > limit:
+                    self.violations.append(f"{node} over-committed in the owner's accounting: {name} {amount} > {limit}")
+        actor.outgoing += result.outputs
+
+    def step_decider(self, key: str) -> None:
+        actor = self.deciders[key]
+        record = actor.take()
+        if record is None:
+            return
+        state = actor.state
+        assert isinstance(state, LedgerState)
+        decision = Decision()
+        Decider().apply(state, [record], decision)
+        actor.outgoing += decision.first + decision.after_commit
+
+    # -- the outside world -----------------------------------------------------------------------
+
+    def claim(self, uid: str, node: str, minor: int) -> None:
+        """The scheduler claims (and assumes) `uid` on `node` with its current attempt; a claim
+        of the same hold id again may name another GPU."""
+        p = PODS[uid]
+        requests = ResourceList(cpu=p.cpu, pods=1)
+        claimed: tuple[str, ...] = ()
+        if p.gpu:
+            requests.update({devices.GPU_CORE: p.gpu, devices.GPU_RATIO: p.gpu})
+            claimed = (devices.GpuAllocation(minor, p.gpu, p.gpu).encode(),)
+        claim = Claim(uid=uid, attempt=self.attempt[uid], node=node, decision_key=p.key, requests=requests,
+                      priority=p.priority, name=uid, creation_timestamp=p.created, devices=claimed,
+                      gang_min=p.gang_min, gang_waiting_s=30.0)
+        self.owners[node].log.append(claim)
+        row = self.replica.index.get(node)
+        if row is not None:
+            self.replica.assume(claim.hold_id, row, self.space.pod_request(requests))
+
+    def delete(self, uid: str) -> None:
+        self.deleted.add(uid)
+        self.deciders[PODS[uid].key].log.append(PodDeleted(uid=uid, name=uid, decision_key=PODS[uid].key))
+
+    def fire_timers(self) -> None:
+        """The agent's timers: a gang waiting in a round gets its GangTimeout (re-armed from the
+        table after a crash, so from the decider's current state)."""
+        for key, actor in self.deciders.items():
+            state = actor.state
+            assert isinstance(state, LedgerState)
+            if state.waiting:
+                actor.log.append(GangTimeout(decision_key=key, round=state.round))
+
+    def busy(self) -> bool:
+        return any(a.pos < len(a.log) or a.outgoing for a in [*self.owners.values(), *self.deciders.values()])
+
+    def drain(self) -> None:
+        for _ in range(50):
+            while self.busy():
+                for n in NODES:
+                    self.step_owner(n)
+                for k in KEYS:
+                    self.step_decider(k)
+                for a in [*self.owners.values(), *self.deciders.values()]:
+                    self.flush(a, len(a.outgoing))
+            self.fire_timers()
+            if not self.busy():
+                return
+        raise AssertionError("the protocol did not come to rest")
+
+
+ACTIONS = st.tuples(
+    st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
+                     "delete", "terminate", "node-delete", "node-add", "timer"]),
+    st.integers(0, 99), st.integers(0, 99),
+)
+
+
+def run(actions: list[tuple[str, int, int]]) -> World:
+    world = World()
+    for action, i, j in actions:
+        node, uid = NODES[i % len(NODES)], UIDS[j % len(UIDS)]
+        actors = [*world.owners.values(), *world.deciders.values()]
+        actor = actors[(i + j) % len(actors)]
+        if action == "owner":
+            world.step_owner(node)
+            if j % 2:
+                world.flush(world.owners[node], 99)
+        elif action == "decider":
+            key = KEYS[j % len(KEYS)]
+            world.step_decider(key)
+            if i % 2:
+                world.flush(world.deciders[key], 99)
+        elif action == "flush":
+            world.flush(actor, i % 4)
+        elif action == "claim":
+            if uid not in world.deleted:
+                world.claim(uid, node, i % 2)
+        elif action == "reclaim":  # the same hold id claimed again, with the other GPU
+            world.claim(uid, node, (i + 1) % 2)
+        elif action == "persist":
+            actor.persist_state()
+        elif action == "commit":
+            actor.commit()
+        elif action == "crash":
+            actor.crash()
+        elif action == "duplicate":
+            if actor.log:
+                actor.log.append(actor.log[i % len(actor.log)])
+        elif action == "delete":
+            if uid not in world.deleted:
+                world.delete(uid)
+        elif action == "terminate":  # the cluster reports a bound pod gone, racing the pipeline
+            bound = [b for _, b in world.bindings if b.uid == uid]
+            if bound:
+                world.owners[bound[0].node].log.append(PodTerminated(uid=uid, node=bound[0].node,
+                                                                     decision_key=PODS[uid].key))
+        elif action == "node-delete":
+            world.owners[node].log.append(NodeDeleted(name=node))
+        elif action == "node-add":
+            world.owners[node].log.append(node_record(node))
+        elif action == "timer":
+            world.fire_timers()
+    world.drain()
+    return world
+
+
+def verify(world: World) -> None:
+    assert world.violations == [], world.violations
+    assert world.problems == [], world.problems
+    # Bindings: one distinct Binding per pod (node and devices).
+    distinct: dict[str, set[tuple[str, str]]] = {}
+    for _, b in world.bindings:
+        distinct.setdefault(b.uid, set()).add((b.node, json.dumps(b.annotations, sort_keys=True)))
+    assert all(len(v) == 1 for v in distinct.values()), f"pods with two distinct Bindings: {distinct}"
+    # The independent checker: nodes and GPUs, from Bindings and the owners' terminations.
+    requests = {u: {"cpu": p.cpu, devices.GPU_CORE: p.gpu, devices.GPU_RATIO: p.gpu} for u, p in PODS.items()}
+    alloc = devices.node_gpu_totals(node_record("x").allocatable, node_record("x").gpus)
+    binds = [Placement(t, b.uid, b.node) for t, b in world.bindings]
+    result = check({n: alloc for n in NODES}, requests, binds, world.frees)
+    assert result.nodes_overcommitted == 0, result.overcommitted
+    capacity = {n: {f"gpu/{m}/{r}": 100 for m in (0, 1) for r in ("core", "ratio")} for n in NODES}
+    placements = [DevicePlacement(t, b.uid, b.node, device_amounts(b.annotations.get(devices.DEVICE_ALLOCATED, "")))
+                  for t, b in world.bindings]
+    assert devices_overcommitted(capacity, placements, world.frees) == {}
+    # Gangs: all or nothing.
+    assert partial_gangs(GANGS, distinct) == [], f"gangs partially bound: {distinct}"
+    # The ledger's word matches the Bindings out there.
+    for key, actor in world.deciders.items():
+        state = actor.state
+        assert isinstance(state, LedgerState)
+        for uid, entry in state.pods.items():
+            if entry.status == BOUND:
+                assert uid in distinct, f"{uid} is bound in the ledger of {key}, but no Binding was published"
+            if entry.status == DELETED:
+                assert uid not in distinct or uid in world.deleted
+    # Owners at rest: nothing held, no ghost on a deleted node, no stale nomination.
+    bound_or_deleted = set(distinct) | world.deleted
+    for node, actor in world.owners.items():
+        state = actor.state
+        assert isinstance(state, NodeState)
+        assert [h for h, e in state.holds.items() if e.status == HELD] == [], f"{node}: holds never decided"
+        if not state.exists:
+            ghosts = [e.uid for e in state.holds.values() if e.status == COMMITTED]
+            assert ghosts == [], f"{node} is deleted but still runs {ghosts}"
+        stale = sorted(set(state.nominations) & bound_or_deleted)
+        assert stale == [], f"{node}: nominations left for pods bound or deleted: {stale}"
+    # Wound-wait: never both ways.
+    mutual = {(a, b) for a, b in world.yields if (b, a) in world.yields}
+    assert not mutual, f"gangs asked to yield to each other: {mutual}"
+    # The replica converged to the owners.
+    replica = world.replica
+    assert dict(replica.assumptions) == {}, f"assumptions never ended: {sorted(replica.assumptions)}"
+    for node, actor in world.owners.items():
+        state = actor.state
+        assert isinstance(state, NodeState)
+        row = replica.index[node]
+        if state.exists:
+            want = world.space.known(state.used()).tolist()
+            assert replica.used[row].tolist() == want, f"{node}: replica used {replica.used[row]} != owner {want}"
+        owner_bound = {e.uid for e in state.holds.values() if e.status == COMMITTED and e.reserving is None}
+        replica_bound = {uid for uid, p in replica.bound.items() if p.row == row}
+        assert replica_bound == owner_bound, f"{node}: replica sees {replica_bound} bound, owner {owner_bound}"
+
+
+# Fault 1: a gang's completion lost on replay. g0 waits (offset committed); g1 completes the gang;
+# the decider persists and crashes before anything is acknowledged; only g1's Held is replayed.
+GANG_COMPLETION = [
+    ("claim", 0, 2), ("claim", 1, 3), ("owner", 0, 1), ("owner", 0, 1), ("owner", 1, 1), ("owner", 1, 1),
+    ("decider", 0, KEYS.index("g")), ("commit", 3 + KEYS.index("g"), 0),
+    ("decider", 0, KEYS.index("g")), ("persist", 3 + KEYS.index("g"), 0), ("crash", 3 + KEYS.index("g"), 0),
+]
+# Fault 2: deleting a waiting member: the Held's offset committed, the deletion decided and
+# persisted, a crash before the Release is acknowledged, the deletion replayed.
+WAITING_DELETION = [
+    ("claim", 0, 2), ("owner", 0, 1), ("owner", 0, 1), ("decider", 1, KEYS.index("g")),
+    ("commit", 3 + KEYS.index("g"), 0), ("delete", 0, 2), ("decider", 0, KEYS.index("g")),
+    ("persist", 3 + KEYS.index("g"), 0), ("crash", 3 + KEYS.index("g"), 0),
+]
+# Fault 3: an owner's report lost: the Commit applied and persisted, a crash before the report is
+# acknowledged; the replayed Commit must report again, or the replica never sees the pod bound.
+LOST_REPORT = [
+    ("claim", 0, 1), ("owner", 0, 1), ("decider", 1, 1), ("commit", 0, 0), ("owner", 0, 0), ("persist", 0, 0),
+    ("crash", 0, 0),
+]
+# Fault 4: the same hold id claimed again with the other GPU, after the first was held.
+RECLAIM_OTHER_GPU = [
+    ("claim", 0, 0), ("owner", 0, 1), ("owner", 0, 1), ("reclaim", 0, 0), ("owner", 0, 1), ("decider", 1, 0),
+]
+# Fault 5: the node is deleted while a claim is held; the Commit arrives after.
+COMMIT_AFTER_NODE_DELETE = [
+    ("claim", 0, 1), ("owner", 0, 1), ("owner", 0, 1), ("node-delete", 0, 0), ("owner", 0, 1),
+    ("decider", 1, 1),
+]
+# Fault 6: a member beyond min-available arrives once the gang was accepted.
+MEMBER_BEYOND_MIN = [
+    ("claim", 0, 2), ("claim", 1, 3), ("owner", 0, 1), ("owner", 0, 1), ("owner", 1, 1), ("owner", 1, 1),
+    ("decider", 1, KEYS.index("g")), ("decider", 1, KEYS.index("g")), ("claim", 2, 4), ("owner", 2, 1),
+    ("owner", 2, 1),
+]
+# Fault 7: wound-wait between g and h, whose members' creation times interleave: h1 finds g1
+# holding on n0 while g0 finds h0 holding on n1.
+WOUND_WAIT = [
+    ("claim", 0, 0), ("claim", 0, 3), ("claim", 1, 1), ("claim", 1, 5), ("owner", 0, 1), ("owner", 0, 1),
+    ("owner", 1, 1), ("owner", 1, 1), ("claim", 0, 6), ("claim", 1, 2), ("owner", 0, 1), ("owner", 1, 1),
+]
+
+# Fault 8: h holds on n0, g0's claim there makes h yield and nominates g0 on n0; g0's retry binds
+# on n1 (with g1): the nomination on n0 must not stay.
+NOMINATION_LEAK = [
+    ("claim", 0, 0), ("claim", 0, 5), ("owner", 0, 1), ("owner", 0, 1), ("claim", 0, 2), ("owner", 0, 1),
+    ("decider", 1, KEYS.index("g")), ("claim", 1, 2), ("claim", 1, 3), ("owner", 1, 1), ("owner", 1, 1),
+    ("decider", 1, KEYS.index("g")), ("decider", 1, KEYS.index("g")),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ACTIONS, min_size=1, max_size=100))
+@example(GANG_COMPLETION)
+@example(WAITING_DELETION)
+@example(LOST_REPORT)
+@example(RECLAIM_OTHER_GPU)
+@example(COMMIT_AFTER_NODE_DELETE)
+@example(MEMBER_BEYOND_MIN)
+@example(WOUND_WAIT)
+@example(NOMINATION_LEAK)
+def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
+    verify(run(actions))
