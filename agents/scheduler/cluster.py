@@ -424,6 +424,9 @@ class ClusterState:
             event |= ClusterEvent.CAPACITY_FREED
         for pod in change.committed:  # requests as claimed: GPU totals included already
             newly = PodOnNode(row, self.space.pod_request(pod.requests), pod)
+            known = self.bound.get(pod.uid)
+            if known is not None:  # a report re-sent after a replay: counted once
+                self._count_quota(known.pod.quota, -known.vector)
             self.bound[pod.uid] = newly
             self._bound_arrays = None
             self._count_quota(pod.quota, newly.vector)

@@ -21,7 +21,7 @@ partially bound, and a member of an accepted gang never given up for the gang's 
 every pod the ledger holds bound has its Binding; no hold left held; no Commit of a hold that
 was not held; no committed pod left on a deleted node; no two gangs asked to yield to each
 other; no nomination left for a pod that is bound or deleted; and the replica's view of every
-node equals the owner's (used capacity, bound pods, no assumption left).
+node equals the owner's (used capacity, bound pods, quota usage, no assumption left).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from schemas.records import (
 
 NODES = ["n0", "n1", "n2"]
 CPU_PER_NODE = 1000
+QUOTA = "q"  # every pod counts against one elastic quota
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,7 @@ class World:
             u, a, _ = hid.split("/", 2)
             if u == uid and int(a) < attempt:
                 self.replica.forget(hid)
+                self.replica.forget_quota(hid)
 
     def flush(self, actor: Actor, count: int) -> None:
         sent, actor.outgoing = actor.outgoing[:count], actor.outgoing[count:]
@@ -239,11 +241,12 @@ class World:
             claimed = (devices.GpuAllocation(minor, p.gpu, p.gpu).encode(),)
         claim = Claim(uid=uid, attempt=self.attempt[uid], node=node, decision_key=p.key, requests=requests,
                       priority=p.priority, name=uid, creation_timestamp=p.created, devices=claimed,
-                      gang_min=p.gang_min, gang_waiting_s=30.0)
+                      gang_min=p.gang_min, gang_waiting_s=30.0, quota=QUOTA)
         self.owners[node].log.append(claim)
         row = self.replica.index.get(node)
         if row is not None:
             self.replica.assume(claim.hold_id, row, self.space.pod_request(requests))
+            self.replica.assume_quota(claim.hold_id, QUOTA, self.space.pod_request(requests))
 
     def delete(self, uid: str) -> None:
         self.deleted.add(uid)
@@ -375,9 +378,14 @@ def verify(world: World) -> None:
     # Wound-wait: never both ways.
     mutual = {(a, b) for a, b in world.yields if (b, a) in world.yields}
     assert not mutual, f"gangs asked to yield to each other: {mutual}"
-    # The replica converged to the owners.
+    # The replica converged to the owners, its quota usage too.
     replica = world.replica
     assert dict(replica.assumptions) == {}, f"assumptions never ended: {sorted(replica.assumptions)}"
+    running = [world.space.known(e.requests) for a in world.owners.values() for e in a.state.holds.values()  # type: ignore[attr-defined]
+               if e.status == COMMITTED]
+    want_quota = sum(running, world.space.known({})).tolist()
+    got_quota = replica.quota_used.get(QUOTA, world.space.known({})).tolist()
+    assert got_quota == want_quota, f"replica counts {got_quota} against the quota, the owners {want_quota}"
     for node, actor in world.owners.items():
         state = actor.state
         assert isinstance(state, NodeState)
