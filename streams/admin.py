@@ -2,7 +2,11 @@
 
 A topic auto-created on first use gets the broker's default partition count, which breaks
 co-partitioning and faust's changelogs, so every topic is created here, and an existing topic
-with another partition count is an error that names it.
+with another partition count is an error that names it. Each topic is created with its log
+settings from the catalogue (`TopicSpec.configs()`: cleanup policy, segment size and age,
+retention, compaction lag and dirty ratio, tombstone retention); the embedded Tansu broker
+accepts and stores them (it compacts nothing), Apache Kafka applies them. A topic the broker
+refuses to create is an error that names it and the broker's reason.
 """
 
 from __future__ import annotations
@@ -13,8 +17,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from streams.catalogue import TopicSpec
 
+TOPIC_ALREADY_EXISTS = 36  # another creator was first: fine
+
 
 class TopicMismatch(RuntimeError):
+    pass
+
+
+class TopicCreationFailed(RuntimeError):
     pass
 
 
@@ -27,14 +37,16 @@ async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            await admin.create_topics([
-                NewTopic(
-                    s.name, s.partitions, 1,
-                    topic_configs={"cleanup.policy": "compact" if s.compacted else "delete",
-                                   **({"retention.ms": str(s.retention_ms)} if s.retention_ms else {})},
-                )
+            response = await admin.create_topics([
+                NewTopic(s.name, s.partitions, 1, topic_configs=s.configs())
                 for s in missing
             ])
+            failed = [e for e in response.to_object()["topic_errors"]
+                      if e["error_code"] not in (0, TOPIC_ALREADY_EXISTS)]
+            if failed:
+                raise TopicCreationFailed("; ".join(
+                    f"topic {e['topic']!r} not created: error {e['error_code']} {e.get('error_message') or ''}".rstrip()
+                    for e in failed))
         present = [s for s in specs if s.name in existing]
         if present:
             described = await admin.describe_topics([s.name for s in present])

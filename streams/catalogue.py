@@ -9,19 +9,62 @@ and Kafka clients in other languages.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 from schemas import topics
+from schemas.partitioner import murmur2 as murmur2  # re-exported: the rule lives in schemas
+from schemas.partitioner import partition_for as partition_for
+
+# The compacted topics (nodes, the tables' changelogs) keep the last record of each key. A
+# broker compacts only closed segments whose share of superseded records is high enough, so
+# these segments roll after 10 s (or 16 MiB) and are cleaned once a tenth of them is dirty:
+# compaction happens within a run, and a restarting worker restores its table from a short
+# log. Tombstones stay a minute after compaction so a reader that is behind still sees them.
+COMPACTED_SEGMENT_MS = 10_000
+COMPACTED_SEGMENT_BYTES = 16 * 1024 * 1024
+COMPACTED_DIRTY_RATIO = 0.1
+TOMBSTONE_RETENTION_MS = 60_000
 
 
 @dataclass(frozen=True)
 class TopicSpec:
+    """One topic: its name, what its key is, its partition count and its log settings.
+
+    The log settings go to the broker as topic configs (`configs()`); None leaves the broker's
+    default. `compacted` selects `cleanup.policy=compact` (else `delete`, with `retention_ms`).
+    """
+
     name: str
     key: str
     partitions: int
     compacted: bool = False
     retention_ms: int | None = None
     doc: str = ""
+    segment_ms: int | None = None
+    segment_bytes: int | None = None
+    min_compaction_lag_ms: int | None = None
+    delete_retention_ms: int | None = None
+    min_cleanable_dirty_ratio: float | None = None
+
+    def configs(self) -> dict[str, str]:
+        """The topic configs to create this topic with (Kafka's names, string values)."""
+        values: dict[str, int | float | None] = {
+            "retention.ms": self.retention_ms,
+            "segment.ms": self.segment_ms,
+            "segment.bytes": self.segment_bytes,
+            "min.compaction.lag.ms": self.min_compaction_lag_ms,
+            "delete.retention.ms": self.delete_retention_ms,
+            "min.cleanable.dirty.ratio": self.min_cleanable_dirty_ratio,
+        }
+        return {"cleanup.policy": "compact" if self.compacted else "delete",
+                **{k: str(v) for k, v in values.items() if v is not None}}
+
+
+def compacted(name: str, key: str, partitions: int, doc: str) -> TopicSpec:
+    """A compacted topic whose compaction happens within a run (the settings above)."""
+    return TopicSpec(name, key, partitions, compacted=True, doc=doc,
+                     segment_ms=COMPACTED_SEGMENT_MS, segment_bytes=COMPACTED_SEGMENT_BYTES,
+                     min_compaction_lag_ms=0, delete_retention_ms=TOMBSTONE_RETENTION_MS,
+                     min_cleanable_dirty_ratio=COMPACTED_DIRTY_RATIO)
 
 
 TABLE_NODE_STATE = "node-state"
@@ -32,7 +75,7 @@ def catalogue(partitions: int, app_id: str = "koordstream") -> dict[str, TopicSp
     """All topics, including the changelogs of the agents' tables (co-partitioned with input)."""
     p = partitions
     specs = [
-        TopicSpec(topics.NODES, "node name", p, compacted=True, doc="Node adds and updates, NodeDeleted"),
+        compacted(topics.NODES, "node name", p, doc="Node adds and updates, NodeDeleted"),
         TopicSpec(topics.PODS, "pod uid", p, doc="Pod adds, updates and PodDeleted"),
         TopicSpec(topics.SCALE_DOWN, "workload", p, doc="ScaleDownEvent"),
         TopicSpec(topics.NODE_INBOX, "node name", p, doc="everything that changes a node's state"),
@@ -45,42 +88,7 @@ def catalogue(partitions: int, app_id: str = "koordstream") -> dict[str, TopicSp
         TopicSpec(topics.PROFILING, "plugin", p, doc="ProfilingSample (plugin time per extension point) and AttemptsSample (attempts by result), each second"),
         TopicSpec(topics.STATE_CHANGES, "node name", p, doc="NodeStateChange, read by every scheduler"),
         TopicSpec(topics.DEAD_LETTER, "source topic", p, doc="DeadLetter envelopes"),
-        TopicSpec(f"{app_id}-{TABLE_NODE_STATE}-changelog", "node name", p, compacted=True,
-                  doc="changelog of the owners' table"),
-        TopicSpec(f"{app_id}-{TABLE_POD_LEDGER}-changelog", "decision key", p, compacted=True,
-                  doc="changelog of the deciders' table"),
+        compacted(f"{app_id}-{TABLE_NODE_STATE}-changelog", "node name", p, doc="changelog of the owners' table"),
+        compacted(f"{app_id}-{TABLE_POD_LEDGER}-changelog", "decision key", p, doc="changelog of the deciders' table"),
     ]
     return {spec.name: spec for spec in specs}
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 hash (the Java client's `Utils.murmur2`), as an unsigned 32-bit int."""
-    m, r = 0x5BD1E995, 24
-    length = len(data)
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    for i in range(0, length - length % 4, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    tail = length % 4
-    index = length - tail
-    if tail >= 3:
-        h ^= data[index + 2] << 16
-    if tail >= 2:
-        h ^= data[index + 1] << 8
-    if tail >= 1:
-        h ^= data[index]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h
-
-
-@lru_cache(maxsize=1 << 17)
-def partition_for(key: str, partitions: int) -> int:
-    """The partition of `key` under Kafka's default partitioner (memoised: keys repeat)."""
-    return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % partitions

@@ -1,5 +1,16 @@
-"""One broker per test session (the embedded Tansu broker, and Kafka in a testcontainer when
-a Docker engine is reachable), topics created once, and one worker process per broker."""
+"""One broker of each kind per test session, topics created once, and one worker process per
+broker.
+
+The kinds (`bootstrap`'s parameters): the embedded Tansu broker for every test; Apache Kafka
+(`KafkaBroker`, one single-node KRaft JVM for the session, also given alone by the
+`kafka_bootstrap` fixture) for the modules in KAFKA_MODULES and those marked
+`pytest.mark.kafka`, the broker-protocol tests that matter most (running every module on both
+would double the suite's time); and Kafka in a testcontainer when a Docker engine is
+reachable. The other modules' Kafka variants are deselected. pytest groups the tests by
+broker, so each broker and its worker start once.
+
+A test that starts brokers of its own (crashes, broker restarts) takes `broker_factory`: it
+is parametrized the same way and makes unstarted brokers of its kind."""
 
 from __future__ import annotations
 
@@ -8,13 +19,15 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from schemas import topics
 from schemas.records import NodeStateChange
 from streams.broker import EmbeddedBroker, wait_ready
+from streams.kafka_broker import KafkaBroker
 from streams.process import spawn_tied, stop
 from streams.settings import load_settings
 from streams.worker import prepare
@@ -38,7 +51,54 @@ def docker_reachable() -> bool:
         return False
 
 
-BROKERS = ["embedded"] + (["kafka-container"] if docker_reachable() else [])
+BROKERS = ["embedded", "kafka"] + (["kafka-container"] if docker_reachable() else [])
+# Modules whose broker-using tests also run on Apache Kafka (others opt in with pytest.mark.kafka).
+KAFKA_MODULES = {"test_end_to_end", "test_restart", "test_bad_input", "test_cli", "test_outbox", "test_devices",
+                 "test_gangs", "test_preemption", "test_reservations", "test_shutdown"}
+# Kafka variants that cannot pass there, and why.
+NOT_ON_KAFKA = {
+    "test_bad_input.py::test_every_agent_dead_letters_garbage_and_keeps_going[kafka-nodes]":
+        "sends a record without a key to the compacted nodes topic, which Apache Kafka refuses",
+}
+KAFKA_KINDS = {"kafka", "kafka-container"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "kafka: runs on Apache Kafka too (the kafka variants of `bootstrap` and `broker_factory`), "
+                   "or needs it (`make kafka`)")
+
+
+def runs_on_kafka(item: pytest.Item) -> bool:
+    module = item.module.__name__.rsplit(".", 1)[-1] if isinstance(item, pytest.Function) else ""
+    if f"{module}.py::{item.name}" in NOT_ON_KAFKA:
+        return False
+    return module in KAFKA_MODULES or item.get_closest_marker("kafka") is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the Kafka variants of the modules that run on the embedded broker only."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        kinds = {callspec.params.get(name) for name in ("bootstrap", "broker_factory")} if callspec else set()
+        (dropped if kinds & KAFKA_KINDS and not runs_on_kafka(item) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(scope="session")
+async def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """Apache Kafka, one single-node KRaft broker for the session, ready; its log in a temp dir."""
+    broker = KafkaBroker(log_dir=tmp_path_factory.mktemp("kafka"))
+    broker.start()
+    try:
+        await broker.ready()
+        yield broker.bootstrap
+    finally:
+        broker.stop()
 
 
 @pytest.fixture(scope="session", params=BROKERS)
@@ -50,11 +110,27 @@ def bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
             yield broker.bootstrap
         finally:
             broker.stop()
+    elif request.param == "kafka":
+        yield request.getfixturevalue("kafka_bootstrap")
     else:
         from testcontainers.kafka import KafkaContainer
 
         with KafkaContainer().with_kraft() as kafka:
             yield kafka.get_bootstrap_server()
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+def broker_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], EmbeddedBroker | KafkaBroker]:
+    """Makes unstarted brokers of this test's kind (`async with broker_factory() as broker:`);
+    a Kafka broker's log goes in the test's tmp_path, kept across its kill() and restart()."""
+    made = 0
+
+    def make() -> EmbeddedBroker | KafkaBroker:
+        nonlocal made
+        made += 1
+        return EmbeddedBroker() if request.param == "embedded" else KafkaBroker(log_dir=tmp_path / f"kafka-{made}")
+
+    return make
 
 
 def worker_env(bootstrap: str) -> dict[str, str]:

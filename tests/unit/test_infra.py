@@ -1,12 +1,18 @@
 """The deployment files are valid: the compose file for the real Compose CLI, the example
 settings for our settings loader, and the GitHub workflows for check-jsonschema's built-in
-GitHub-workflow schema (a broken workflow is refused too)."""
+GitHub-workflow schema (a broken workflow is refused too). Apache Kafka is one version
+everywhere: the Maven install step, the broker the tests start, the compose file's image."""
 
+import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import yaml
+
+from streams.kafka_broker import KAFKA_VERSION
 from streams.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +24,27 @@ def test_compose_file_is_valid_for_docker_compose() -> None:
     done = subprocess.run([compose, "-f", str(ROOT / "infra" / "docker-compose.yml"), "config", "-q"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_kafka_is_one_version_in_the_install_step_the_tests_and_compose() -> None:
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    pom = ET.parse(ROOT / "infra" / "kafka" / "pom.xml").getroot()
+    version = pom.findtext("m:properties/m:kafka.version", namespaces=ns)
+    assert version == KAFKA_VERSION
+    assert re.fullmatch(r"4\.\d+\.\d+", version)  # Kafka 4 (KRaft only; runs on Java 17)
+    kafka_deps = [d for d in pom.iterfind("m:dependencies/m:dependency", ns)
+                  if d.findtext("m:artifactId", namespaces=ns) == "kafka_2.13"]
+    assert [d.findtext("m:version", namespaces=ns) for d in kafka_deps] == ["${kafka.version}"]
+    compose = yaml.safe_load((ROOT / "infra" / "docker-compose.yml").read_text())
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+
+
+def test_make_test_fetches_kafka_first() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    test_rule = re.search(r"^test:(.*)$", makefile, re.M)
+    assert test_rule and "kafka" in test_rule.group(1).split()
+    assert re.search(r"^kafka:\n\t.*infra/kafka/install\.sh", makefile, re.M)
+    assert ".cache/" in (ROOT / ".gitignore").read_text().split()
 
 
 def test_example_settings_load() -> None:

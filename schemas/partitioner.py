@@ -1,0 +1,47 @@
+"""The partitioner rule every koordstream client follows (DESIGN.md, "Topics and keys").
+
+Keys are UTF-8 strings, routed by Kafka's default partitioner: murmur2 of the key bytes, made
+positive, modulo the topic's partition count. It is the Java client's default and aiokafka's;
+librdkafka (confluent-kafka, kcat, the Go and .NET clients) defaults to `consistent_random`
+(CRC32) and needs `partitioner=murmur2_random` to agree. A key lands on the same partition
+whoever writes it: our producers, faust's changelogs (tables use the partitioner), and
+clients in other languages. Here in `schemas` (stdlib only) so that the agents, which may
+not import `streams`, can check where a record belongs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (the Java client's `Utils.murmur2`), as an unsigned 32-bit int."""
+    m, r = 0x5BD1E995, 24
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail = length % 4
+    index = length - tail
+    if tail >= 3:
+        h ^= data[index + 2] << 16
+    if tail >= 2:
+        h ^= data[index + 1] << 8
+    if tail >= 1:
+        h ^= data[index]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+@lru_cache(maxsize=1 << 17)
+def partition_for(key: str, partitions: int) -> int:
+    """The partition of `key` under Kafka's default partitioner (memoised: keys repeat)."""
+    return (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % partitions
