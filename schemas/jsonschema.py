@@ -2,6 +2,11 @@
 
 Generated from the records' type hints, so it cannot drift from the decoder. Resource maps
 are Kubernetes quantities (string or number). `write_schemas(dir)` writes one file per kind.
+
+Each schema also says where the kind travels (`ROUTES`): `x-koordstream-topic` and
+`x-koordstream-key` (the field whose value is the message key there) for the topic a
+producer or outside reader meets it on, `x-koordstream-routes` for every topic it travels on,
+and `x-koordstream-partitioner`, the partitioner rule (`schemas.partitioner`).
 """
 
 from __future__ import annotations
@@ -13,9 +18,48 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
+from schemas import topics
 from schemas.records import RECORD_TYPES, SCHEMA_MAJOR, Record, ResourceList
 
 _QUANTITY = {"type": ["string", "number"], "description": "Kubernetes quantity, e.g. '500m', '2Gi', '1.5'"}
+
+# Per record kind: (topic, the field whose value is the message key on it); the first is the
+# topic producers and outside readers meet the kind on, the others are the agents' own hops.
+ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "Pod": ((topics.PODS, "uid"),),
+    "PodDeleted": ((topics.PODS, "uid"), (topics.HOLDS, "decision_key")),
+    "Reservation": ((topics.PODS, "uid"),),
+    "Node": ((topics.NODES, "name"), (topics.NODE_INBOX, "name")),
+    "NodeDeleted": ((topics.NODES, "name"), (topics.NODE_INBOX, "name")),
+    "ScaleDownEvent": ((topics.SCALE_DOWN, "workload"),),
+    "Binding": ((topics.BINDINGS, "uid"),),
+    "SchedulingFeedback": ((topics.FEEDBACK, "uid"),),
+    "EvictionCommand": ((topics.EVICTIONS, "uid"),),
+    "ReservationEvent": ((topics.RESERVATIONS, "uid"),),
+    "DeadLetter": ((topics.DEAD_LETTER, "topic"),),
+    "Requeue": ((topics.REQUEUE, "uid"),),
+    "Claim": ((topics.NODE_INBOX, "node"),),
+    "Commit": ((topics.NODE_INBOX, "node"),),
+    "Release": ((topics.NODE_INBOX, "node"),),
+    "PodTerminated": ((topics.NODE_INBOX, "node"), (topics.HOLDS, "decision_key")),
+    "Nomination": ((topics.NODE_INBOX, "node"),),
+    "NominationCleared": ((topics.NODE_INBOX, "node"),),
+    "ReservationExpired": ((topics.NODE_INBOX, "node"),),
+    "Held": ((topics.HOLDS, "decision_key"),),
+    "Rejected": ((topics.HOLDS, "decision_key"),),
+    "GangTimeout": ((topics.HOLDS, "decision_key"),),
+    "Yield": ((topics.HOLDS, "decision_key"),),
+    "NodeStateChange": ((topics.STATE_CHANGES, "node"),),
+    "ProfilingSample": ((topics.PROFILING, "plugin"),),
+    "AttemptsSample": ((topics.PROFILING, "profile"),),
+}
+PARTITIONER = (
+    "The message key is the UTF-8 value of the record's x-koordstream-key field; the partition is "
+    "murmur2(key) & 0x7fffffff modulo the topic's partition count: Kafka's default partitioner (the Java "
+    "client's, aiokafka's; librdkafka / confluent-kafka: set partitioner=murmur2_random). A message value is "
+    "one record or a JSON array of records (a batch) that all belong to that partition; a batch whose records "
+    "have different keys has a null message key."
+)
 
 
 def _schema(tp: Any) -> dict[str, Any]:
@@ -57,6 +101,11 @@ def record_schema(cls: type[Record]) -> dict[str, Any]:
         "description": "MAJOR.MINOR; unknown fields are ignored within a major version",
     }
     schema["required"] = sorted(set(schema["required"]) | {"kind"})
+    routes = ROUTES.get(cls.KIND, ())
+    if routes:
+        schema["x-koordstream-topic"], schema["x-koordstream-key"] = routes[0]
+        schema["x-koordstream-routes"] = [{"topic": t, "key": k} for t, k in routes]
+        schema["x-koordstream-partitioner"] = PARTITIONER
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": cls.KIND,
             "description": (cls.__doc__ or "").strip(), **schema}
 

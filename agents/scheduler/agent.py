@@ -1,4 +1,5 @@
-"""faust side of the scheduler: the pods/requeue agent and the scheduling loop.
+"""The scheduler service: the pods/requeue agent's work and the scheduling loop (its faust
+registration is `agents.adapters.scheduler`).
 
 The agent only decodes and enqueues (pods, deletions, requeues); the loop places ready pods
 in micro-batches whenever the queue has work, and wakes on new pods, on cluster events from
@@ -9,24 +10,45 @@ Profiling: about once a second while it schedules, the loop publishes on `profil
 ProfilingSample per (profile, plugin, extension point) with the time spent there since the
 last ones (the frameworks' own timings; nothing is sampled when nothing ran), and one
 AttemptsSample per (profile, result) with the scheduling attempts made since.
+
+The edges (DESIGN.md, safety rules 4 and 11):
+
+- Partitions. Several replicas share `pods` / `requeue` in one consumer group (co-partitioned:
+  a pod's Requeue is keyed by its uid, like the pod). `on_partitions_revoked` stops placing
+  the pods of a partition at once (`SchedulerCore.revoke`) and drops messages of it that were
+  fetched before; `on_partitions_assigned` takes the whole new assignment (and revokes what it
+  no longer names). The scheduler commits no input offsets, so a partition (re)assigned is
+  read from its start, like after a restart. `agents.adapters.scheduler.register` connects
+  both to faust's rebalance signals.
+- Acknowledgements. The loop does not wait for a batch's acks before placing the next one,
+  but at most `max_in_flight` batches are unacknowledged at once; each batch is sent per
+  destination partition, and the claims of a destination whose send failed go back to the
+  queue (`SchedulerCore.unclaim`): without it a pod would stay claimed with no claim anywhere.
+- Fencing. Requeues carry their decider's origin (source, epoch); an `EpochFence` per input
+  partition drops a zombie decider's (an older epoch after a newer one, in that partition's
+  log order, so a partition read again from its start is fenced afresh).
+- Any producer's partitioner. A Pod, Reservation or PodDeleted read on a partition other than
+  its uid's murmur2 partition (librdkafka's default partitioner is not murmur2) is forwarded
+  to its own partition of `pods` and not scheduled here: the replica that owns that partition
+  schedules it and gets its Requeues. The forward is acknowledged before the batch counts as
+  handled; forwarding again on a re-read is harmless (adds are idempotent by uid).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
-from typing import Any
+import logging
+from collections.abc import Awaitable, Iterable, Sequence
 
-import faust
-
-from agents.agent_batches import micro_batches
 from agents.intake import EpochFence, RawMessage, intake
-from agents.ports import AgentConfig, Clock, Outbox, Output, deliver
+from agents.ports import Clock, Outbox, Output, deliver
 from agents.scheduler.core import SchedulerCore
 from schemas import topics
+from schemas.partitioner import partition_for
 from schemas.records import (
     AttemptsSample,
+    Claim,
     NodeStateChange,
     Pod,
     PodDeleted,
@@ -36,14 +58,27 @@ from schemas.records import (
 )
 
 PROFILING_EVERY_S = 1.0
+MAX_IN_FLIGHT = 4  # batches sent and not yet acknowledged
+log = logging.getLogger("koordstream.scheduler")
 
 
 class SchedulerService:
-    def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Clock, batch_size: int) -> None:
+    def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Clock, batch_size: int, *,
+                 partitions: int | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.core = core
         self.outbox = outbox
         self.clock = clock
         self.batch_size = batch_size
+        # Partitions of `pods` / `requeue`: records read elsewhere than their uid's partition are
+        # forwarded home. None (no re-keying) until known: `register` sets it from the config.
+        self.partitions = partitions
+        self.max_in_flight = max_in_flight
+        self.owned: set[int] = set()  # the last assignment reported
+        self.revoked: set[int] = set()  # revoked and not assigned again: their messages are stale
+        self.input_fences: dict[int, EpochFence] = {}  # per input partition: zombie deciders' requeues
+        self.forwarded = 0  # records forwarded to their own partition
+        self.failed_sends = 0  # destinations whose send the broker did not acknowledge
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._profiled: dict[tuple[str, str, str], int] = {}  # (profile, plugin, point) -> ns sent
         self._attempts_sent: dict[tuple[str, str], int] = {}  # (profile, result) -> attempts sent
         self._profiled_at = 0.0
@@ -63,20 +98,58 @@ class SchedulerService:
             await deliver(self.outbox, got.dead_letters)
         self.wake.set()
 
+    def on_partitions_revoked(self, partitions: Iterable[int]) -> None:
+        """These partitions of `pods` / `requeue` are no longer this replica's: stop placing
+        their pods now, and ignore their messages until they are assigned again."""
+        gone = set(partitions)
+        if not gone:
+            return
+        self.revoked |= gone
+        self.owned -= gone
+        for partition in gone:
+            self.input_fences.pop(partition, None)  # re-read from the start if it comes back
+        left = self.core.revoke(gone)
+        log.info("partitions %s revoked: %d pods left the queue", sorted(gone), left)
+        self.wake.set()
+
+    def on_partitions_assigned(self, partitions: Iterable[int]) -> None:
+        """The whole assignment of `pods` / `requeue` partitions after a rebalance; partitions
+        of the previous one that it does not name are revoked."""
+        now = set(partitions)
+        self.on_partitions_revoked(self.owned - now)
+        self.owned = now
+        self.revoked -= now
+
+    def home(self, uid: str) -> int | None:
+        """The partition of `pods` / `requeue` that a uid belongs to (None: not known here)."""
+        return partition_for(uid, self.partitions) if self.partitions else None
+
     async def on_inputs(self, messages: Iterable[RawMessage]) -> None:
-        got = intake(messages, expect=(Pod, PodDeleted, Requeue, Reservation))
-        outputs: list[Output] = list(got.dead_letters)
-        for record in got.records:
-            if isinstance(record, Pod):
-                outputs += self.core.add(record)
-            elif isinstance(record, Reservation):
-                outputs += self.core.add_reservation(record)
-            elif isinstance(record, PodDeleted):
-                outputs += self.core.delete(record)
-            elif isinstance(record, Requeue):
-                self.core.requeue(record)
+        by_partition: dict[int, list[RawMessage]] = {}
+        for msg in messages:
+            if msg.partition not in self.revoked:  # else fetched before its partition was revoked
+                by_partition.setdefault(msg.partition, []).append(msg)
+        outputs: list[Output] = []
+        for partition, batch in by_partition.items():
+            fence = self.input_fences.setdefault(partition, EpochFence())
+            got = intake(batch, expect=(Pod, PodDeleted, Requeue, Reservation), fence=fence)
+            outputs += got.dead_letters
+            for record in got.records:
+                if isinstance(record, Requeue):
+                    self.core.requeue(record)
+                elif not isinstance(record, (Pod, Reservation, PodDeleted)):
+                    continue
+                elif self.home(record.uid) not in (None, partition):
+                    outputs.append(Output(topics.PODS, record.uid, record))  # home, by murmur2
+                    self.forwarded += 1
+                elif isinstance(record, Pod):
+                    outputs += self.core.add(record, partition=partition)
+                elif isinstance(record, Reservation):
+                    outputs += self.core.add_reservation(record, partition=partition)
+                else:
+                    outputs += self.core.delete(record)
         if outputs:
-            await deliver(self.outbox, outputs)
+            await deliver(self.outbox, outputs)  # forwards included: acknowledged before we go on
         self.wake.set()
 
     def profiling_samples(self) -> list[Output]:
@@ -104,32 +177,81 @@ class SchedulerService:
         history, so a restarted worker does not place pods on a cluster it has not read yet.
         """
         await self.replica_ready.wait()
-        while True:
-            self.wake.clear()
-            outputs = self.core.schedule(self.batch_size)
-            if outputs and self.clock() - self._profiled_at >= PROFILING_EVERY_S:
-                self._profiled_at = self.clock()
-                outputs += self.profiling_samples()
-            if outputs:
-                await self.outbox.send(outputs)
-                await asyncio.sleep(0)
-                continue
-            samples = self.profiling_samples()  # idle: what the last busy stretch spent
-            if samples:
-                self._profiled_at = self.clock()
-                await self.outbox.send(samples)
-            wakeup = self.core.next_wakeup()
-            timeout = None if wakeup is None else max(0.0, wakeup - self.clock())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout)
+        try:
+            while True:
+                await self._room()  # before placing: a revocation meanwhile still counts
+                self.wake.clear()
+                outputs = self.core.schedule(self.batch_size)
+                if outputs and self.clock() - self._profiled_at >= PROFILING_EVERY_S:
+                    self._profiled_at = self.clock()
+                    outputs += self.profiling_samples()
+                if outputs:
+                    await self.dispatch(outputs)
+                    await asyncio.sleep(0)
+                    continue
+                samples = self.profiling_samples()  # idle: what the last busy stretch spent
+                if samples:
+                    self._profiled_at = self.clock()
+                    await self.dispatch(samples)
+                wakeup = self.core.next_wakeup()
+                timeout = None if wakeup is None else max(0.0, wakeup - self.clock())
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout)
+        finally:
+            for task in self._in_flight:
+                task.cancel()
 
+    async def dispatch(self, outputs: Sequence[Output]) -> None:
+        """Send a batch, one send per destination partition, and watch its acks in the
+        background; waits first while `max_in_flight` batches are unacknowledged."""
+        await self._room()
+        sent: list[tuple[list[Output], list[Awaitable[object]]]] = []
+        for group in self._destinations(outputs):
+            try:
+                sent.append((group, await self.outbox.send(group)))
+            except Exception as exc:  # refused before it left (e.g. the producer is stopping)
+                self._send_failed(group, exc)
+        task = asyncio.ensure_future(self._settle(sent))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
 
-def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig) -> None:
-    @app.agent(inputs, name="koordstream.scheduler")
-    async def scheduler(stream: faust.StreamT[Any]) -> None:
-        async for messages in micro_batches(stream, config):
-            await service.on_inputs(messages)
+    async def _room(self) -> None:
+        """Wait while `max_in_flight` batches are unacknowledged."""
+        while len(self._in_flight) >= self.max_in_flight:
+            await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
 
-    @app.task  # type: ignore[untyped-decorator]
-    async def scheduling_loop() -> None:
-        await service.run()
+    def _destinations(self, outputs: Sequence[Output]) -> list[list[Output]]:
+        """Outputs by (topic, partition), in order within each, so that an ack that fails names
+        the claims it carried (every topic has `partitions` partitions); one group when the
+        partition count is not known."""
+        if not self.partitions:
+            return [list(outputs)]
+        groups: dict[tuple[str, int], list[Output]] = {}
+        for out in outputs:
+            groups.setdefault((out.topic, partition_for(out.key, self.partitions)), []).append(out)
+        return list(groups.values())
+
+    async def _settle(self, sent: list[tuple[list[Output], list[Awaitable[object]]]]) -> None:
+        for group, acks in sent:
+            error: BaseException | None = None
+            for ack in acks:
+                try:
+                    await ack
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # we are stopping
+                    error = error or ConnectionError("send cancelled before the broker acknowledged")
+                except Exception as exc:
+                    error = error or exc
+            if error is not None:
+                self._send_failed(group, error)
+
+    def _send_failed(self, group: Sequence[Output], error: BaseException) -> None:
+        self.failed_sends += 1
+        failed = [o.record for o in group if isinstance(o.record, Claim)]
+        log.warning("send of %d outputs to %s failed (%s): %d claims go back to the queue", len(group),
+                    group[0].topic if group else "?", error, len(failed))
+        if failed:
+            self.core.unclaim(failed)
+            self.wake.set()

@@ -18,12 +18,23 @@ One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) 
 - `apply_state_changes(changes)`: owners' reports update the state; bound pods leave for good
   (decisions are final); freed capacity or changed nodes move waiting pods back.
 - `requeue(r)`: the decider sends a pod back (its claim was rejected or released): its
-  reservation is undone (Unreserve) and it backs off.
+  reservation is undone (Unreserve) and it backs off. A Requeue read before its pod (a
+  restarted or newly assigned replica reads `pods` and `requeue` from their start, in no
+  order between the two) is kept until the pod comes, so the pod starts from its latest
+  attempt, not from 0 (a claim of an attempt the decider moved past would wait for ever).
 - `delete(d)`: forget the pod, clear its nomination, forward the deletion to its decider.
+- `revoke(partitions)`: the worker lost those partitions of `pods` / `requeue` (a rebalance):
+  their pods stop being placed at once (DESIGN.md, safety rule 4). Each pod remembers the
+  partition it came in on (`add(..., partition=)`). A claim already out stays assumed in the
+  state until its outcome (held, committed, released, rejected) shows in `state-changes`,
+  which ends every assumption by hold id whoever placed it; the pod's new owner re-reads it.
+- `unclaim(claims)`: claims whose send the broker did not acknowledge: no owner will ever
+  decide them, so their pods go back to the queue as on a requeue (same attempt: the decider
+  never saw it), or, for a pod no longer tracked here, the assumption is dropped.
 
 Pod states here: queued -> claimed (a Claim is out, assumed in the state) -> gone when bound;
-claimed -> queued on requeue; waiting (Permit) -> claimed | queued; failed (bad input) until
-the pod changes.
+claimed -> queued on requeue or a failed send; waiting (Permit) -> claimed | queued; failed
+(bad input) until the pod changes; any -> gone when its partition is revoked.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from schemas import topics
 from schemas.records import (
     DEFAULT_SCHEDULER,
     GANG_MIN_AVAILABLE_ANNOTATION,
+    Claim,
     EvictionCommand,
     NodeStateChange,
     NominationCleared,
@@ -75,6 +87,7 @@ class Tracked:
     failures: int = 0
     row: int = -1
     profile: str = ""
+    partition: int | None = None  # of `pods` / `requeue` it came in on (None: library use)
 
 
 class SchedulerCore:
@@ -104,6 +117,7 @@ class SchedulerCore:
         self.pods: dict[str, Tracked] = {}
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
+        self.requeued: dict[str, int] = {}  # uid -> latest attempt of a Requeue read before its pod
         # Scheduling attempts by (profile, result), results named as kube-scheduler's
         # scheduler_schedule_attempts_total: scheduled (a claim went out), unschedulable (no node
         # fits), error (Reserve or Permit refused). A claim the owner refuses is a new attempt.
@@ -138,24 +152,29 @@ class SchedulerCore:
             info.derived["gang"] = gang_spec(pod.annotations)
         return info
 
-    def add_reservation(self, r: Reservation) -> list[Output]:
+    def add_reservation(self, r: Reservation, *, partition: int | None = None) -> list[Output]:
         """A Reservation: scheduled like a pod made from its template (a "reserve pod")."""
         pod = Pod(uid=r.uid, name=r.name, namespace="", labels=r.labels, scheduler_name=r.scheduler_name,
                   priority=r.priority, priority_class_name=r.priority_class_name, requests=r.requests,
                   node_selector=r.node_selector, affinity=r.affinity, tolerations=r.tolerations,
                   creation_timestamp=r.creation_timestamp)
-        return self.add(pod, reservation=r)
+        return self.add(pod, reservation=r, partition=partition)
 
-    def add(self, pod: Pod, *, reservation: Reservation | None = None) -> list[Output]:
-        """A new or updated pod. Returns final feedback for pods that cannot be placed as they are."""
+    def add(self, pod: Pod, *, reservation: Reservation | None = None, partition: int | None = None) -> list[Output]:
+        """A new or updated pod, read on `partition` of `pods` (see `revoke`). Returns final
+        feedback for pods that cannot be placed as they are."""
         if pod.node_name or pod.uid in self.bound:
+            self.requeued.pop(pod.uid, None)
             return []
         tracked = self.pods.get(pod.uid)
+        if tracked is not None and partition is not None:
+            tracked.partition = partition
         if tracked is not None and tracked.state in (CLAIMED, WAITING):
             tracked.info.pod = pod  # an update while a claim is out: the next attempt uses it
             return []
         if pod.scheduler_name not in self.frameworks:
-            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)
+            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED,
+                                         partition=partition)
             return [self._feedback(pod, 0, f"no scheduler profile named {pod.scheduler_name!r} "
                                    f"(profiles: {', '.join(self.frameworks)})", {}, final=True)]
         try:
@@ -169,7 +188,8 @@ class SchedulerCore:
             if reservation is not None:
                 info.derived[RESERVATION] = reservation
         except ValueError as exc:
-            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED)
+            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED,
+                                         partition=partition)
             return [self._feedback(pod, 0, str(exc), {}, final=True)]
         if tracked is not None and tracked.state == QUEUED:
             info.attempt, info.arrival = tracked.info.attempt, tracked.info.arrival
@@ -182,7 +202,8 @@ class SchedulerCore:
         info.group_arrival = self._group_arrival.setdefault(info.decision_key, self._arrival)
         if tracked is not None:
             info.attempt = tracked.info.attempt
-        self.pods[pod.uid] = Tracked(info)
+        info.attempt = max(info.attempt, self.requeued.pop(pod.uid, 0))
+        self.pods[pod.uid] = Tracked(info, partition=partition)
         self.queue.add(info)
         return []
 
@@ -191,6 +212,7 @@ class SchedulerCore:
         key = self.decision_keys.get(deleted.uid) or deleted.decision_key or decision_key(
             deleted.namespace, deleted.labels, deleted.annotations, deleted.uid)
         self.bound.discard(deleted.uid)
+        self.requeued.pop(deleted.uid, None)
         outputs: list[Output] = []
         tracked = self.pods.pop(deleted.uid, None)
         if tracked is not None:
@@ -211,16 +233,64 @@ class SchedulerCore:
     def requeue(self, requeue: Requeue) -> None:
         """Retry a claimed pod with the decider's attempt number (always the latest it knows)."""
         tracked = self.pods.get(requeue.uid)
-        if tracked is None or requeue.attempt <= tracked.info.attempt:
-            return  # unknown, already bound, or a replayed requeue
-        if tracked.state != CLAIMED:
+        if tracked is None:
+            if requeue.uid not in self.bound:  # its pod not read yet (see the module docstring)
+                self.requeued[requeue.uid] = max(self.requeued.get(requeue.uid, 0), requeue.attempt)
+            return
+        if requeue.attempt <= tracked.info.attempt:
+            return  # a replayed requeue
+        if tracked.state not in (CLAIMED, WAITING):
             tracked.info.attempt = requeue.attempt  # e.g. re-read after a restart: adopt the count
             return
-        self.frameworks[tracked.profile].unreserve(tracked.info, tracked.row)
+        fw = self.frameworks[tracked.profile]
+        # What it reserved, given back under its current attempt's hold id before the attempt
+        # changes (else that assumption would never end); one waiting in Permit leaves it.
+        if tracked.state != WAITING or fw.reject(requeue.uid, "requeued while waiting in Permit") is None:
+            fw.unreserve(tracked.info, tracked.row)
         tracked.info.attempt = requeue.attempt
         tracked.state = QUEUED
         tracked.failures += 1
         self.queue.add(tracked.info, failures=tracked.failures)
+
+    def unclaim(self, claims: Iterable[Claim]) -> None:
+        """The broker did not acknowledge these claims: none of them reaches an owner, so none
+        will ever be decided. A pod still waiting for that very claim goes back to the queue as
+        on a requeue (its reservation undone, backing off), keeping its attempt, which its
+        decider never saw; a pod no longer tracked here (revoked, deleted) leaves no
+        assumption behind. A claim that did reach its owner after all (an ack lost, not the
+        record) is harmless: the decider binds once and releases the other hold."""
+        for claim in claims:
+            hid = claim.hold_id
+            tracked = self.pods.get(claim.uid)
+            if tracked is None:
+                if claim.uid not in self.bound:
+                    self.state.forget(hid)
+                    self.state.forget_quota(hid)
+                continue
+            if (tracked.state != CLAIMED or tracked.info.attempt != claim.attempt
+                    or self.state.names[tracked.row] != claim.node):
+                continue  # already requeued, re-placed or bound since: that claim is not the pod's now
+            self.frameworks[tracked.profile].unreserve(tracked.info, tracked.row)
+            tracked.state = QUEUED
+            tracked.failures += 1
+            self.queue.add(tracked.info, failures=tracked.failures)
+
+    def revoke(self, partitions: Iterable[int]) -> int:
+        """Stop placing the pods read on `partitions` (no longer this worker's): they leave the
+        queue and the pod map at once. A pod waiting in Permit gives back what it reserved (no
+        claim is out); a claim already out stays assumed in the state until the owner reports
+        its hold (any status ends an assumption: `ClusterState.apply`). Returns how many pods
+        left."""
+        gone = set(partitions)
+        leaving = [uid for uid, t in self.pods.items() if t.partition is not None and t.partition in gone]
+        for uid in leaving:
+            tracked = self.pods.pop(uid)
+            self.queue.remove(uid)
+            if tracked.state == WAITING:
+                fw = self.frameworks[tracked.profile]
+                if fw.reject(uid, "partition revoked") is None:
+                    fw.unreserve(tracked.info, tracked.row)
+        return len(leaving)
 
     def apply_state_changes(self, changes: Iterable[NodeStateChange]) -> None:
         """Update the state; bound pods leave the queue; cluster events move waiting pods."""
@@ -233,6 +303,7 @@ class SchedulerCore:
                     # replay of `pods` after a restart, a second claim) is moot.
                     uid = hid.split("/", 1)[0]
                     self.bound.add(uid)
+                    self.requeued.pop(uid, None)
                     if self.pods.pop(uid, None) is not None:
                         self.queue.remove(uid)
                     self.state.nominator.clear(uid)  # its decider clears it at the owner

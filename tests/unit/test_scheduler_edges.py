@@ -1,0 +1,457 @@
+"""The scheduler's edges: partitions revoked from a replica, claims whose send fails, zombie
+deciders' requeues, pods a producer put on a partition other than murmur2's (DESIGN.md, safety
+rules 4 and 11), and what producers are told (the JSON Schemas' topic and key, the README)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from agents.intake import RawMessage
+from agents.ports import Origin, Output
+from agents.scheduler.agent import SchedulerService
+from agents.scheduler.core import SchedulerCore
+from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from schemas import topics
+from schemas.codec import encode_batch
+from schemas.records import (
+    RECORD_TYPES,
+    Claim,
+    NodeStateChange,
+    PodDeleted,
+    Record,
+    Requeue,
+    Reservation,
+    ReservationOwner,
+    ResourceList,
+)
+from streams.catalogue import catalogue, partition_for
+from tests.builders import make_node, make_pod
+from tests.unit.test_scheduler_core import FakeClock, claims, make_core
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 4  # partitions of every topic in these tests
+
+
+def raw(record: Record, partition: int, topic: str = topics.PODS, origin: Origin | None = None,
+        offset: int = 0) -> RawMessage:
+    return RawMessage(encode_batch([record]), topic, partition, offset, origin)
+
+
+def uid_at(partition: int, prefix: str = "pod") -> str:
+    """A uid whose murmur2 partition (of N) is `partition`."""
+    return next(f"{prefix}-{i}" for i in range(1000) if partition_for(f"{prefix}-{i}", N) == partition)
+
+
+class FakeOutbox:
+    """Our Outbox protocol (agents.ports), in memory: one ack future per send call, resolved at
+    once unless `hold` is set; a send holding a Claim of a uid in `fail_once` fails (once)."""
+
+    def __init__(self, *, hold: bool = False, fail_once: Sequence[str] = ()) -> None:
+        self.sent: list[list[Output]] = []
+        self.acks: list[asyncio.Future[object]] = []
+        self.hold = hold
+        self.fail_once = set(fail_once)
+
+    async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+        self.sent.append(list(outputs))
+        ack: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        failing = {o.record.uid for o in outputs if isinstance(o.record, Claim)} & self.fail_once
+        if failing:
+            self.fail_once -= failing
+            ack.set_exception(ConnectionError("the broker did not acknowledge"))
+        elif not self.hold:
+            ack.set_result(None)
+        self.acks.append(ack)
+        return [ack]
+
+    def release(self) -> None:
+        for ack in self.acks:
+            if not ack.done():
+                ack.set_result(None)
+
+    def outputs(self) -> list[Output]:
+        return [o for batch in self.sent for o in batch]
+
+    def claims(self, uid: str | None = None) -> list[Claim]:
+        return [o.record for o in self.outputs() if isinstance(o.record, Claim) and uid in (None, o.record.uid)]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out waiting for the condition")
+        await asyncio.sleep(0.005)
+
+
+def service_with(core: SchedulerCore, outbox: FakeOutbox, clock: FakeClock, batch_size: int = 100) -> SchedulerService:
+    service = SchedulerService(core, outbox, clock, batch_size)
+    service.partitions = N  # what `register` sets from the AgentConfig
+    return service
+
+
+def owner_report(node: str, *records: Record) -> list[NodeStateChange]:
+    """What the node's owner publishes after applying `records` (node record first)."""
+    state, result = NodeState(node), OwnerResult()
+    NodeOwner().apply(state, [make_node(node, cpu=4000), *records], result)
+    return [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
+
+
+# -- 1. a revoked partition's pods stop being placed at once -------------------------------------
+
+
+def test_revoke_drops_the_partitions_pods_and_a_claim_out_stays_assumed_until_its_outcome() -> None:
+    core, _ = make_core(make_node("a", cpu=4000))
+    core.add(make_pod("out", cpu=1000), partition=1)
+    [claim] = claims(core.schedule())
+    core.add(make_pod("queued", cpu=1000), partition=1)
+    core.add(make_pod("parked", cpu=9000), partition=1)  # fits nowhere: waits for an event
+    core.add(make_pod("mine", cpu=1000), partition=0)
+    assert core.revoke({1}) == 3
+    assert set(core.pods) == {"mine"} and "queued" not in core.queue and "parked" not in core.queue
+    assert int(core.state.assumed[0][0]) == 1000  # the claim is out: still assumed here
+    assert [c.uid for c in claims(core.schedule())] == ["mine"]
+    core.apply_state_changes([NodeStateChange(node="a", seq=5, allocatable=ResourceList(cpu=4000),
+                                              used=ResourceList(cpu=1000), holds={"mine/0/a": "held"})])
+    core.requeue(Requeue(uid="out", attempt=1, decision_key="out"))  # a straggler: not ours any more
+    assert int(core.state.assumed[0][0]) == 1000 and "out" not in core.pods
+    core.apply_state_changes([NodeStateChange(node="a", seq=6, allocatable=ResourceList(cpu=4000),
+                                              used=ResourceList(cpu=1000), holds={claim.hold_id: "rejected"})])
+    assert int(core.state.assumed[0][0]) == 0  # the outcome ended the assumption
+    assert core.schedule() == []
+
+
+@pytest.mark.parametrize("outcome", ["held", "committed", "released", "rejected"])
+def test_any_reported_outcome_of_a_revoked_claim_ends_its_assumption(outcome: str) -> None:
+    core, _ = make_core(make_node("a", cpu=4000))
+    core.add(make_pod("p", cpu=1000), partition=2)
+    [claim] = claims(core.schedule())
+    core.revoke([2])
+    core.apply_state_changes([NodeStateChange(node="a", seq=9, allocatable=ResourceList(cpu=4000),
+                                              holds={claim.hold_id: outcome})])
+    assert core.state.assumptions == {} and int(core.state.assumed[0][0]) == 0
+
+
+def test_revoke_gives_back_what_a_pod_waiting_in_permit_reserved() -> None:
+    core, _ = make_core(make_node("a", cpu=4000))
+    core.add(make_pod("w", cpu=1000), partition=3)
+    tracked = core.pods["w"]
+    info = tracked.info
+    fw = core.frameworks[info.profile]
+    core.queue.remove("w")
+    row = core.state.index["a"]
+    core.state.assume("w/0/a", row, info.request)  # what Reserve did before Permit said wait
+    from agents.scheduler.framework.interface import CycleState
+    from agents.scheduler.framework.runtime import Waiting
+
+    fw.waiting["w"] = Waiting(info, row, CycleState(), 1e9)
+    tracked.state, tracked.row, tracked.profile = "waiting", row, info.profile
+    core.revoke([3])
+    assert "w" not in fw.waiting and core.state.assumptions == {} and "w" not in core.pods
+
+
+async def test_the_service_drops_a_revoked_partitions_pods_and_its_late_messages() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    mine, theirs = uid_at(0), uid_at(1)
+    service.on_partitions_assigned({0, 1})
+    await service.on_inputs([raw(make_pod(mine), 0), raw(make_pod(theirs), 1)])
+    service.on_partitions_revoked({1})
+    assert set(core.pods) == {mine}
+    late = uid_at(1, "late")
+    await service.on_inputs([raw(make_pod(late), 1)])  # fetched before the revocation
+    assert late not in core.pods
+    assert [c.uid for c in claims(core.schedule())] == [mine]
+    service.on_partitions_assigned({0, 1})  # back again: read from the start, like a restart
+    await service.on_inputs([raw(make_pod(theirs), 1), raw(make_pod(late), 1, offset=1)])
+    assert {theirs, late} <= set(core.pods)
+
+
+async def test_a_new_assignment_revokes_what_it_no_longer_names() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0, 1, 2})
+    await service.on_inputs([raw(make_pod(uid_at(p)), p) for p in (0, 1, 2)])
+    service.on_partitions_assigned({0})  # a rebalance that only reported the new assignment
+    assert set(core.pods) == {uid_at(0)}
+
+
+async def test_faust_rebalance_signals_reach_the_service() -> None:
+    import faust
+    from faust.types import TP
+
+    from agents.adapters.scheduler import register
+    from agents.ports import AgentConfig
+
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = SchedulerService(core, FakeOutbox(), clock, 100)
+    app = faust.App("edges-test", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False)
+    inputs = app.topic(topics.PODS, topics.REQUEUE, key_type=bytes, value_type=bytes, partitions=N)
+    register(app, inputs, service, AgentConfig(partitions=N))
+    assert service.partitions == N
+    await app.on_partitions_assigned.send({TP(topics.PODS, 0), TP(topics.REQUEUE, 0), TP(topics.PODS, 1),
+                                           TP(topics.REQUEUE, 1), TP(topics.NODES, 3)})
+    await service.on_inputs([raw(make_pod(uid_at(0)), 0), raw(make_pod(uid_at(1)), 1)])
+    assert len(core.pods) == 2
+    await app.on_partitions_revoked.send({TP(topics.PODS, 1), TP(topics.REQUEUE, 1), TP(topics.NODES, 0)})
+    assert set(core.pods) == {uid_at(0)}
+
+
+# -- 2. claims wait for the broker's acknowledgement ----------------------------------------------
+
+
+async def test_a_claim_whose_send_fails_goes_back_to_the_queue_and_is_claimed_again() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FakeOutbox(fail_once=["p"])
+    service = service_with(core, outbox, clock)
+    service.mark_replica_ready()
+    loop = asyncio.create_task(service.run())
+    try:
+        await service.on_inputs([raw(make_pod("p", cpu=1000), partition_for("p", N))])
+        await until(lambda: len(outbox.claims("p")) == 1 and core.pods["p"].state == "queued")
+        assert core.state.assumptions == {}  # no claim anywhere: nothing assumed
+        clock.now += 5  # past its backoff
+        service.wake.set()
+        await until(lambda: len(outbox.claims("p")) == 2)
+    finally:
+        loop.cancel()
+    first, second = outbox.claims("p")
+    assert second.attempt == first.attempt  # the decider never saw the first
+    assert core.pods["p"].state == "claimed" and list(core.state.assumptions) == [second.hold_id]
+
+
+async def test_batches_in_flight_are_bounded_and_placing_goes_on_while_acks_are_pending() -> None:
+    core, clock = make_core(make_node("a", cpu=64000))
+    outbox = FakeOutbox(hold=True)
+    service = service_with(core, outbox, clock, batch_size=1)
+    service.max_in_flight = 2
+    service.mark_replica_ready()
+    loop = asyncio.create_task(service.run())
+    try:
+        uids = [uid_at(0, f"b{i}") for i in range(5)]
+        await service.on_inputs([raw(make_pod(u, cpu=100), 0) for u in uids])
+        await until(lambda: len(outbox.claims()) == 2)  # two batches out before any ack
+        await asyncio.sleep(0.05)
+        assert len(outbox.claims()) == 2
+        outbox.release()  # both acknowledged: two more batches, and no more
+        await until(lambda: len(outbox.claims()) == 4)
+        await asyncio.sleep(0.05)
+        assert len(outbox.claims()) == 4
+        outbox.release()
+        await until(lambda: len(outbox.claims()) == 5)
+    finally:
+        loop.cancel()
+
+
+async def test_a_send_refused_before_it_left_puts_its_claims_back_too() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+
+    class Refusing(FakeOutbox):
+        async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+            if any(isinstance(o.record, Claim) for o in outputs) and not self.sent:
+                self.sent.append(list(outputs))
+                raise ConnectionError("the producer is closed")
+            return await super().send(outputs)
+
+    outbox = Refusing()
+    service = service_with(core, outbox, clock)
+    core.add(make_pod("p", cpu=1000), partition=partition_for("p", N))
+    await service.dispatch(core.schedule())
+    assert core.pods["p"].state == "queued" and core.state.assumptions == {} and service.failed_sends == 1
+    clock.now += 5
+    await service.dispatch(core.schedule())
+    assert len(outbox.claims("p")) == 2
+
+
+def test_a_failed_claim_of_a_pod_no_longer_tracked_is_forgotten() -> None:
+    core, _ = make_core(make_node("a", cpu=4000))
+    core.add(make_pod("p", cpu=1000), partition=1)
+    [claim] = claims(core.schedule())
+    core.revoke([1])
+    assert core.state.assumptions
+    core.unclaim([claim])  # its send failed: no owner will ever report it
+    assert core.state.assumptions == {} and "p" not in core.pods
+
+
+def test_a_failed_send_of_an_older_claim_leaves_a_newer_one_alone() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    core.add(make_pod("p", cpu=1000))
+    [old] = claims(core.schedule())
+    core.requeue(Requeue(uid="p", attempt=1, decision_key="p"))
+    clock.now += 5
+    [new] = claims(core.schedule())
+    core.unclaim([old])
+    assert core.pods["p"].state == "claimed" and list(core.state.assumptions) == [new.hold_id]
+
+
+# -- 3. the pods/requeue intake is fenced ------------------------------------------------------------
+
+
+async def test_a_zombie_deciders_requeue_is_dropped() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    home = partition_for("p", N)
+    await service.on_inputs([raw(make_pod("p", cpu=1000), home)])
+    [first] = claims(core.schedule())
+    decider = "holds/2"
+    await service.on_inputs([raw(Requeue(uid="p", attempt=1, decision_key="p"), home, topics.REQUEUE,
+                                 Origin(decider, 5), offset=1)])
+    assert core.pods["p"].state == "queued" and core.pods["p"].info.attempt == 1
+    clock.now += 5
+    [second] = claims(core.schedule())
+    assert second.attempt == 1
+    # The decider's previous incarnation (epoch 4), still running, requeues the pod again.
+    await service.on_inputs([raw(Requeue(uid="p", attempt=2, decision_key="p"), home, topics.REQUEUE,
+                                 Origin(decider, 4), offset=2)])
+    assert core.pods["p"].state == "claimed" and core.pods["p"].info.attempt == 1
+    assert list(core.state.assumptions) == [second.hold_id]
+
+
+async def test_a_partition_read_again_from_the_start_is_fenced_afresh() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    home = partition_for("p", N)
+    log = [raw(make_pod("p", cpu=1000), home),
+           raw(Requeue(uid="p", attempt=1, decision_key="p"), home, topics.REQUEUE, Origin("holds/2", 4), 1),
+           raw(Requeue(uid="p", attempt=2, decision_key="p"), home, topics.REQUEUE, Origin("holds/2", 5), 2)]
+    service.on_partitions_assigned({home})
+    await service.on_inputs(log)
+    assert core.pods["p"].info.attempt == 2
+    service.on_partitions_revoked({home})
+    service.on_partitions_assigned({home})
+    await service.on_inputs(log[:2])  # the replay: epoch 4's record is no zombie's
+    assert core.pods["p"].info.attempt == 1
+
+
+# -- 4. any producer's partitioner ------------------------------------------------------------------
+
+
+async def test_records_on_a_partition_that_is_not_their_keys_are_forwarded_home_not_scheduled() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FakeOutbox()
+    service = service_with(core, outbox, clock)
+    pod = make_pod(uid_at(1, "stray"), cpu=1000)
+    gone = PodDeleted(uid=uid_at(2, "gone"))
+    booking = Reservation(uid=uid_at(3, "rsv"), name="r", owners=(ReservationOwner(object_name="x"),),
+                          requests=ResourceList(cpu=100))
+    await service.on_inputs([raw(pod, 0), raw(gone, 0, offset=1), raw(booking, 0, offset=2)])
+    assert [(o.topic, o.key, o.record) for o in outbox.outputs()] == [
+        (topics.PODS, pod.uid, pod), (topics.PODS, gone.uid, gone), (topics.PODS, booking.uid, booking)]
+    assert core.pods == {} and core.schedule() == []
+    await service.on_inputs([raw(pod, 1)])  # the forwarded copy, on its own partition
+    assert [c.uid for c in claims(core.schedule())] == [pod.uid]
+
+
+async def test_a_forward_is_acknowledged_before_the_batch_counts_as_handled() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FakeOutbox(hold=True)
+    service = service_with(core, outbox, clock)
+    handling = asyncio.create_task(service.on_inputs([raw(make_pod(uid_at(1)), 0)]))
+    await asyncio.sleep(0.02)
+    assert not handling.done() and len(outbox.sent) == 1
+    outbox.release()
+    await asyncio.wait_for(handling, 1)
+
+
+class Bus:
+    """`pods` and `requeue` between scheduler replicas: each output routed by murmur2 to the
+    replica that owns its partition, as Kafka and the consumer group would."""
+
+    def __init__(self) -> None:
+        self.owners: dict[int, SchedulerService] = {}
+        self.queued: list[Output] = []
+        self.claims: list[Claim] = []
+        self.offset = 0
+
+    def outbox(self) -> FakeOutbox:
+        bus = self
+
+        class Routed(FakeOutbox):
+            async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+                bus.queued += outputs
+                return await super().send(outputs)
+
+        return Routed()
+
+    async def pump(self) -> None:
+        while self.queued:
+            out = self.queued.pop(0)
+            if out.topic in (topics.PODS, topics.REQUEUE):
+                self.offset += 1
+                p = partition_for(out.key, N)
+                await self.owners[p].on_inputs([raw(out.record, p, out.topic, offset=self.offset)])
+
+    async def schedule(self) -> None:
+        for service in set(self.owners.values()):
+            outputs = service.core.schedule()
+            self.claims += claims(outputs)
+            self.queued += outputs
+        await self.pump()
+
+
+async def test_two_replicas_a_pod_on_the_wrong_partition_is_placed_by_its_owner_and_its_requeue_finds_it() -> None:
+    bus = Bus()
+    a_core, clock = make_core(make_node("a", cpu=4000))
+    b_core, _ = make_core(make_node("a", cpu=4000))
+    b_core.clock = clock
+    a, b = service_with(a_core, bus.outbox(), clock), service_with(b_core, bus.outbox(), clock)
+    bus.owners = {0: a, 1: a, 2: b, 3: b}
+    uid = uid_at(0, "lost")
+    # A librdkafka producer (consistent_random) put the pod on partition 2, which B owns.
+    await b.on_inputs([raw(make_pod(uid, cpu=1000), 2)])
+    await bus.pump()
+    await bus.schedule()
+    [claim] = bus.claims
+    assert uid in a_core.pods and uid not in b_core.pods
+    # The owner rejects the claim; the decider requeues the pod, keyed by its uid.
+    bus.queued.append(Output(topics.REQUEUE, uid, Requeue(uid=uid, attempt=claim.attempt + 1, decision_key=uid)))
+    await bus.pump()
+    clock.now += 5
+    await bus.schedule()
+    assert [c.attempt for c in bus.claims] == [0, 1]
+
+
+# -- 5. what producers are told ---------------------------------------------------------------------
+
+
+def test_every_record_schema_names_its_topics_keys_and_the_partitioner() -> None:
+    from schemas.jsonschema import record_schema
+    from streams.producer import key_of
+
+    specs = catalogue(N)
+    for cls in RECORD_TYPES:
+        schema = record_schema(cls)
+        routes = schema["x-koordstream-routes"]
+        assert routes and schema["x-koordstream-topic"] == routes[0]["topic"], cls.KIND
+        assert schema["x-koordstream-key"] == routes[0]["key"]
+        assert "murmur2" in schema["x-koordstream-partitioner"]
+        for route in routes:
+            assert route["topic"] in specs, (cls.KIND, route)
+            assert route["key"] in schema["properties"], (cls.KIND, route)
+        json.dumps(schema)
+    # The keys the annotations name are the ones the project's producer routes by.
+    pod = make_pod("u1", namespace="ns", annotations={"gang.scheduling.koordinator.sh/name": "g"})
+    samples: list[Record] = [pod, PodDeleted(uid="u1"), make_node("n1"),
+                             Requeue(uid="u1", attempt=1, decision_key="ns/g")]
+    for record in samples:
+        route = record_schema(type(record))["x-koordstream-routes"][0]
+        assert key_of(route["topic"], record) == getattr(record, route["key"]), record.KIND
+
+
+def test_the_readme_tells_producers_topics_keys_partitioner_batches_and_headers() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = re.search(r"^## Producing to koordstream\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section, "README.md has no 'Producing to koordstream' section"
+    body = section.group(1)
+    for topic in (topics.NODES, topics.PODS, topics.SCALE_DOWN, topics.BINDINGS, topics.FEEDBACK,
+                  topics.RESERVATIONS, topics.EVICTIONS, topics.DEAD_LETTER):
+        assert re.search(rf"^\| `{re.escape(topic)}` \|", body, re.M), topic
+    for needed in ("murmur2_random", "consistent_random", "koordstream-origin", "koordstream-epoch",
+                   "decode_message", "uid", "x-koordstream-topic"):
+        assert needed in body, needed
