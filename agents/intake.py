@@ -56,7 +56,7 @@ class EpochFence:
     """Drops records that a zombie produced (DESIGN.md, safety rule 4).
 
     Per origin (an input partition of some deciding agent), the newest epoch seen so far (see
-    `agents.agent_tables`); a record from an older epoch of the same origin was produced by a
+    `agents.adapters.tables`); a record from an older epoch of the same origin was produced by a
     worker that had already lost that partition, and the new owner re-sends whatever it
     should have sent.
     """

@@ -17,7 +17,7 @@ from schemas.records import Record
 @dataclass(frozen=True, slots=True)
 class Origin:
     """Where a decision came from: its input partition ("node-inbox/3") and the deciding agent's
-    epoch for that partition (see `agents.agent_tables`; DESIGN.md, safety rule 4)."""
+    epoch for that partition (see `agents.adapters.tables`; DESIGN.md, safety rule 4)."""
 
     source: str
     epoch: int

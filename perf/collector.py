@@ -1,5 +1,6 @@
 """Reads the agents' outputs back from the topics, with explicit partition assignment (no
-consumer group, so no join delay), from the beginning, into plain lists."""
+consumer group, so no join delay), from the beginning, committed records only, into plain
+lists."""
 
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ class Collector:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        # read_committed: a transaction the agents aborted (e.g. its worker was killed) must not
+        # look like a double binding; the broker shows only what committed.
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                    auto_offset_reset="earliest", fetch_max_wait_ms=20)
+                                    auto_offset_reset="earliest", fetch_max_wait_ms=20,
+                                    isolation_level="read_committed")
         await consumer.start()
         consumer.assign([TopicPartition(t, p) for t in self.topic_names for p in range(self.partitions)])
         await consumer.seek_to_beginning()

@@ -1,30 +1,44 @@
 """The faust app factory and the wiring of every agent into one worker.
 
-`build_app(settings)` makes the faust App (memory store with changelog-backed tables, our own
-topic creation, no web server), declares the channels with raw serializers (the agents decode
-themselves, so bad input reaches the dead-letter topic), and registers the agents: node
-forwarder and owners, deciders, scheduler (agent, loop, and the replica feed that reads every
-`state-changes` partition with an aiokafka consumer outside any group), and the scheduler's
-Prometheus endpoint when `worker.metrics_port` is set.
+`build_app(settings, transactions)` makes the faust App (memory store with changelog-backed
+tables, our own topic creation, no web server), declares the channels with raw serializers
+(the agents decode themselves, so bad input reaches the dead-letter topic), and registers the
+agents (`agents.adapters`): node forwarder and owners, deciders, scheduler (agent, loop, and the
+replica feed that reads every `state-changes` partition with an aiokafka consumer outside any
+group), and the scheduler's Prometheus endpoint when `worker.metrics_port` is set.
+
+Transactions (`kafka.transactions`, resolved by `resolve_transactions` before the app is
+built): owners and deciders then process each micro-batch as one transaction per input
+partition (`agents.adapters.transactions`); their input channels have faust's acks disabled
+(the transactions commit the offsets), the worker's consumer and the tables' restore read
+`read_committed` (`koordstream-committed://`, `agents.adapters.recovery`), and so does the
+replica feed (always: without transactions it reads the same records).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from faust.transport.drivers import TRANSPORTS
 
+from agents.adapters import deciders, owners
+from agents.adapters import scheduler as scheduler_agent
+from agents.adapters.recovery import committed_table_manager
+from agents.adapters.stateful import Transactions
 from agents.intake import RawMessage, origin_from_headers
 from agents.ports import AgentConfig
-from agents.scheduler import agent as scheduler_agent
 from agents.scheduler.agent import SchedulerService
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
 from agents.scheduler.framework import profiles
-from agents.state import agent_ledger, agent_owner
 from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas import topics
 from streams import transport
@@ -34,16 +48,69 @@ from streams.outbox import PartitionedOutbox
 from streams.settings import Settings
 
 CHANGELOG_BUFFER = 10_000
+COMMITTED_SCHEME = "koordstream-committed"
+log = logging.getLogger("koordstream.app")
 
 
-def build_app(settings: Settings) -> faust.App:
+class CommittedConsumerThread(transport.ConsumerThread):
+    """The worker's consumer reads committed records only (aborted transactions are skipped)."""
+
+    def _create_worker_consumer(self, t: Any) -> Any:
+        consumer = super()._create_worker_consumer(t)
+        consumer._isolation_level = "read_committed"  # read by aiokafka when the consumer starts
+        return consumer
+
+
+class CommittedConsumer(transport.Consumer):
+    def _new_consumer_thread(self) -> CommittedConsumerThread:
+        return CommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class CommittedTransport(transport.Transport):
+    Consumer = CommittedConsumer
+
+
+TRANSPORTS.aliases.setdefault(COMMITTED_SCHEME, f"{__name__}:CommittedTransport")
+
+
+async def broker_accepts_transactions(bootstrap: str, timeout_s: float = 15.0) -> bool:
+    """Whether the broker grants a producer id (InitProducerId): Apache Kafka does, the
+    embedded Tansu broker answers UnknownError."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    try:
+        await asyncio.wait_for(producer.start(), timeout_s)
+        return True
+    except Exception as exc:  # noqa: BLE001 - any refusal means no
+        log.info("the broker at %s refuses InitProducerId (%r): no transactions", bootstrap, exc)
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.stop(), 5.0)
+
+
+async def resolve_transactions(settings: Settings) -> bool:
+    """`kafka.transactions` as a decision: `auto` asks the broker."""
+    mode = settings.kafka.transactions
+    if mode == "off" or "state" not in settings.worker.roles:
+        return False
+    accepted = await broker_accepts_transactions(settings.kafka.bootstrap)
+    if mode == "on" and not accepted:
+        raise ValueError(f"kafka.transactions: on, but the broker at {settings.kafka.bootstrap} refuses "
+                         "InitProducerId (no transactional producers); use auto or off")
+    return accepted
+
+
+def build_app(settings: Settings, transactions: bool = False) -> faust.App:
     k = settings.kafka
     if not k.bootstrap:
         raise ValueError("kafka.bootstrap: the worker needs a broker address (`koordstream up` starts one)")
     transport.FETCH_MAX_WAIT_MS = k.fetch_max_wait_ms
+    extra: dict[str, Any] = {}
+    if transactions:
+        extra["TableManager"] = committed_table_manager(k.bootstrap)
     app = faust.App(
         group_id(settings),
-        broker=f"{transport.SCHEME}://{k.bootstrap}",
+        broker=f"{COMMITTED_SCHEME if transactions else transport.SCHEME}://{k.bootstrap}",
         store="memory://",
         web_enabled=False,
         topic_partitions=k.partitions,
@@ -66,11 +133,15 @@ def build_app(settings: Settings) -> faust.App:
         producer_max_batch_size=transport.MAX_BATCH_BYTES,
         stream_wait_empty=False,
         table_cleanup_interval=3600.0,
+        # A standby copy of a memory-store table does not shorten a takeover (faust restores a
+        # newly active partition from its changelog's start anyway): it would only cost CPU.
+        table_standby_replicas=0,
+        **extra,
     )
     # Table writes queue changelog records in faust's producer buffer, which stalls every
     # stream once 100 are pending; a micro-batch touches hundreds of keys at once.
     app.producer.buffer.max_messages = CHANGELOG_BUFFER
-    wire(app, settings)
+    wire(app, settings, transactions)
     return app
 
 
@@ -85,12 +156,12 @@ def group_id(settings: Settings) -> str:
     return settings.kafka.app_id if "state" in roles else f"{settings.kafka.app_id}-scheduler"
 
 
-def _channel(app: faust.App, *names: str, partitions: int) -> faust.TopicT:
+def _channel(app: faust.App, *names: str, partitions: int, acks: bool = True) -> faust.TopicT:
     return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw",
-                     value_serializer="raw", partitions=partitions)
+                     value_serializer="raw", partitions=partitions, acks=acks)
 
 
-def wire(app: faust.App, settings: Settings) -> None:
+def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None:
     p = settings.kafka.partitions
     s = settings.scheduling
 
@@ -105,9 +176,20 @@ def wire(app: faust.App, settings: Settings) -> None:
         return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table)
 
     if "state" in settings.worker.roles:
-        agent_owner.register(app, _channel(app, topics.NODES, partitions=p),
-                             _channel(app, topics.NODE_INBOX, partitions=p), outbox, config(TABLE_NODE_STATE))
-        agent_ledger.register(app, _channel(app, topics.HOLDS, partitions=p), outbox, config(TABLE_POD_LEDGER))
+        k = settings.kafka
+        txns = Transactions(
+            enabled=transactions, app_id=k.app_id, group_id=group_id(settings),
+            producer_options={"bootstrap_servers": k.bootstrap, "compression_type": transport.COMPRESSION,
+                              "max_batch_size": transport.MAX_BATCH_BYTES, "max_request_size": 4 * 1024 * 1024,
+                              "retry_backoff_ms": 10},
+            make_outbox=lambda send_fn: PartitionedOutbox(send_fn, p))
+        # With transactions the input offsets are committed inside each batch's transaction:
+        # faust must not commit them too (acks off on the channel).
+        owners.register(app, _channel(app, topics.NODES, partitions=p),
+                        _channel(app, topics.NODE_INBOX, partitions=p, acks=not transactions), outbox,
+                        config(TABLE_NODE_STATE), txns)
+        deciders.register(app, _channel(app, topics.HOLDS, partitions=p, acks=not transactions), outbox,
+                          config(TABLE_POD_LEDGER), txns)
     if "scheduler" not in settings.worker.roles:
         return
 
@@ -143,10 +225,13 @@ def build_core(settings: Settings) -> SchedulerCore:
 
 
 async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:
-    """Read every `state-changes` partition from the start (no group) into the replica."""
+    """Read every `state-changes` partition from the start (no group, committed records only)
+    into the replica."""
     k = settings.kafka
+    # read_committed: an aborted transaction's NodeStateChange never reaches the replica.
     consumer = AIOKafkaConsumer(bootstrap_servers=k.bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", group_id=None, fetch_max_wait_ms=k.fetch_max_wait_ms)
+                                auto_offset_reset="earliest", group_id=None, fetch_max_wait_ms=k.fetch_max_wait_ms,
+                                isolation_level="read_committed")
     await consumer.start()
     try:
         partitions = [TopicPartition(topics.STATE_CHANGES, i) for i in range(k.partitions)]

@@ -22,6 +22,7 @@ class SettingsError(ValueError):
 
 
 ROLES = ("scheduler", "state")
+TRANSACTIONS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class KafkaSettings:
     default (group.min.session.timeout.ms). Heartbeats run beside the agents' batches."""
     fetch_max_wait_ms: int = 20
     """Longest a consumer fetch waits for data (the embedded broker always waits this long)."""
+    transactions: str = "auto"
+    """Owners and deciders process each micro-batch as one Kafka transaction per input
+    partition (outputs, changelog writes and input offsets together): `on`, `off`, or `auto`
+    (on when the broker accepts InitProducerId, as Apache Kafka does; the embedded Tansu
+    broker refuses it)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ class Settings:
     def validate(self) -> Settings:
         if self.kafka.partitions < 1:
             raise SettingsError(f"kafka.partitions: must be at least 1, got {self.kafka.partitions}")
+        if self.kafka.transactions not in TRANSACTIONS:
+            raise SettingsError(f"kafka.transactions: must be auto, on or off, got {self.kafka.transactions!r}")
         if self.scheduling.batch_size < 1:
             raise SettingsError(f"scheduling.batch_size: must be at least 1, got {self.scheduling.batch_size}")
         unknown = set(self.worker.roles) - set(ROLES)

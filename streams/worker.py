@@ -1,5 +1,9 @@
 """Running the agents: topics first, then one faust worker with every agent.
 
+Before the app is built the worker decides whether its owners and deciders use transactions
+(`kafka.transactions`; `auto` asks the broker for a producer id: Apache Kafka grants one, the
+embedded Tansu refuses) and prints which mode runs.
+
 The worker exits at the latest `worker.shutdown_deadline_s` after SIGTERM or SIGINT: a faust
 worker sometimes did not exit on SIGTERM against the embedded broker, so a timer thread ends
 the process if the orderly shutdown hangs.
@@ -9,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from typing import Any
 
 import faust
 
 from streams.admin import ensure_topics
-from streams.app import build_app
+from streams.app import build_app, resolve_transactions
 from streams.catalogue import catalogue
 from streams.process import tune_gc
 from streams.settings import Settings
@@ -51,10 +56,21 @@ async def prepare(settings: Settings) -> list[str]:
     return await ensure_topics(settings.kafka.bootstrap, specs)
 
 
+async def prepare_worker(settings: Settings) -> bool:
+    """Create missing topics and decide whether the stateful agents use transactions."""
+    await prepare(settings)
+    return await resolve_transactions(settings)
+
+
 def run_worker(settings: Settings) -> None:
     tune_gc(settings.worker.gc_threshold)
-    asyncio.run(prepare(settings))
-    app = build_app(settings)
+    transactions = asyncio.run(prepare_worker(settings))
+    if "state" in settings.worker.roles:  # say which guarantee runs, whatever the log level
+        mode = ("one transaction per input partition per batch (exactly-once within Kafka)" if transactions
+                else "no transactions (replay-safe at-least-once)")
+        print(f"koordstream worker: kafka.transactions={settings.kafka.transactions}: {mode}", file=sys.stderr,
+              flush=True)
+    app = build_app(settings, transactions)
     worker = DeadlineWorker(app, loglevel=settings.worker.loglevel, quiet=True, override_logging=True)
     worker.deadline_s = settings.worker.shutdown_deadline_s
     _silence_banner(worker)

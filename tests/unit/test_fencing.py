@@ -1,6 +1,6 @@
 """Zombie fencing (DESIGN.md, safety rule 4): the pure rules for restorers and readers."""
 
-from agents.agent_tables import supersedes
+from agents.adapters.tables import supersedes
 from agents.intake import EpochFence, RawMessage, intake, origin_from_headers, origin_headers
 from agents.ports import Origin
 from schemas.codec import encode

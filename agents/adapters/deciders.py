@@ -1,0 +1,75 @@
+"""The deciders as a faust agent: `holds` in, Commit / Release / Requeue / Binding out.
+
+`Decider` runs in the shared loop (`agents.adapters.loop`), keyed by decision key like its
+input. Its `first` outputs (Commits, Releases, Requeues) and `after_commit` outputs
+(Bindings) map to the loop's `first` and `after`: without transactions the Commits (and the
+ledger entries that decided them) are acknowledged by the broker before any Binding is sent;
+in a transaction they become visible together.
+
+Gang timers: the decider asks for them (`Decision.timers`: key, round, seconds); the timer
+fires on the event loop (the wall clock lives here, at the edge) and appends
+`GangTimeout(key, round)` to the gang's `holds` partition, where the decider reads it like
+any other record. After every restore, one is armed for every gang waiting in the partitions
+owned (a full waiting time from then: after a move a gang may wait longer than asked, never
+shorter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import faust
+
+from agents.adapters.loop import Outcome, StatefulLoop
+from agents.adapters.stateful import Transactions, register_stateful
+from agents.adapters.timers import TimerRequest
+from agents.ports import AgentConfig, Outbox, Output
+from agents.state.ledger import Decider, Decision, LedgerState
+from schemas import topics
+from schemas.records import GangTimeout, Held, PodDeleted, PodTerminated, Record, Rejected, Yield
+
+HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated, GangTimeout, Yield)
+
+
+def key_of(record: Record) -> str:
+    key: str = getattr(record, "decision_key", "") or getattr(record, "uid", "")
+    return key
+
+
+def gang_timer(key: str, round_: int, seconds: float) -> TimerRequest:
+    return TimerRequest((key, round_), seconds, Output(topics.HOLDS, key, GangTimeout(decision_key=key, round=round_)))
+
+
+class DeciderCore:
+    kinds: tuple[type[Record], ...] = HOLDS_KINDS
+
+    def __init__(self) -> None:
+        self.decider = Decider()
+
+    def key_of(self, record: Record) -> str:
+        return key_of(record)
+
+    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], outcome: Outcome) -> dict[str, Any]:
+        state = LedgerState.from_json(stored) if stored else LedgerState(key)
+        decision = Decision()
+        self.decider.apply(state, records, decision)
+        outcome.first += decision.first
+        outcome.after += decision.after_commit
+        outcome.problems += decision.problems
+        outcome.timers += [gang_timer(k, r, s) for k, r, s in decision.timers]
+        return state.to_json()
+
+    def timers(self, key: str, raw: dict[str, Any]) -> list[TimerRequest]:
+        """A full waiting time for a restored gang that is still waiting."""
+        if raw.get("waiting") and raw.get("timer_s"):
+            return [gang_timer(key, int(raw.get("round", 0)), float(raw["timer_s"]))]
+        return []
+
+    def prune(self, keys: Collection[str]) -> None:
+        return None
+
+
+def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig,
+             transactions: Transactions | None = None) -> StatefulLoop:
+    return register_stateful(app, "deciders", holds, DeciderCore(), outbox, config, transactions or Transactions())

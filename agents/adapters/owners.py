@@ -1,0 +1,114 @@
+"""The node owners as faust agents: `nodes` forwarded into `node-inbox`, and the owners.
+
+The owners run `NodeOwner` in the shared loop (`agents.adapters.loop`), keyed by node name
+like their inbox, so a table partition moves with its inbox partition. `OwnerCore` adapts the
+core: it keeps decoded states in memory and reuses them while the table still holds the very
+value it returned (a restore puts other objects there, and the state is decoded again).
+
+Reservation expiry: the owner asks for a timer when a reservation becomes available
+(`OwnerResult.timers`, an absolute expiry time); the timer fires on the event loop (the wall
+clock lives here, at the edge) and appends `ReservationExpired` to the node's inbox
+partition, where the owner reads it like any other record. After every restore, one is armed
+for every available reservation of the partitions owned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+import faust
+
+from agents.adapters.batches import micro_batches
+from agents.adapters.loop import Outcome, StatefulLoop
+from agents.adapters.stateful import Transactions, register_stateful
+from agents.adapters.timers import TimerRequest
+from agents.intake import intake
+from agents.ports import AgentConfig, Outbox, Output, deliver
+from agents.state import reservations as rsv
+from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from schemas import topics
+from schemas.records import (
+    Claim,
+    Commit,
+    Node,
+    NodeDeleted,
+    Nomination,
+    NominationCleared,
+    PodTerminated,
+    Record,
+    Release,
+    ReservationExpired,
+)
+
+INBOX_KINDS = (Claim, Commit, Release, PodTerminated, Node, NodeDeleted, Nomination, NominationCleared,
+               ReservationExpired)
+
+
+def node_of(record: Record) -> str:
+    if isinstance(record, (Node, NodeDeleted)):
+        return record.name
+    node: str = record.node  # type: ignore[attr-defined]
+    return node
+
+
+class OwnerCore:
+    kinds: tuple[type[Record], ...] = INBOX_KINDS
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.owner = NodeOwner()
+        self.clock = clock
+        self.decoded: dict[str, tuple[dict[str, Any], NodeState]] = {}  # node -> (state JSON put, decoded)
+
+    def key_of(self, record: Record) -> str:
+        return node_of(record)
+
+    def expiry(self, node: str, uid: str, expires_at: float) -> TimerRequest:
+        return TimerRequest(uid, expires_at - self.clock(),
+                            Output(topics.NODE_INBOX, node, ReservationExpired(uid=uid, node=node)))
+
+    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], outcome: Outcome) -> dict[str, Any]:
+        cached = self.decoded.get(key)
+        if cached is not None and stored is not None and cached[0] is stored:
+            state = cached[1]
+        else:
+            state = NodeState.from_json(stored) if stored else NodeState(key)
+        result = OwnerResult()
+        self.owner.apply(state, records, result)
+        outcome.first += result.outputs
+        outcome.problems += result.problems
+        outcome.timers += [self.expiry(node, uid, at) for node, uid, at in result.timers]
+        new = state.to_json()
+        self.decoded[key] = (new, state)
+        return new
+
+    def timers(self, key: str, raw: dict[str, Any]) -> list[TimerRequest]:
+        """One expiry timer per available reservation of a restored node."""
+        if "reservations" in raw and not raw["reservations"]:
+            return []  # most nodes: nothing to decode
+        state = NodeState.from_json(raw)
+        out = []
+        for uid, entry in state.reservations.items():
+            expires_at = state.reservation(uid).expires_at
+            if entry["phase"] == rsv.AVAILABLE and expires_at is not None:
+                out.append(self.expiry(state.name, uid, expires_at))
+        return out
+
+    def prune(self, keys: Collection[str]) -> None:
+        for key in [k for k in self.decoded if k not in keys]:
+            del self.decoded[key]
+
+
+def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: Outbox, config: AgentConfig,
+             transactions: Transactions | None = None) -> StatefulLoop:
+    """The node forwarder (stateless) and the owners (the shared loop over `inbox`)."""
+
+    @app.agent(nodes, name="koordstream.nodes")
+    async def forward_nodes(stream: faust.StreamT[Any]) -> None:
+        async for messages in micro_batches(stream, config):
+            got = intake(messages, expect=(Node, NodeDeleted))
+            forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
+            await deliver(outbox, forwarded + got.dead_letters)
+
+    return register_stateful(app, "owners", inbox, OwnerCore(), outbox, config, transactions or Transactions())

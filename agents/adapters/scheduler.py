@@ -1,0 +1,50 @@
+"""faust side of the scheduler: the pods/requeue agent, the scheduling loop task, and the
+rebalance signals that tell the service which input partitions it owns.
+
+The agent only decodes and enqueues (`SchedulerService.on_inputs`); the loop
+(`SchedulerService.run`) places ready pods in micro-batches. The replica feed that calls
+`SchedulerService.on_state_changes` lives in `streams.app`. (Moved here from
+`agents/scheduler/agent.py`, which keeps the service.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from agents.adapters.batches import micro_batches
+from agents.ports import AgentConfig
+from agents.scheduler.agent import SchedulerService
+
+
+def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig) -> None:
+    if service.partitions is None:
+        service.partitions = config.partitions
+    names = set(inputs.topics)
+
+    def ours(tps: Iterable[TP]) -> set[int]:
+        return {tp.partition for tp in tps if tp.topic in names}
+
+    # faust sends these after a rebalance's revocation (aiokafka's eager protocol: everything
+    # assigned so far) and with the whole new assignment.
+    async def partitions_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        service.on_partitions_revoked(ours(args[0]))  # args: (revoked TPs,)
+
+    async def partitions_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        service.on_partitions_assigned(ours(args[0]))  # args: (assigned TPs,)
+
+    # mode's SignalHandlerT admits no function under mypy (its NamedArg "signal"), hence the ignores.
+    app.on_partitions_revoked.connect(partitions_revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(partitions_assigned)  # type: ignore[arg-type]
+
+    @app.agent(inputs, name="koordstream.scheduler")
+    async def scheduler(stream: faust.StreamT[Any]) -> None:
+        async for messages in micro_batches(stream, config):
+            await service.on_inputs(messages)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def scheduling_loop() -> None:
+        await service.run()

@@ -1,0 +1,81 @@
+"""faust registration of a stateful agent: a table, its ownership, its sink and timers, and
+the shared loop (`agents.adapters.loop.StatefulLoop`) as a faust agent on its input channel."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from agents.adapters.batches import fetched_batches
+from agents.adapters.loop import Core, Sink, StatefulLoop
+from agents.adapters.ownership import Ownership
+from agents.adapters.tables import VersionedState
+from agents.adapters.timers import RecordTimers
+from agents.adapters.transactions import MakeOutbox, PlainSink, TransactionalSink
+from agents.ports import AgentConfig, Outbox
+
+log = logging.getLogger("koordstream.agents")
+
+
+@dataclass(frozen=True)
+class Transactions:
+    """How the stateful agents make a batch durable, handed in by `streams`.
+
+    `enabled`: one transaction per input partition per batch (the input channels then have
+    faust's acks disabled); otherwise the plain path. The rest configures the transactional
+    producers: the app id that prefixes their ids, the consumer group their offsets commit
+    to, aiokafka producer options (bootstrap, compression, sizes), and how to build an outbox
+    (the catalogue's routing) around a producer's send function."""
+
+    enabled: bool = False
+    app_id: str = "koordstream"
+    group_id: str = "koordstream"
+    producer_options: Mapping[str, Any] = field(default_factory=dict)
+    make_outbox: MakeOutbox | None = None
+
+
+def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Core, outbox: Outbox,
+                      config: AgentConfig, transactions: Transactions) -> StatefulLoop:
+    """Declare the table and the faust agent `koordstream.<name>` that runs `core`."""
+    table = VersionedState(app, config.table_name, config.partitions)
+    topics = list(channel.topics)
+    if len(topics) != 1:
+        raise ValueError(f"{name}: a stateful agent reads one topic, got {topics}")
+    ownership = Ownership(topics[0])
+    sink: Sink
+    if transactions.enabled:
+        if transactions.make_outbox is None:
+            raise ValueError(f"{name}: transactions need an outbox factory")
+        sink = TransactionalSink(table=table, ownership=ownership, make_outbox=transactions.make_outbox,
+                                 app_id=transactions.app_id, agent=name, group_id=transactions.group_id,
+                                 producer_options=transactions.producer_options)
+    else:
+        sink = PlainSink(table, outbox)
+    timers = RecordTimers(outbox, owned=lambda partition: partition in ownership.owned)
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        await app.consumer.seek(TP(topic, partition), offset)
+
+    loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seek)
+    loop.attach()
+
+    async def on_revoked(sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+        await loop.on_revoked(revoked)
+
+    async def on_shutdown(sender: Any, **kwargs: Any) -> None:
+        await sink.close()
+
+    # mode's SignalHandlerT admits no function under mypy (its NamedArg "signal"), hence the ignores.
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+    app.on_before_shutdown.connect(on_shutdown)  # type: ignore[arg-type]
+
+    @app.agent(channel, name=f"koordstream.{name}")
+    async def agent(stream: faust.StreamT[Any]) -> None:
+        await loop.run(fetched_batches(stream, config))
+
+    return loop

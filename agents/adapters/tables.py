@@ -1,0 +1,201 @@
+"""Versioned faust tables whose changelog the agents write themselves.
+
+Every value the agents write is wrapped as `{"epoch": E, "seq": S, "state": ...}`. E is the
+writer's epoch for the key's partition in the assignment the batch was *fetched* in: the larger
+of that consumer-group generation and one more than the highest epoch restored for the
+partition, so epochs grow with every new owner even if the group's generations start over.
+S counts the writes of the key. The same epoch stamps the batch's outputs, so readers can drop
+a zombie's records (`agents.intake.EpochFence`).
+
+Restore. `supersedes` is the rule a restore applies per key: keep the value with the highest
+(E, S). What it protects against depends on the broker (docs/architecture.md, "What is
+guaranteed on which broker"):
+- Tansu keeps every record (no compaction): a zombie's late, lower-epoch write is in the log
+  beside the newer ones, and the rule drops it.
+- Apache Kafka compacts the changelog and keeps only the *last* record per key whatever its
+  epoch, so the rule alone cannot stop a zombie's late write that survives compaction. There
+  the changelog is written in the batch's transaction (`agents.adapters.transactions`): a
+  zombie's producer is fenced before the new owner restores, its open transaction is aborted,
+  and the restore reads committed records only, so no zombie write can exist to survive
+  compaction. The rule stays (it is harmless when epochs only grow).
+
+Writes skip faust's per-key changelog path (a FutureMessage and a trip through faust's producer
+buffer per write, with stdlib JSON: about a quarter of the state worker's CPU in a
+sandbox-burst profile). `put` changes the table in memory and remembers the key;
+`write_changelog` then produces each key's last value of the batch straight to the changelog
+partition of its input (orjson, raw key: what faust's restore reads back; record batches per
+partition) with the producer it is given (faust's, or a partition's transactional one).
+
+Rebalances: the table tells its listeners when partitions are assigned (before any restore
+starts, so a transactional producer can fence its predecessor first) and when a restore
+completed (after every rebalance, not only the first: faust sets its own recovery-completed
+event once and never clears it). On completion the table forgets the keys of partitions it no
+longer owns, those written by the agents included (faust's memory store only tracks restored
+keys), and suspends faust's flow control until faust has seeked the input partitions (see
+`on_recovery_completed`: without it, messages fetched during the seek were lost).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from typing import Any, cast
+
+import faust
+import orjson
+from faust.tables.table import Table
+
+log = logging.getLogger("koordstream.tables")
+
+AssignedHook = Callable[[set[Any], set[Any], int], Awaitable[None]]  # (assigned, revoked, generation)
+RestoredHook = Callable[[set[int]], Awaitable[None]]  # the partitions restored and owned now
+
+
+def supersedes(incoming: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> bool:
+    """True when `incoming` may replace `current` (deletes and first writes always may)."""
+    if incoming is None or current is None:
+        return True
+    return (incoming["epoch"], incoming["seq"]) >= (current["epoch"], current["seq"])
+
+
+class VersionedTable(Table[bytes, Any]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.restored_epochs: dict[int, int] = {}  # partition -> the highest epoch a restore applied
+        self.partition_of: dict[bytes, int] = {}  # key -> its partition (restored or written)
+        self.assigned_hooks: list[AssignedHook] = []
+        self.restored_hooks: list[RestoredHook] = []
+        super().__init__(*args, **kwargs)
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        restored = self.restored_epochs
+        newest: dict[Any, Any] = {}
+        kept = []
+        for event in batch:
+            key, value = event.key, event.value
+            current = newest[key] if key in newest else self.data.get(key)
+            if supersedes(value, current):
+                newest[key] = value
+                kept.append(event)
+                partition = event.message.partition
+                self.partition_of[key] = partition
+                if value is not None:
+                    restored[partition] = max(restored.get(partition, -1), value["epoch"])
+            else:
+                log.warning("restore of %s dropped a stale write of %r (epoch %s, seq %s)", self.name, key,
+                            value["epoch"], value["seq"])  # type: ignore[index]
+        super().apply_changelog_batch(kept)
+
+    async def on_rebalance(self, assigned: set[Any], revoked: set[Any], newly_assigned: set[Any],
+                           generation_id: int = 0) -> None:
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+        for hook in self.assigned_hooks:
+            await hook(assigned, revoked, generation_id)
+
+    async def on_recovery_completed(self, active_tps: set[Any], standby_tps: set[Any]) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        active = {tp.partition for tp in active_tps}
+        stale = [key for key, partition in self.partition_of.items() if partition not in active]
+        for key in stale:
+            self.data.pop(key, None)
+            del self.partition_of[key]
+        for hook in self.restored_hooks:
+            await hook(active)
+        # faust now resumes the stream partitions, then seeks them to their committed offsets,
+        # then resumes flow control, which clears every stream queue. Messages fetched between
+        # the resume and the seek would reach a queue only to be cleared, while faust's read
+        # offset moved past them, so it drops them when the seek fetches them again: lost.
+        # Suspended flow control holds them at the door instead (faust's conductor waits for it),
+        # and they go in after the clearing; the loop skips what then arrives twice.
+        self.app.flow_control.suspend()
+
+
+class VersionedState:
+    """Read and write one agent's table; values are JSON states (see module docstring)."""
+
+    def __init__(self, app: faust.App, name: str, partitions: int) -> None:
+        self.app = app
+        # Raw UTF-8 keys (not JSON-quoted ones), so the partitioner puts a key's changelog record
+        # in the same partition number as its input records: they move together on a rebalance.
+        self.table = VersionedTable(app, name=name, default=None, partitions=partitions, use_partitioner=True,
+                                    key_type=bytes)
+        app.tables.add(self.table)
+        self._dirty: dict[int, dict[bytes, None]] = {}  # partition -> keys put since the last write
+
+    def on_assigned(self, hook: AssignedHook) -> None:
+        """`hook(assigned, revoked, generation)` runs on every assignment, before the restore."""
+        self.table.assigned_hooks.append(hook)
+
+    def on_restored(self, hook: RestoredHook) -> None:
+        """`hook(partitions)` runs after every restore, with the partitions owned now."""
+        self.table.restored_hooks.append(hook)
+
+    def raw(self, key: str) -> dict[str, Any] | None:
+        value: dict[str, Any] | None = self.table.data.get(key.encode())  # the store: no __missing__
+        return value
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        wrapped = self.raw(key)
+        return None if wrapped is None else wrapped["state"]  # type: ignore[no-any-return]
+
+    def states(self, partitions: Collection[int] | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """Every (key, state) this worker holds, of `partitions` (default: all it holds)."""
+        partition_of = self.table.partition_of
+        return [(key.decode(), value["state"]) for key, value in list(self.table.data.items())
+                if value and (partitions is None or partition_of.get(key) in partitions)]
+
+    def keys(self) -> set[str]:
+        return {key.decode() for key in self.table.data}
+
+    def epoch(self, partition: int, generation: int) -> int:
+        """The epoch of what is decided from `partition`'s records fetched in `generation`."""
+        restored = self.table.restored_epochs.get(partition, -1)
+        return max(int(generation), restored + 1)
+
+    def put(self, key: str, state: dict[str, Any], partition: int, epoch: int) -> None:
+        """Change the table in memory; `write_changelog` makes it durable."""
+        previous = self.raw(key)
+        raw_key = key.encode()
+        self.table.data[raw_key] = {"epoch": epoch, "seq": previous["seq"] + 1 if previous else 1, "state": state}
+        self.table.partition_of[raw_key] = partition
+        self._dirty.setdefault(partition, {})[raw_key] = None
+
+    def discard(self, partition: int) -> None:
+        """Forget the keys put for `partition` since its last write (its batch is dropped; the
+        values stay in memory until the next restore, see docs: a replay re-sends them)."""
+        self._dirty.pop(partition, None)
+
+    @property
+    def changelog(self) -> str:
+        name: str = self.table.changelog_topic.get_topic_name()
+        return name
+
+    def faust_producer(self) -> Any:
+        """faust's own aiokafka producer (not on ProducerT)."""
+        return cast(Any, self.app.producer)._ensure_producer()
+
+    async def write_changelog(self, producer: Any = None, partitions: Iterable[int] | None = None) -> list[Awaitable[object]]:
+        """Produce every key put since the last call (its last value) for `partitions` (default:
+        all), as record batches per partition (aiokafka's batch API: a message per key, without
+        a send call per key); the returned awaitables resolve when the broker acknowledged."""
+        producer = producer if producer is not None else self.faust_producer()
+        topic = self.changelog
+        chosen = list(self._dirty) if partitions is None else [p for p in partitions if p in self._dirty]
+        data = self.table.data
+        acks: list[Awaitable[object]] = []
+        for partition in chosen:
+            keys = self._dirty.pop(partition)
+            batch = producer.create_batch()
+            for key in keys:
+                wrapped = data.get(key)
+                if wrapped is None:  # forgotten by a restore meanwhile (the partition moved)
+                    continue
+                value = orjson.dumps(wrapped)
+                if batch.append(key=key, value=value, timestamp=None) is None:  # full: send, start another
+                    if batch.record_count():
+                        acks.append(await producer.send_batch(batch, topic, partition=partition))
+                        batch = producer.create_batch()
+                    if batch.append(key=key, value=value, timestamp=None) is None:  # larger than a batch
+                        acks.append(await producer.send(topic, value, key=key, partition=partition))
+            if batch.record_count():
+                acks.append(await producer.send_batch(batch, topic, partition=partition))
+        return acks

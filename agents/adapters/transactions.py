@@ -1,0 +1,257 @@
+"""How a decided batch leaves the worker: as one transaction per input partition (Apache
+Kafka), or delivered and acknowledged before faust commits its offsets (brokers without
+transactions, such as the embedded Tansu).
+
+`TransactionalSink` keeps one aiokafka transactional producer per owned input partition,
+with the transactional id `{app_id}-{agent}-{topic}-{partition}` (as faust's own exactly_once
+mode names them). It is started when the partition is assigned, before the table's restore:
+InitProducerId fences the previous owner's producer and aborts its open transaction, so the
+restore (read_committed) sees every committed write and none of a zombie's. It is stopped
+when the partition is revoked. A run is one transaction: the changelog writes of its keys,
+its outputs, and its input offset (`send_offsets_to_transaction`, to the agents' consumer
+group). The input channel has faust's acks disabled, so faust never commits these offsets
+itself and cannot race the transactions. A fenced producer loses the partition (someone else
+owns it); any other failure aborts the transaction and the partition is read again from the
+run's first offset (its in-memory table entries are ahead of the changelog then, which the
+cores answer by re-sending their recorded outputs, DESIGN.md rule 1).
+
+`PlainSink` is the path for brokers that refuse InitProducerId: changelog writes and `first`
+outputs are produced, acknowledged, then the `after` outputs (deciders: Bindings only once
+their Commits are on the broker); faust commits the offsets after the batch.
+
+faust's own `processing_guarantee="exactly_once"` is not used: it wraps faust's producer
+in a transaction manager keyed by faust's partition groups, commits on its own commit timer
+(not per batch), and sends our directly produced changelog batches outside it; driving
+aiokafka's transactional producers here keeps one batch = one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    KafkaError,
+    ProducerFenced,
+    TransactionCoordinatorFenced,
+)
+
+from agents.adapters.loop import Flushed, Work
+from agents.adapters.ownership import Ownership
+from agents.adapters.tables import VersionedState
+from agents.ports import Outbox, deliver
+
+log = logging.getLogger("koordstream.transactions")
+
+FENCED = (ProducerFenced, InvalidProducerEpoch, InvalidProducerIdMapping, TransactionCoordinatorFenced)
+Headers = list[tuple[str, bytes]]
+SendFn = Callable[[str, bytes | None, bytes, int, Headers | None], Awaitable[Awaitable[object]]]
+MakeOutbox = Callable[[SendFn], Outbox]
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class PlainSink:
+    def __init__(self, table: VersionedState, outbox: Outbox) -> None:
+        self.table = table
+        self.outbox = outbox
+
+    async def assigned(self, partitions: set[int]) -> None:
+        return None
+
+    async def quiesce(self, partitions: set[int]) -> None:
+        return None
+
+    async def flush(self, work: Sequence[Work]) -> Flushed:
+        changelog = await self.table.write_changelog(partitions=[w.partition for w in work])
+        await deliver(self.outbox, [o for w in work for o in w.first])
+        for ack in changelog:
+            await ack
+        after = [o for w in work for o in w.after]
+        if after:
+            await deliver(self.outbox, after)
+        return Flushed(durable=list(work))
+
+    async def close(self) -> None:
+        return None
+
+
+def transactional_id(app_id: str, agent: str, topic: str, partition: int) -> str:
+    return f"{app_id}-{agent}-{topic}-{partition}"
+
+
+class TransactionalSink:
+    def __init__(self, *, table: VersionedState, ownership: Ownership, make_outbox: MakeOutbox, app_id: str,
+                 agent: str, group_id: str, producer_options: Mapping[str, Any],
+                 timeout_s: float = 30.0, producer_factory: Callable[[str], Any] | None = None) -> None:
+        self.table = table
+        self.ownership = ownership
+        self.make_outbox = make_outbox
+        self.app_id = app_id
+        self.agent = agent
+        self.group_id = group_id
+        self.producer_options = dict(producer_options)
+        self.timeout_s = timeout_s
+        self.producer_factory = producer_factory or self._aiokafka_producer
+        self.producers: dict[int, Any] = {}  # partition -> its transactional producer
+        self.outboxes: dict[int, Outbox] = {}
+        self.locks: dict[int, asyncio.Lock] = {}
+        self.committed = 0
+        self.aborted = 0
+
+    @property
+    def topic(self) -> str:
+        return self.ownership.topic
+
+    def txn_id(self, partition: int) -> str:
+        return transactional_id(self.app_id, self.agent, self.topic, partition)
+
+    async def assigned(self, partitions: set[int]) -> None:
+        gone = [p for p in self.producers if p not in partitions]
+        new = [p for p in sorted(partitions) if p not in self.producers]
+        await asyncio.gather(*(self._stop(p) for p in gone))
+        results = await asyncio.gather(*(self._start(p) for p in new), return_exceptions=True)
+        for partition, result in zip(new, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("%s: no transactional producer for %s/%s: %r", self.agent, self.topic, partition, result)
+                self.ownership.lose(partition)
+
+    def _aiokafka_producer(self, txn_id: str) -> AIOKafkaProducer:
+        return AIOKafkaProducer(transactional_id=txn_id, **self.producer_options)
+
+    async def _start(self, partition: int) -> None:
+        # start() sends InitProducerId: the broker fences the producer of the previous owner
+        # of this transactional id and aborts its open transaction.
+        producer = self.producer_factory(self.txn_id(partition))
+        try:
+            await asyncio.wait_for(producer.start(), self.timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 5.0)
+            raise
+        self.producers[partition] = producer
+        self.locks.setdefault(partition, asyncio.Lock())
+
+        async def send(topic: str, key: bytes | None, value: bytes, to: int, headers: Headers | None) -> Awaitable[object]:
+            fut: Awaitable[object] = await producer.send(topic, value, key=key, partition=to, headers=headers)
+            return fut
+
+        self.outboxes[partition] = self.make_outbox(send)
+        log.info("%s: transactional producer %s started", self.agent, self.txn_id(partition))
+
+    async def _stop(self, partition: int) -> None:
+        producer = self.producers.pop(partition, None)
+        self.outboxes.pop(partition, None)
+        if producer is None:
+            return
+        lock = self.locks[partition]
+        with contextlib.suppress(asyncio.TimeoutError):  # a transaction in flight: let it end first
+            await asyncio.wait_for(lock.acquire(), self.timeout_s)
+        try:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 5.0)
+        finally:
+            if lock.locked():
+                lock.release()
+        log.info("%s: transactional producer %s stopped", self.agent, self.txn_id(partition))
+
+    async def flush(self, work: Sequence[Work]) -> Flushed:
+        flushed = Flushed()
+        results = await asyncio.gather(*(self._transaction(w) for w in work))
+        for w, result in zip(work, results, strict=True):
+            {"durable": flushed.durable, "lost": flushed.lost, "failed": flushed.failed}[result].append(w)
+        return flushed
+
+    async def _transaction(self, w: Work) -> str:
+        partition = w.partition
+        producer: Any = self.producers.get(partition)
+        outbox = self.outboxes.get(partition)
+        if producer is None or outbox is None:
+            self.table.discard(partition)
+            return "lost"
+        async with self.locks[partition]:
+            if not self._current(partition, producer):  # stopped while we waited
+                self.table.discard(partition)
+                return "lost"
+            if not self.ownership.owns(partition, w.fetched.generation):  # revoked while we waited
+                self.table.discard(partition)
+                w.fetched.withhold_acks()
+                return "lost"
+            acks: list[Awaitable[object]] = []
+            try:
+                await producer.begin_transaction()
+                acks += await self.table.write_changelog(producer, [partition])
+                acks += await outbox.send(w.first + w.after)
+                await asyncio.wait_for(producer.send_offsets_to_transaction(
+                    {TopicPartition(self.topic, partition): w.fetched.next_offset}, self.group_id), self.timeout_s)
+                await asyncio.wait_for(producer.commit_transaction(), self.timeout_s)
+                self.committed += 1
+                return "durable"
+            except FENCED as exc:
+                log.warning("%s: producer %s fenced (%r): the partition belongs to another worker",
+                            self.agent, self.txn_id(partition), exc)
+                self.ownership.lose(partition)
+                self.producers.pop(partition, None)
+                self.outboxes.pop(partition, None)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(producer.stop(), 5.0)
+                return "lost"
+            except (TimeoutError, KafkaError) as exc:
+                log.error("%s: transaction of %s/%s from offset %s failed: %r; aborting", self.agent, self.topic,
+                          partition, w.fetched.first_offset, exc)
+                self.aborted += 1
+                await self._abort(partition, producer)
+                return "failed"
+            finally:
+                self.table.discard(partition)
+                for ack in acks:  # the commit judged them; retrieve their outcome all the same
+                    if isinstance(ack, asyncio.Future):
+                        ack.add_done_callback(_retrieve)
+
+    async def quiesce(self, partitions: set[int]) -> None:
+        """Wait for the transactions in flight on `partitions` to end (a rebalance starts: faust
+        reads the committed offsets after it, so a commit landing later would be read again).
+        Transactions that have not started by then see the revocation and drop their batch."""
+        async def drain(partition: int) -> None:
+            lock = self.locks.get(partition)
+            if lock is None:
+                return
+            try:
+                await asyncio.wait_for(lock.acquire(), self.timeout_s)
+            except TimeoutError:
+                log.warning("%s: a transaction of %s/%s did not end within %ss of the revocation",
+                            self.agent, self.topic, partition, self.timeout_s)
+                return
+            lock.release()
+
+        await asyncio.gather(*(drain(p) for p in partitions))
+
+    def _current(self, partition: int, producer: object) -> bool:
+        return self.producers.get(partition) is producer
+
+    async def _abort(self, partition: int, producer: Any) -> None:
+        try:
+            await asyncio.wait_for(producer.abort_transaction(), self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the producer is unusable: start a new one
+            log.warning("%s: abort failed (%r): restarting producer %s", self.agent, exc, self.txn_id(partition))
+            self.producers.pop(partition, None)
+            self.outboxes.pop(partition, None)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 5.0)
+            try:
+                await self._start(partition)
+            except Exception as start_exc:  # noqa: BLE001
+                log.error("%s: cannot restart producer %s: %r", self.agent, self.txn_id(partition), start_exc)
+                self.ownership.lose(partition)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(self._stop(p) for p in list(self.producers)))

@@ -1,0 +1,550 @@
+"""The shared adapter loop of the stateful agents, without a broker.
+
+- Timers are re-armed after every restore, for the partitions owned then, and disarmed for the
+  others (faust's own recovery-completed event is set once and never cleared, so a partition
+  that moved to a running worker used to keep its gangs waiting forever).
+- The epoch stamped on a batch's table writes and outputs is the one of the assignment the
+  batch was fetched in; a batch whose partition was revoked, or whose generation changed,
+  between fetch and flush is neither written nor delivered, and faust never commits its offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+import pytest
+from faust.types import TP
+
+from agents.adapters.batches import Fetched, split
+from agents.adapters.deciders import DeciderCore, gang_timer
+from agents.adapters.loop import Flushed, StatefulLoop, Work
+from agents.adapters.owners import OwnerCore
+from agents.adapters.ownership import Ownership
+from agents.adapters.tables import VersionedState
+from agents.adapters.timers import RecordTimers, TimerRequest, rearm
+from agents.adapters.transactions import PlainSink
+from agents.intake import RawMessage
+from agents.ports import Output
+from schemas import topics
+from schemas.codec import encode
+from schemas.records import GangTimeout, Held, Node, ReservationExpired, ResourceList
+
+
+class FakeClock:
+    """A scheduler like `loop.call_later` on a clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.due: list[tuple[float, Callable[[], object], FakeHandle]] = []
+
+    def call_later(self, delay: float, fn: Callable[[], object]) -> FakeHandle:
+        handle = FakeHandle()
+        self.due.append((self.now + delay, fn, handle))
+        return handle
+
+    def advance(self, seconds: float) -> int:
+        self.now += seconds
+        ready = [d for d in self.due if d[0] <= self.now and not d[2].cancelled]
+        self.due = [d for d in self.due if d not in ready and not d[2].cancelled]
+        for _, fn, _ in sorted(ready, key=lambda d: d[0]):
+            fn()
+        return len(ready)
+
+
+@dataclass
+class FakeHandle:
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeOutbox:
+    def __init__(self) -> None:
+        self.sent: list[Output] = []
+
+    async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+        self.sent += outputs
+        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return [done]
+
+
+async def settle(timers: RecordTimers) -> None:
+    while timers.pending:
+        await asyncio.gather(*list(timers.pending))
+
+
+def gang_timeouts(outbox: FakeOutbox) -> list[tuple[str, int]]:
+    return sorted((o.record.decision_key, o.record.round) for o in outbox.sent if isinstance(o.record, GangTimeout))
+
+
+# -- timers ---------------------------------------------------------------------------------
+
+
+async def test_arming_a_key_twice_keeps_the_first_timer() -> None:
+    clock, outbox = FakeClock(), FakeOutbox()
+    timers = RecordTimers(outbox, schedule=clock.call_later)
+    timers.arm(gang_timer("g", 0, 5.0), partition=1)
+    timers.arm(gang_timer("g", 0, 1.0), partition=1)
+    assert clock.advance(2.0) == 0
+    assert clock.advance(3.0) == 1
+    await settle(timers)
+    assert gang_timeouts(outbox) == [("g", 0)]
+
+
+async def test_rearm_after_a_restore_follows_the_partitions() -> None:
+    clock, outbox = FakeClock(), FakeOutbox()
+    owned = {0, 1}
+    timers = RecordTimers(outbox, owned=lambda p: p in owned, schedule=clock.call_later)
+    asks = {0: [gang_timer("g0", 0, 10.0)], 1: [gang_timer("g1", 0, 10.0)], 2: [gang_timer("g2", 3, 10.0)]}
+    rearm(timers, owned, lambda p: asks[p])
+    clock.advance(4.0)
+    owned = {1, 2}  # partition 0 moved away, partition 2 moved here from a worker still running
+    rearm(timers, owned, lambda p: asks[p])
+    assert set(timers.armed) == {("g1", 0), ("g2", 3)}
+    assert clock.advance(6.0) == 1  # g1 kept its first timer (armed at 0, due at 10)
+    await settle(timers)
+    assert gang_timeouts(outbox) == [("g1", 0)]
+    assert clock.advance(4.0) == 1  # g2: a full waiting time from its restore (4 + 10)
+    await settle(timers)
+    assert gang_timeouts(outbox) == [("g1", 0), ("g2", 3)]  # never g0: disarmed
+
+
+async def test_a_timer_of_a_partition_no_longer_owned_sends_nothing() -> None:
+    clock, outbox = FakeClock(), FakeOutbox()
+    owned = {0}
+    timers = RecordTimers(outbox, owned=lambda p: p in owned, schedule=clock.call_later)
+    timers.arm(gang_timer("g", 0, 1.0), partition=0)
+    owned.clear()  # revoked; the restore that would disarm it has not come yet
+    clock.advance(1.0)
+    await settle(timers)
+    assert outbox.sent == [] and timers.skipped == 1
+
+
+# -- the loop against a real (brokerless) faust table ---------------------------------------
+
+
+@dataclass
+class FakeMessage:
+    topic: str
+    partition: int
+    offset: int
+    generation_id: int
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    acked: bool = False
+
+
+@dataclass
+class FakeEvent:
+    message: FakeMessage
+
+    @property
+    def value(self) -> bytes:
+        return self.message.value
+
+
+def run_of(topic: str, partition: int, generation: int, records: list[Any], first_offset: int = 0) -> Fetched:
+    events = [FakeEvent(FakeMessage(topic, partition, first_offset + i, generation, encode(r)))
+              for i, r in enumerate(records)]
+    [run] = split(events)
+    return run
+
+
+class RecordingSink:
+    def __init__(self, plain: PlainSink | None = None) -> None:
+        self.plain = plain
+        self.flushed: list[Work] = []
+        self.assignments: list[set[int]] = []
+
+    async def assigned(self, partitions: set[int]) -> None:
+        self.assignments.append(set(partitions))
+
+    async def flush(self, work: Sequence[Work]) -> Flushed:
+        self.flushed += work
+        if self.plain is not None:
+            return await self.plain.flush(work)
+        return Flushed(durable=list(work))
+
+    async def quiesce(self, partitions: set[int]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeBatch:
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes]] = []
+
+    def append(self, key: bytes, value: bytes, timestamp: None) -> object:
+        self.records.append((key, value))
+        return object()
+
+    def record_count(self) -> int:
+        return len(self.records)
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, list[tuple[bytes, bytes]]]] = []
+
+    def create_batch(self) -> FakeBatch:
+        return FakeBatch()
+
+    async def send_batch(self, batch: FakeBatch, topic: str, partition: int) -> asyncio.Future[object]:
+        self.sent.append((topic, partition, batch.records))
+        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def held(key: str, uid: str, gang_min: int = 3) -> Held:
+    return Held(uid=uid, attempt=0, node="n1", decision_key=key, gang_min=gang_min, gang_waiting_s=30.0)
+
+
+@dataclass
+class Rig:
+    table: VersionedState
+    ownership: Ownership
+    sink: RecordingSink
+    loop: StatefulLoop
+    clock: FakeClock
+    outbox: FakeOutbox
+    producer: FakeProducer
+
+
+def rig(core: Any = None, topic: str = topics.HOLDS, plain: bool = False) -> Rig:
+    app = faust.App(f"test-{id(object())}", store="memory://", broker="kafka://127.0.0.1:1")
+    table = VersionedState(app, "pod-ledger", 4)
+    producer = FakeProducer()
+    table.faust_producer = lambda: producer  # type: ignore[method-assign]
+    ownership = Ownership(topic)
+    outbox, clock = FakeOutbox(), FakeClock()
+    sink = RecordingSink(PlainSink(table, outbox) if plain else None)
+    timers = RecordTimers(outbox, owned=lambda p: p in ownership.owned, schedule=clock.call_later)
+    loop = StatefulLoop("deciders", core or DeciderCore(), table, ownership, sink, timers)
+    loop.attach()
+    return Rig(table, ownership, sink, loop, clock, outbox, producer)
+
+
+async def assign(r: Rig, partitions: set[int], generation: int, topic: str = topics.HOLDS) -> None:
+    """What faust does on a rebalance: revoke everything, assign, restore."""
+    await r.loop.on_revoked({TP(topic, p) for p in r.ownership.partitions})
+    await r.table.table.on_rebalance({TP(topic, p) for p in partitions}, set(), set(), generation)
+    await r.table.table.on_recovery_completed({TP(r.table.changelog, p) for p in partitions}, set())
+
+
+async def test_gang_timers_are_rearmed_when_a_partition_moves_to_a_running_worker() -> None:
+    r = rig()
+    await assign(r, {0}, generation=1)
+    # Another worker decided these gangs (partition 1 and 2), as a restore would bring them in.
+    for key, partition in (("ns/g1", 1), ("ns/g2", 2)):
+        r.table.put(key, {"key": key, "pods": {}, "decisions": {}, "waiting": {"u": {}}, "round": 2,
+                          "timer_s": 30.0, "gave_up": [], "accepted": False}, partition, epoch=1)
+    await assign(r, {0, 1}, generation=2)  # partition 1 moved here: this worker was already running
+    assert set(r.loop.timers.armed) == {("ns/g1", 2)}  # partition 2 is not ours: forgotten, not armed
+    assert r.table.get("ns/g2") is None
+    r.clock.advance(30.0)
+    await settle(r.loop.timers)
+    assert gang_timeouts(r.outbox) == [("ns/g1", 2)]
+    assert r.sink.assignments == [{0}, {0, 1}]
+
+
+async def test_a_waiting_gang_decided_here_times_out_and_its_timer_survives_a_rebalance_that_keeps_it() -> None:
+    r = rig()
+    await assign(r, {0, 1, 2, 3}, generation=1)
+    key = "ns/gang"
+    partition = 3
+    run = run_of(topics.HOLDS, partition, 1, [held(key, "a"), held(key, "b")])
+    await r.loop.process([run])
+    assert set(r.loop.timers.armed) == {(key, 0)}
+    await assign(r, {partition}, generation=2)  # a rebalance that keeps the partition
+    assert set(r.loop.timers.armed) == {(key, 0)}
+    r.clock.advance(30.0)
+    await settle(r.loop.timers)
+    assert gang_timeouts(r.outbox) == [(key, 0)]
+
+
+async def test_expiry_timers_follow_the_owners_partitions() -> None:
+    from agents.state import reservations as rsv
+
+    class Core(OwnerCore):
+        def timers(self, key: str, raw: dict[str, Any]) -> list[TimerRequest]:
+            return [TimerRequest(uid, 5.0, Output(topics.NODE_INBOX, key, ReservationExpired(uid=uid, node=key)))
+                    for uid, entry in raw.get("reservations", {}).items() if entry["phase"] == rsv.AVAILABLE]
+
+    r = rig(Core(), topic=topics.NODE_INBOX)
+    r.table.put("n1", {"reservations": {"r1": {"phase": rsv.AVAILABLE}}}, 2, epoch=0)
+    r.table.put("n2", {"reservations": {"r2": {"phase": rsv.AVAILABLE}}}, 3, epoch=0)
+    await assign(r, {2}, generation=4, topic=topics.NODE_INBOX)
+    assert set(r.loop.timers.armed) == {"r1"}
+    await assign(r, {2, 3}, generation=5, topic=topics.NODE_INBOX)
+    assert set(r.loop.timers.armed) == {"r1"}  # n2 was forgotten by the first restore (not ours)
+
+
+# -- epochs and stale batches ---------------------------------------------------------------
+
+
+async def test_outputs_and_writes_carry_the_epoch_of_the_generation_fetched_in() -> None:
+    r = rig()
+    r.table.table.restored_epochs[1] = 7  # a predecessor wrote with epoch 7
+    await assign(r, {1}, generation=3)
+    run = run_of(topics.HOLDS, 1, 3, [held("u1", "u1", gang_min=1)])
+    flushed = await r.loop.process([run])
+    [work] = flushed.durable
+    assert work.epoch == 8 == r.table.raw("u1")["epoch"]  # type: ignore[index]
+    assert {o.origin.epoch for o in work.first + work.after if o.origin} == {8}
+    assert {o.origin.source for o in work.first + work.after if o.origin} == {"holds/1"}
+
+
+async def test_a_batch_fetched_in_an_older_generation_is_dropped_not_stamped_with_the_new_epoch() -> None:
+    r = rig()
+    await assign(r, {1}, generation=3)
+    stale = run_of(topics.HOLDS, 1, 2, [held("u1", "u1", gang_min=1)])  # fetched before the rejoin
+    flushed = await r.loop.process([stale])
+    assert flushed == Flushed() and r.sink.flushed == []
+    assert r.table.get("u1") is None  # not decided, not written
+    assert all(e.message.acked for e in stale.events)  # faust will never commit these offsets
+    assert r.ownership.dropped == 1
+
+
+async def test_a_batch_whose_partition_is_revoked_before_it_is_flushed_is_neither_written_nor_delivered() -> None:
+    class RevokedMidway(DeciderCore):
+        def apply(self, *args: Any) -> dict[str, Any]:
+            state = super().apply(*args)
+            loop.ownership.revoke({TP(topics.HOLDS, 0)})  # a rebalance starts while the batch is decided
+            return state
+
+    r = rig(RevokedMidway(), plain=True)
+    loop = r.loop
+    await assign(r, {0, 1}, generation=5)
+    revoked = run_of(topics.HOLDS, 0, 5, [held("u0", "u0", gang_min=1)])
+    flushed = await r.loop.process([revoked])
+    assert flushed == Flushed() and r.outbox.sent == [] and r.producer.sent == []
+    assert all(e.message.acked for e in revoked.events)
+
+
+async def test_of_two_partitions_only_the_revoked_ones_batch_is_dropped() -> None:
+    r = rig(plain=True)
+    await assign(r, {0, 1}, generation=5)
+    await r.loop.on_revoked({TP(topics.HOLDS, 0)})
+    kept = run_of(topics.HOLDS, 1, 5, [held("u1", "u1", gang_min=1)])
+    gone = run_of(topics.HOLDS, 0, 5, [held("u0", "u0", gang_min=1)])
+    flushed = await r.loop.process([gone, kept])
+    assert [w.partition for w in flushed.durable] == [1]
+    assert [(topic, p) for topic, p, _ in r.producer.sent] == [(r.table.changelog, 1)]
+    assert not any(e.message.acked for e in kept.events)  # acked by faust after the batch, as usual
+
+
+def test_a_micro_batch_splits_by_partition_and_generation_in_order() -> None:
+    node = encode(Node(name="n", allocatable=ResourceList(cpu=1)))
+    events = [FakeEvent(FakeMessage("t", p, o, g, node)) for p, o, g in
+              [(0, 10, 1), (1, 5, 1), (0, 11, 1), (0, 12, 2), (1, 6, 1)]]
+    runs = split(events)
+    assert [(r.partition, r.generation, [m.offset for m in r.messages]) for r in runs] == [
+        (0, 1, [10, 11]), (1, 1, [5, 6]), (0, 2, [12])]
+    assert runs[0].next_offset == 12 and isinstance(runs[0].messages[0], RawMessage)
+
+
+async def test_plain_sink_acknowledges_commits_and_changelog_before_bindings() -> None:
+    order: list[str] = []
+
+    class OrderedOutbox(FakeOutbox):
+        async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+            order.extend(type(o.record).__name__ for o in outputs)
+            return await super().send(outputs)
+
+    r = rig(plain=True)
+    assert r.sink.plain is not None
+    r.sink.plain.outbox = OrderedOutbox()
+    await assign(r, {0}, generation=1)
+    await r.loop.process([run_of(topics.HOLDS, 0, 1, [held("u0", "u0", gang_min=1)])])
+    assert "Commit" in order and order.index("Binding") > order.index("Commit")
+    assert r.producer.sent and r.producer.sent[0][0] == r.table.changelog
+
+
+if __name__ == "__main__":  # pragma: no cover
+    pytest.main([__file__])
+
+
+# -- the transactional sink, with fake producers ---------------------------------------------
+
+
+class FakeTxnProducer(FakeProducer):
+    """Records the transactional calls; `fail_on` names a call that raises."""
+
+    def __init__(self, txn_id: str, log: list[tuple[str, str]], fail_on: dict[str, BaseException]) -> None:
+        super().__init__()
+        self.txn_id, self.log, self.fail_on = txn_id, log, fail_on
+        self.offsets: list[tuple[dict[Any, int], str]] = []
+
+    def _call(self, name: str) -> None:
+        self.log.append((self.txn_id, name))
+        exc = self.fail_on.pop(name, None)
+        if exc is not None:
+            raise exc
+
+    async def start(self) -> None:
+        self._call("start")
+
+    async def stop(self) -> None:
+        self._call("stop")
+
+    async def begin_transaction(self) -> None:
+        self._call("begin")
+
+    async def send_batch(self, batch: FakeBatch, topic: str, partition: int) -> asyncio.Future[object]:
+        self._call(f"changelog:{topic}/{partition}")
+        return await super().send_batch(batch, topic, partition)
+
+    async def send_offsets_to_transaction(self, offsets: dict[Any, int], group_id: str) -> None:
+        self._call("offsets")
+        self.offsets.append((offsets, group_id))
+
+    async def commit_transaction(self) -> None:
+        self._call("commit")
+
+    async def abort_transaction(self) -> None:
+        self._call("abort")
+
+
+def txn_rig(fail_on: dict[str, BaseException] | None = None) -> tuple[Rig, list[tuple[str, str]], dict[str, FakeTxnProducer]]:
+    from agents.adapters.transactions import TransactionalSink
+
+    r = rig(plain=False)
+    calls: list[tuple[str, str]] = []
+    producers: dict[str, FakeTxnProducer] = {}
+    failures = fail_on if fail_on is not None else {}
+
+    def factory(txn_id: str) -> FakeTxnProducer:
+        producers[txn_id] = FakeTxnProducer(txn_id, calls, failures)
+        return producers[txn_id]
+
+    outboxes: list[FakeOutbox] = []
+
+    def make_outbox(send: Any) -> FakeOutbox:
+        outboxes.append(FakeOutbox())
+        return outboxes[-1]
+
+    sink = TransactionalSink(table=r.table, ownership=r.ownership, make_outbox=make_outbox, app_id="ks",
+                             agent="deciders", group_id="ks", producer_options={}, producer_factory=factory)
+    r.loop.sink = sink
+    r.outbox = FakeOutbox()
+    r.sink.assignments = []
+    seeks: list[tuple[str, int, int]] = []
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        seeks.append((topic, partition, offset))
+
+    r.loop.seek = seek
+    r.loop.seeks = seeks  # type: ignore[attr-defined]
+    r.loop.outboxes = outboxes  # type: ignore[attr-defined]
+    return r, calls, producers
+
+
+async def test_a_batch_is_one_transaction_per_input_partition_with_its_offsets() -> None:
+    r, calls, producers = txn_rig()
+    await assign(r, {0, 1}, generation=2)
+    assert sorted(producers) == ["ks-deciders-holds-0", "ks-deciders-holds-1"]  # started on assignment
+    runs = [run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)], first_offset=40),
+            run_of(topics.HOLDS, 1, 2, [held("u1", "u1", gang_min=1)], first_offset=7)]
+    flushed = await r.loop.process(runs)
+    assert [w.partition for w in flushed.durable] == [0, 1]
+    changelog = r.table.changelog
+    for partition, next_offset in ((0, 41), (1, 8)):
+        txn_id = f"ks-deciders-holds-{partition}"
+        mine = [name for who, name in calls if who == txn_id]
+        assert mine == ["start", "begin", f"changelog:{changelog}/{partition}", "offsets", "commit"]
+        [(offsets, group)] = producers[txn_id].offsets
+        assert group == "ks" and {(tp.topic, tp.partition): o for tp, o in offsets.items()} == {
+            (topics.HOLDS, partition): next_offset}
+    sent = [type(o.record).__name__ for box in r.loop.outboxes for o in box.sent]  # type: ignore[attr-defined]
+    assert sent.count("Commit") == 2 and sent.count("Binding") == 2  # Commit and Binding in one transaction
+
+
+async def test_a_revoked_partitions_producer_is_stopped_and_a_fenced_one_loses_the_partition() -> None:
+    from aiokafka.errors import ProducerFenced
+
+    r, calls, producers = txn_rig({"commit": ProducerFenced()})
+    await assign(r, {0, 1}, generation=2)
+    flushed = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)])])
+    assert flushed.lost and not flushed.durable and r.ownership.partitions == {1}
+    assert ("ks-deciders-holds-0", "stop") in calls
+    later = run_of(topics.HOLDS, 0, 2, [held("u2", "u2", gang_min=1)], first_offset=1)
+    assert await r.loop.process([later]) == Flushed()  # dropped until the partition is assigned again
+    await assign(r, {1}, generation=3)  # the rebalance that follows: partition 0 went elsewhere
+    assert ("ks-deciders-holds-1", "stop") not in calls  # kept partitions keep their producer
+
+
+async def test_a_failed_transaction_is_aborted_and_its_partition_read_again_from_the_run() -> None:
+    from aiokafka.errors import KafkaTimeoutError
+
+    r, calls, _ = txn_rig({"offsets": KafkaTimeoutError()})
+    await assign(r, {0}, generation=2)
+    first = run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1), held("u1", "u1", gang_min=1)], first_offset=10)
+    flushed = await r.loop.process([first])
+    assert flushed.failed and ("ks-deciders-holds-0", "abort") in calls
+    assert r.loop.seeks == [(topics.HOLDS, 0, 10)]  # type: ignore[attr-defined]
+    # What was fetched before the seek took effect is skipped; the partition resumes at offset 10.
+    assert await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u2", "u2", gang_min=1)], first_offset=12)]) == Flushed()
+    again = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1),
+                                                                held("u1", "u1", gang_min=1)], first_offset=10)])
+    assert [w.fetched.first_offset for w in again.durable] == [10]
+
+
+async def test_messages_fetched_again_after_faust_seeks_are_skipped_not_decided_twice() -> None:
+    """faust resumes a newly assigned partition before its seek to the committed offset ends:
+    what it fetched first comes again after the seek, even within one run."""
+    r = rig(plain=True)
+    await assign(r, {0}, generation=2)
+    first = run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1), held("u1", "u1", gang_min=1)], first_offset=25)
+    await r.loop.process([first])
+    again = run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1), held("u1", "u1", gang_min=1),
+                                        held("u2", "u2", gang_min=1)], first_offset=25)
+    flushed = await r.loop.process([again])
+    [work] = flushed.durable
+    assert [m.offset for m in work.fetched.messages] == [27] and r.loop.repeated == 2
+    bindings = [o.record.uid for o in r.outbox.sent if type(o.record).__name__ == "Binding"]
+    assert bindings == ["u0", "u1", "u2"]  # each once
+    await assign(r, {0}, generation=3)  # a new assignment starts afresh (faust seeks again)
+    assert r.loop.next_offsets == {}
+
+
+async def test_a_restore_holds_faust_flow_control_until_its_seek_is_done() -> None:
+    r = rig()
+    r.table.app.flow_control.resume()
+    await assign(r, {0}, generation=1)
+    assert not r.table.app.flow_control.is_active()  # faust resumes it after seeking the inputs
+
+
+async def test_a_revocation_waits_for_the_transaction_in_flight_and_later_ones_drop_their_batch() -> None:
+    r, calls, producers = txn_rig()
+    await assign(r, {0}, generation=2)
+    release = asyncio.Event()
+    producer = producers["ks-deciders-holds-0"]
+    original_commit = producer.commit_transaction
+
+    async def slow_commit() -> None:
+        await release.wait()
+        await original_commit()
+
+    producer.commit_transaction = slow_commit  # type: ignore[method-assign]
+    in_flight = asyncio.create_task(r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)])]))
+    await asyncio.sleep(0.01)
+    revoking = asyncio.create_task(r.loop.on_revoked({TP(topics.HOLDS, 0)}))
+    await asyncio.sleep(0.01)
+    assert not revoking.done()  # faust's rebalance waits: it reads the committed offsets next
+    release.set()
+    await revoking
+    assert [w.partition for w in (await in_flight).durable] == [0]
+    # A batch decided before the revocation but reaching its transaction after it is dropped.
+    sink = r.loop.sink
+    late = run_of(topics.HOLDS, 0, 2, [held("u1", "u1", gang_min=1)], first_offset=1)
+    flushed = await sink.flush([Work(late, 2, [], [], [])])
+    assert flushed.lost and calls.count(("ks-deciders-holds-0", "begin")) == 1

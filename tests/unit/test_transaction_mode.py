@@ -1,0 +1,51 @@
+"""`kafka.transactions`: validated with the other settings, and resolved before the app is built
+(`auto` asks the broker; `on` fails loudly on a broker without transactions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams import app as stream_app
+from streams.settings import SettingsError, load_settings
+
+
+def test_the_setting_defaults_to_auto_and_takes_on_or_off() -> None:
+    assert load_settings(env={}).kafka.transactions == "auto"
+    assert load_settings(env={"KOORDSTREAM_KAFKA_TRANSACTIONS": "off"}).kafka.transactions == "off"
+    with pytest.raises(SettingsError, match="kafka.transactions: must be auto, on or off, got 'maybe'"):
+        load_settings(env={"KOORDSTREAM_KAFKA_TRANSACTIONS": "maybe"})
+
+
+@pytest.mark.parametrize(("mode", "roles", "accepts", "expected"), [
+    ("auto", "state", True, True), ("auto", "state", False, False), ("off", "state", True, False),
+    ("on", "state", True, True), ("auto", "scheduler", True, False)])
+async def test_resolving_the_mode(monkeypatch: pytest.MonkeyPatch, mode: str, roles: str, accepts: bool,
+                                  expected: bool) -> None:
+    async def probe(bootstrap: str, timeout_s: float = 15.0) -> bool:
+        return accepts
+
+    monkeypatch.setattr(stream_app, "broker_accepts_transactions", probe)
+    settings = load_settings(env={"KOORDSTREAM_KAFKA_TRANSACTIONS": mode, "KOORDSTREAM_WORKER_ROLES": roles,
+                                  "KOORDSTREAM_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    assert await stream_app.resolve_transactions(settings) is expected
+
+
+async def test_on_fails_on_a_broker_that_refuses_producer_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def probe(bootstrap: str, timeout_s: float = 15.0) -> bool:
+        return False
+
+    monkeypatch.setattr(stream_app, "broker_accepts_transactions", probe)
+    settings = load_settings(env={"KOORDSTREAM_KAFKA_TRANSACTIONS": "on", "KOORDSTREAM_KAFKA_BOOTSTRAP": "b:1"})
+    with pytest.raises(ValueError, match="refuses InitProducerId"):
+        await stream_app.resolve_transactions(settings)
+
+
+def test_a_transactional_app_reads_committed_and_leaves_offsets_to_the_transactions() -> None:
+    settings = load_settings(env={"KOORDSTREAM_KAFKA_BOOTSTRAP": "127.0.0.1:1", "KOORDSTREAM_WORKER_ROLES": "state"})
+    app = stream_app.build_app(settings, transactions=True)
+    assert str(app.conf.broker[0]).startswith(f"{stream_app.COMMITTED_SCHEME}://")
+    assert type(app.tables).__name__ == "CommittedTableManager"
+    acks = {name: agent.channel.acks for name, agent in app.agents.items()}
+    assert acks == {"koordstream.nodes": True, "koordstream.owners": False, "koordstream.deciders": False}
+    plain = stream_app.build_app(settings, transactions=False)
+    assert all(agent.channel.acks for agent in plain.agents.values())
