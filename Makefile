@@ -1,10 +1,11 @@
-# The two commands: `make demo` and `make test`. Both build .venv on first use.
+# The two commands: `make demo` and `make test`. Both build .venv on first use; `make test`
+# also fetches Apache Kafka (`make kafka`: Maven Central, into .cache/kafka, once).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck clean venv
+.PHONY: demo test e2e lint typecheck clean venv kafka
 
 venv: $(STAMP)
 
@@ -14,11 +15,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# Apache Kafka's broker jars for the tests and `koordstream broker --kafka` (needs mvn; Java 17+ to run).
+kafka:
+	bash infra/kafka/install.sh
+
 demo: $(STAMP)
 	$(BIN)/koordstream demo --nodes 1000 --pods 10000 --rate 2000 --json out/demo.json
 
-test: $(STAMP)
+test: $(STAMP) kafka
 	$(BIN)/python -m pytest -q
+
+# The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
+# broker killed -9 under load, then the independent check) on Apache Kafka and on Tansu.
+e2e: $(STAMP) kafka
+	$(BIN)/python -m pytest -q -m e2e tests/e2e
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

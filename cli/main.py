@@ -53,19 +53,36 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from streams.broker import EmbeddedBroker, wait_ready
+    from streams.kafka_broker import KafkaBroker, KafkaNotInstalled
 
-    broker = EmbeddedBroker(args.port)
-    broker.start()
+    broker: EmbeddedBroker | KafkaBroker
+    if args.kafka:
+        try:
+            broker = KafkaBroker(log_dir=args.log_dir, port=args.port or None)
+        except KafkaNotInstalled as exc:
+            console.print(f"[red]broker: {exc}[/red]")
+            return 2
+        what = f"Apache Kafka broker (log in {broker.log_dir})"
+    elif args.log_dir:
+        console.print("[red]broker: --log-dir is for --kafka (the embedded broker keeps nothing on disk)[/red]")
+        return 2
+    else:
+        broker = EmbeddedBroker(args.port)
+        what = "embedded broker"
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
-        asyncio.run(wait_ready(broker.bootstrap))
-        print(f"embedded broker ready at {broker.bootstrap} (pid {broker.pid})", flush=True)
+        broker.start()
+        asyncio.run(broker.ready() if isinstance(broker, KafkaBroker) else wait_ready(broker.bootstrap))
+        print(f"{what} ready at {broker.bootstrap} (pid {broker.pid})", flush=True)
         while not stopping.is_set() and broker.proc is not None and broker.proc.poll() is None:
             stopping.wait(0.5)
     finally:
-        broker.stop()
+        if isinstance(broker, KafkaBroker):
+            broker.close()  # stops it, and removes its log folder when that is a temporary one
+        else:
+            broker.stop()
     return 0
 
 
@@ -161,8 +178,27 @@ def cmd_bench_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_perf_chaos(args: argparse.Namespace) -> int:
+    from perf.chaos import ChaosConfig, run_chaos, succeeded
+
+    cfg = ChaosConfig.preset(args.broker, args.quick, args.seed, run_dir=args.run_dir or "")
+    try:
+        result = asyncio.run(run_chaos(cfg, _settings(args)))
+    except (ValueError, TimeoutError, OSError) as exc:
+        console.print(f"[red]perf run chaos: {exc}[/red]")
+        return 2
+    console.print_json(json.dumps(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if succeeded(result) else 1
+
+
 def cmd_perf_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if args.scenario == "chaos":
+        return cmd_perf_chaos(args)
 
     from perf import scenario
     from perf.run import RunOptions, report, run_scenario
@@ -184,7 +220,8 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
             task = bar.add_task("bound", total=None)
             settings = _settings(args)
             result = asyncio.run(run_scenario(s, settings, RunOptions(
-                bootstrap=settings.kafka.bootstrap,  # empty: an embedded broker for the run
+                bootstrap=settings.kafka.bootstrap,  # empty: a broker of --broker's kind for the run
+                broker=args.broker,
                 on_progress=lambda done, total: bar.update(task, completed=done, total=total))))
     except (ValueError, TimeoutError, OSError) as exc:  # ScenarioError, StageError, bad trace files
         console.print(f"[red]perf run: {exc}[/red]")
@@ -293,8 +330,12 @@ def parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--roles", help="comma-separated: scheduler, state (default: both)")
     sp.set_defaults(fn=cmd_worker)
-    sp = sub.add_parser("broker", help="run the embedded Tansu broker in the foreground")
-    sp.add_argument("--port", type=int, default=0)
+    sp = sub.add_parser("broker", help="run a broker in the foreground: the embedded Tansu, or Apache Kafka")
+    sp.add_argument("--port", type=int, default=0, help="listen on this port (default: a free one)")
+    sp.add_argument("--kafka", action="store_true",
+                    help="Apache Kafka (single KRaft node; `make kafka` fetches it) instead of the embedded Tansu")
+    sp.add_argument("--log-dir", help="with --kafka: the folder of its log, kept across restarts "
+                                      "(default: a temporary folder, removed on exit)")
     sp.set_defaults(fn=cmd_broker)
     sp = sub.add_parser("demo", help="end-to-end run with an independent consistency check")
     common(sp)
@@ -341,6 +382,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--report", help="write report.md and the PNG plots into this directory")
     r.add_argument("--nodes-csv", help="a trace scenario's node list (alibaba: openb_node_list_gpu_node.csv)")
     r.add_argument("--pods-csv", help="a trace scenario's pod list (alibaba: openb_pod_list_default.csv)")
+    r.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                   help="the broker a run starts: the embedded Tansu, or Apache Kafka (`make kafka`)")
+    r.add_argument("--seed", type=int, default=1, help="chaos: the seed of the workload and of the kills")
+    r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
     c.add_argument("baseline")

@@ -81,14 +81,22 @@ async def wait_decided(collector: Collector, uids: set[str], stall_s: float) -> 
 
 
 @contextlib.asynccontextmanager
-async def system(settings: Settings, bootstrap: str = "", layout: str = "split"
+async def system(settings: Settings, bootstrap: str = "", layout: str = "split", broker_kind: str = "tansu"
                  ) -> AsyncIterator[tuple[Settings, list[Any]]]:
-    """The real system for a run: the embedded broker (unless `bootstrap` names one), the topics,
-    and the workers (`split`: a scheduler process and a state process; `single`: one). Yields
-    the settings pointing at the broker and the worker processes; stops everything after."""
-    broker = None
+    """The real system for a run: a broker (unless `bootstrap` names one: the embedded Tansu,
+    or with `broker_kind="kafka"` Apache Kafka from `make kafka`), the topics, and the workers
+    (`split`: a scheduler process and a state process; `single`: one). Yields the settings
+    pointing at the broker and the worker processes; stops everything after."""
+    broker: Any = None
     if not bootstrap:
-        broker = EmbeddedBroker()
+        if broker_kind == "kafka":
+            from streams.kafka_broker import KafkaBroker
+
+            broker = KafkaBroker()
+        elif broker_kind == "tansu":
+            broker = EmbeddedBroker()
+        else:
+            raise ValueError(f"broker={broker_kind!r}: choose tansu or kafka")
         broker.start()
         bootstrap = broker.bootstrap
     env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
@@ -96,7 +104,7 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split"
            **({"KOORDSTREAM_SCHEDULING_PROFILES": settings.scheduling.profiles} if settings.scheduling.profiles else {})}
     workers: list[Any] = []
     try:
-        await wait_ready(bootstrap)
+        await wait_ready(bootstrap, timeout_s=120.0)
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         await prepare(settings)
         worker = [sys.executable, "-m", "cli.main", "worker"]
@@ -108,6 +116,7 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split"
             stop(proc, deadline_s=settings.worker.shutdown_deadline_s + 1.0)
         if broker is not None:
             broker.stop()
+            getattr(broker, "close", lambda: None)()  # Apache Kafka: its temporary log folder
 
 
 async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:

@@ -75,6 +75,7 @@ NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoSchedule")
 class RunOptions:
     bootstrap: str = ""
     layout: str = "split"
+    broker: str = "tansu"  # the broker a run starts when `bootstrap` is empty: tansu or kafka
     stall_timeout_s: float = 30.0
     startup_timeout_s: float = 180.0
     on_progress: Callable[[int, int], None] | None = None
@@ -121,7 +122,7 @@ async def run_scenario(s: sc.Scenario, settings: Settings, opts: RunOptions | No
     if s.profiles:
         settings = replace(settings, scheduling=replace(settings.scheduling, profiles=str(ROOT / s.profiles)))
     started = time.perf_counter()
-    async with system(settings, opts.bootstrap, opts.layout) as (settings, workers):
+    async with system(settings, opts.bootstrap, opts.layout, opts.broker) as (settings, workers):
         return await _drive(s, settings, workers, Lifecycle(stages, speedup=s.speedup, seed=s.seed), started, opts)
 
 

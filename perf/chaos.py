@@ -1,0 +1,540 @@
+"""`koordstream perf run chaos`: kill -9 workers (and the broker) under load, then check.
+
+The run brings up a broker (Apache Kafka with its log in the run's folder, or the embedded
+Tansu), the topics, and four worker processes: two with the `state` role (owners and
+deciders, one consumer group) and two with the `scheduler` role. It publishes a seeded
+workload sized so that every pod fits (plain pods, GPU shares, whole GPUs with RDMA virtual
+functions, gangs with one member beyond min-available, pods that consume a Reservation
+published ahead of them) at a steady rate, deletes a seeded share of the pods a few seconds
+after their creation (before or after they were bound), and meanwhile kills -9 a seeded random
+worker at seeded random moments and restarts it at once; on Apache Kafka it also kills -9 the
+broker once and restarts it on the same log. Any worker that exits by itself is restarted too
+(and counted).
+
+At the end, once every pod is decided or nothing moves for the stall time, the independent
+checker works from the records on the topics only (read `read_committed`) and the published
+inputs: every pod bound exactly once or deleted, no pod with two distinct Bindings (another
+node, or other devices), no node over-committed, no GPU or NIC over-committed (from the
+Bindings' device results), no gang partially bound; and, from the owners' last reports on
+`state-changes`, no hold left held and no nomination left.
+
+Recovery of a kill: from the kill until every input partition that was deciding just before
+it decides again (a state worker: the origins of the owners' reports and the deciders'
+Bindings, `koordstream-origin` headers; a scheduler: Claims for pods of every `pods`
+partition); the goal is 20 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents.intake import origin_from_headers
+from agents.state import devices
+from perf.checker import (
+    DevicePlacement,
+    Placement,
+    check,
+    device_amounts,
+    devices_overcommitted,
+    partial_gangs,
+)
+from schemas import topics
+from schemas.codec import decode_message
+from schemas.errors import SchemaError
+from schemas.records import (
+    GANG_MIN_AVAILABLE_ANNOTATION,
+    GANG_NAME_ANNOTATION,
+    GANG_WAITING_TIME_ANNOTATION,
+    Binding,
+    Claim,
+    GpuDevice,
+    Node,
+    NodeStateChange,
+    Pod,
+    PodDeleted,
+    PodTerminated,
+    RdmaDevice,
+    Record,
+    Reservation,
+    ReservationOwner,
+    ResourceList,
+)
+from streams.broker import EmbeddedBroker, wait_ready
+from streams.catalogue import partition_for
+from streams.process import spawn_tied, stop
+from streams.producer import RecordProducer
+from streams.settings import Settings
+from streams.worker import prepare
+
+GI = 1024**3
+WORKERS = ("state-0", "state-1", "scheduler-0", "scheduler-1")
+RECOVERY_GOAL_S = 20.0
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    broker: str = "kafka"  # kafka | tansu
+    seed: int = 1
+    pods: int = 10_000
+    rate: float = 25.0  # pods offered per second
+    kills: int = 12
+    broker_restarts: int = 1  # Apache Kafka only: Tansu keeps nothing across its restart
+    deleted_share: float = 0.05
+    partitions: int = 4
+    stall_s: float = 90.0
+    settle_s: float = 45.0  # after the last decision: gang timeouts (30 s) and late reports
+    run_dir: str = ""
+
+    @classmethod
+    def preset(cls, broker: str, quick: bool, seed: int, run_dir: str = "") -> ChaosConfig:
+        restarts = 1 if broker == "kafka" else 0
+        if quick:
+            return cls(broker=broker, seed=seed, pods=900, rate=20.0, kills=3, broker_restarts=restarts,
+                       stall_s=60.0, run_dir=run_dir)
+        return cls(broker=broker, seed=seed, broker_restarts=restarts, run_dir=run_dir)
+
+
+# --- the workload ------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    nodes: list[Node]
+    timeline: list[tuple[float, str, Record]]  # (offset s, topic, record), in time order
+    pods: dict[str, Pod]
+    deleted: set[str]
+    gangs: dict[str, tuple[int, list[str]]]  # gang -> (min-available, member uids)
+
+
+def workload(cfg: ChaosConfig, run: str, now: float = 0.0) -> Workload:
+    """The seeded workload, and a cluster twice its size in CPUs and GPUs, so that every pod fits.
+    Creation times count from `now`."""
+    rng = random.Random(cfg.seed)
+    namespace = f"chaos-{run}"
+    pods: dict[str, Pod] = {}
+    timeline: list[tuple[float, str, Record]] = []
+    gangs: dict[str, tuple[int, list[str]]] = {}
+    deleted: set[str] = set()
+    kinds = ["web", "batch", "infer", "rdma", "gang", "reserved"]
+    weights = [50, 20, 12, 6, 2, 4]
+    n = 0
+
+    def add(at: float, uid: str, requests: ResourceList, annotations: dict[str, str] | None = None) -> Pod:
+        pod = Pod(uid=uid, name=uid, namespace=namespace, requests=requests, annotations=annotations or {},
+                  creation_timestamp=now + at)
+        pods[uid] = pod
+        timeline.append((at, topics.PODS, pod))
+        return pod
+
+    while len(pods) < cfg.pods:
+        at = len(pods) / cfg.rate
+        kind = rng.choices(kinds, weights)[0]
+        uid = f"c{run}-{kind}-{n:06d}"
+        n += 1
+        if kind == "web":
+            add(at, uid, ResourceList(cpu=500, memory=GI))
+        elif kind == "batch":
+            add(at, uid, ResourceList(cpu=1000, memory=2 * GI))
+        elif kind == "infer":
+            add(at, uid, ResourceList(cpu=2000, memory=8 * GI, **{devices.GPU_CORE: 50, devices.GPU_RATIO: 50}))
+        elif kind == "rdma":
+            add(at, uid, ResourceList(cpu=4000, memory=16 * GI, **{devices.NVIDIA_GPU: 1, devices.RDMA: 1}))
+        elif kind == "reserved":
+            requests = ResourceList(cpu=500, memory=GI)
+            timeline.append((max(0.0, at - 1.0), topics.PODS, Reservation(
+                uid=f"r-{uid}", name=f"r-{uid}", requests=requests, owners=(ReservationOwner(object_uid=uid),),
+                ttl_s=600.0, creation_timestamp=now + at)))
+            add(at, uid, requests)
+        else:  # a gang of five, min-available four; one member may be deleted
+            gang = uid
+            rdma = rng.random() < 0.5
+            members = []
+            for m in range(5):
+                requests = ResourceList(cpu=4000, memory=16 * GI, **{devices.NVIDIA_GPU: 1})
+                if rdma:
+                    requests[devices.RDMA] = 1
+                members.append(add(at, f"{gang}-m{m}", requests, {
+                    GANG_NAME_ANNOTATION: gang, GANG_MIN_AVAILABLE_ANNOTATION: "4",
+                    GANG_WAITING_TIME_ANNOTATION: "30s"}).uid)
+            gangs[gang] = (4, members)
+            if rng.random() < cfg.deleted_share * 4:
+                deleted.add(rng.choice(members))
+    # The cluster: GPU nodes for twice the GPUs asked, CPU nodes for the CPUs they leave short.
+    asked_gpus = sum(p.requests.get(devices.NVIDIA_GPU, 0) + p.requests.get(devices.GPU_CORE, 0) / 100
+                     for p in pods.values())
+    gpu_nodes = max(4, math.ceil(asked_gpus * 2 / 8))
+    nodes = [Node(name=f"c{run}-gpu-{i:04d}", labels={"pool": "gpu"},
+                  allocatable=ResourceList(cpu=96_000, memory=512 * GI, pods=110, **{devices.NVIDIA_GPU: 8}),
+                  gpus=tuple(GpuDevice(minor=g, model="A100", memory=80 * GI) for g in range(8)),
+                  rdma=(RdmaDevice("mlx5_0", 0, 8), RdmaDevice("mlx5_1", 1, 8)))
+             for i in range(gpu_nodes)]
+    asked_cpu = sum(p.requests["cpu"] for p in pods.values())
+    cpu_nodes = max(2, math.ceil((asked_cpu * 2 - gpu_nodes * 96_000) / 64_000))
+    nodes += [Node(name=f"c{run}-cpu-{i:04d}", labels={"pool": "cpu"},
+                   allocatable=ResourceList(cpu=64_000, memory=256 * GI, pods=110))
+              for i in range(cpu_nodes)]
+    singles = [uid for uid, p in pods.items() if GANG_NAME_ANNOTATION not in p.annotations]
+    deleted.update(rng.sample(singles, int(len(singles) * cfg.deleted_share)))
+    offsets = {uid: at for at, _, r in timeline if isinstance(r, Pod) for uid in (r.uid,)}
+    for uid in sorted(deleted):
+        p = pods[uid]
+        timeline.append((offsets[uid] + rng.uniform(0.0, 15.0), topics.PODS, PodDeleted(
+            uid=uid, name=p.name, namespace=p.namespace, annotations=p.annotations)))
+    timeline.sort(key=lambda item: item[0])
+    return Workload(nodes, timeline, pods, deleted, gangs)
+
+
+# --- the processes -----------------------------------------------------------------------------
+
+
+class Fleet:
+    """The worker processes by name (`state-0`, `scheduler-1`, ...), their logs in `logs`."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.starts: dict[str, int] = {}
+        self.unplanned_exits: list[tuple[float, str, int]] = []
+
+    def start(self, name: str) -> None:
+        role = name.split("-")[0]
+        self.starts[name] = self.starts.get(name, 0) + 1
+        log = open(self.logs / f"{name}.{self.starts[name]}.log", "wb")  # noqa: SIM115 - the child owns it
+        self.procs[name] = spawn_tied([sys.executable, "-m", "cli.main", "worker", "--roles", role],
+                                      env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def kill(self, name: str) -> float:
+        proc = self.procs[name]
+        killed_at = time.time()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return killed_at
+
+    def restart_exited(self) -> None:
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is not None:
+                self.unplanned_exits.append((time.time(), name, proc.returncode))
+                self.start(name)
+
+    def stop_all(self, deadline_s: float) -> None:
+        for proc in self.procs.values():
+            stop(proc, deadline_s=deadline_s)
+
+
+# --- reading the topics ------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """Every record read back: (broker time s, topic, partition, origin source, record)."""
+
+    records: list[tuple[float, str, int, str, Record]] = field(default_factory=list)
+
+
+async def read_topics(bootstrap: str, names: Iterable[str], partitions: int, seen: Seen) -> None:
+    """Read `names` from the beginning, committed records only, until cancelled."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", fetch_max_wait_ms=50,
+                                isolation_level="read_committed")
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(t, p) for t in names for p in range(partitions)])
+        await consumer.seek_to_beginning()
+        while True:
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=20000)
+            except Exception:  # noqa: BLE001 - the broker is being restarted: read on
+                await asyncio.sleep(0.5)
+                continue
+            for tp, messages in batches.items():
+                for m in messages:
+                    origin = origin_from_headers(m.headers)
+                    source = origin.source if origin else ""
+                    for r in decode_message(m.value):
+                        if not isinstance(r, SchemaError):
+                            seen.records.append((m.timestamp / 1000.0, tp.topic, tp.partition, source, r))
+    finally:
+        await consumer.stop()
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def _schedule(cfg: ChaosConfig, span_s: float) -> list[tuple[float, str]]:
+    """Seeded (offset s, what) of every kill and broker restart: within the publishing span,
+    at least 20 s of load after each, spaced so that each can recover before the next."""
+    rng = random.Random(cfg.seed * 7919 + 1)
+    events = cfg.kills + cfg.broker_restarts
+    if not events:
+        return []
+    start, end = min(10.0, span_s * 0.1), max(span_s - 20.0, span_s * 0.5)
+    slot = (end - start) / events
+    whats = [rng.choice(WORKERS) for _ in range(cfg.kills)]
+    for _ in range(cfg.broker_restarts):
+        whats.insert(rng.randrange(len(whats) + 1), "broker")
+    return [(start + slot * i + rng.uniform(0.0, slot * 0.5), what) for i, what in enumerate(whats)]
+
+
+async def run_chaos(cfg: ChaosConfig, settings: Settings) -> dict[str, Any]:
+    run = uuid.uuid4().hex[:6]
+    run_dir = Path(cfg.run_dir or f"out/chaos-{run}")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    broker: Any
+    if cfg.broker == "kafka":
+        from streams.kafka_broker import KafkaBroker
+
+        broker = KafkaBroker(log_dir=str(run_dir / "kafka"))
+    elif cfg.broker == "tansu":
+        broker = EmbeddedBroker()
+        if cfg.broker_restarts:
+            raise ValueError("broker_restarts: the embedded Tansu keeps nothing across a restart; use --broker kafka")
+    else:
+        raise ValueError(f"broker={cfg.broker!r}: choose kafka or tansu")
+    broker.start()
+    fleet: Fleet | None = None
+    try:
+        await wait_ready(broker.bootstrap, timeout_s=120.0)
+        bootstrap = broker.bootstrap
+        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
+               "KOORDSTREAM_KAFKA_PARTITIONS": str(cfg.partitions)}
+        settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap, partitions=cfg.partitions))
+        await prepare(settings)
+        fleet = Fleet(env, run_dir / "logs")
+        for name in WORKERS:
+            fleet.start(name)
+        return await _drive(cfg, run, broker, fleet)
+    finally:
+        if fleet is not None:
+            fleet.stop_all(settings.worker.shutdown_deadline_s + 1.0)
+        broker.stop()
+
+
+async def _publish_retrying(producer: RecordProducer, topic: str, records: list[Record]) -> None:
+    """Publish and wait for the acknowledgement, again and again while the broker is away
+    (a record sent twice is the same record: pods are idempotent by uid)."""
+    while True:
+        try:
+            await producer.flush(await producer.publish(topic, records))
+            return
+        except Exception:  # noqa: BLE001 - the broker is being restarted
+            await asyncio.sleep(0.5)
+
+
+async def _drive(cfg: ChaosConfig, run: str, broker: Any, fleet: Fleet) -> dict[str, Any]:
+    w = workload(cfg, run, time.time())
+    seen = Seen()
+    reader = asyncio.create_task(read_topics(
+        broker.bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.NODE_INBOX, topics.STATE_CHANGES],
+        cfg.partitions, seen))
+    kills: list[dict[str, Any]] = []
+    broker_restarts: list[dict[str, Any]] = []
+    try:
+        async with RecordProducer(broker.bootstrap, cfg.partitions) as producer:
+            await _publish_retrying(producer, topics.NODES, list(w.nodes))
+            await _wait_nodes_reported(seen, {n.name for n in w.nodes}, timeout_s=180.0, fleet=fleet)
+            span = w.timeline[-1][0]
+            plan = _schedule(cfg, span)
+            t0 = time.time()
+            started = time.monotonic()
+            i = 0
+            while i < len(w.timeline) or plan:
+                now = time.monotonic() - started
+                if plan and plan[0][0] <= now:
+                    _, what = plan.pop(0)
+                    if what == "broker":
+                        broker_restarts.append(await _restart_broker(broker, fleet))
+                    else:
+                        killed_at = fleet.kill(what)
+                        fleet.start(what)
+                        kills.append({"worker": what, "at": killed_at, "offset_s": round(killed_at - t0, 1)})
+                j = i
+                while j < len(w.timeline) and w.timeline[j][0] <= now:
+                    j += 1
+                if j > i:
+                    await _publish_retrying(producer, topics.PODS, [r for _, _, r in w.timeline[i:j]])
+                    i = j
+                fleet.restart_exited()
+                await asyncio.sleep(0.02)
+            published_s = time.time() - t0
+        await _wait_quiet(cfg, w, seen, fleet)
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+    out = verdict(w, seen, cfg.partitions)
+    for k in kills:
+        k["recovery_s"] = recovery_s(seen, k["at"], k["worker"].split("-")[0], cfg.partitions)
+    for b in broker_restarts:
+        b["recovery_s"] = recovery_s(seen, b["at"], "any", cfg.partitions)
+    out.update({
+        "broker": cfg.broker,
+        "seed": cfg.seed,
+        "kills": len(kills),
+        "broker_restarts": len(broker_restarts),
+        "recovery_s": [k["recovery_s"] for k in kills],
+        "broker_recovery_s": [b["recovery_s"] for b in broker_restarts],
+        "kill_log": [{k: v for k, v in kill.items() if k != "at"} for kill in kills],
+        "unplanned_exits": [{"worker": name, "code": code, "offset_s": round(at - t0, 1)}
+                            for at, name, code in fleet.unplanned_exits],
+        "publish_s": round(published_s, 1),
+        "wall_s": round(time.time() - t0, 1),
+    })
+    return out
+
+
+async def _restart_broker(broker: Any, fleet: Fleet) -> dict[str, Any]:
+    killed_at = time.time()
+    broker.kill()
+    await asyncio.sleep(2.0)
+    broker.restart()
+    await wait_ready(broker.bootstrap, timeout_s=120.0)
+    fleet.restart_exited()
+    return {"at": killed_at, "down_s": round(time.time() - killed_at, 1)}
+
+
+async def _wait_nodes_reported(seen: Seen, names: set[str], timeout_s: float, fleet: Fleet) -> None:
+    deadline = time.monotonic() + timeout_s
+    reported: set[str] = set()
+    read = 0
+    while True:
+        for _, _, _, _, r in seen.records[read:]:
+            if isinstance(r, NodeStateChange) and r.node_record is not None:
+                reported.add(r.node)
+        read = len(seen.records)
+        if names <= reported:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the owners reported {len(reported & names)} of {len(names)} nodes in {timeout_s}s")
+        fleet.restart_exited()
+        await asyncio.sleep(0.2)
+
+
+async def _wait_quiet(cfg: ChaosConfig, w: Workload, seen: Seen, fleet: Fleet) -> None:
+    """Until every pod that must bind is bound (then `settle_s` more for the last reports), or
+    nothing new was decided for `stall_s`."""
+    must = set(w.pods) - w.deleted
+    bound: set[str] = set()
+    read, last, count = 0, time.monotonic(), -1
+    while True:
+        for _, _, _, _, r in seen.records[read:]:
+            if isinstance(r, Binding):
+                bound.add(r.uid)
+        read = len(seen.records)
+        if must <= bound:
+            await asyncio.sleep(cfg.settle_s if w.gangs else 5.0)
+            return
+        if len(bound) != count:
+            count, last = len(bound), time.monotonic()
+        elif time.monotonic() - last > cfg.stall_s:
+            return
+        fleet.restart_exited()
+        await asyncio.sleep(0.5)
+
+
+# --- the verdict -------------------------------------------------------------------------------
+
+
+def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
+    """The independent check (see the module docstring), from the records read back."""
+    pods = w.pods
+    bindings = [(ts, r) for ts, topic, _, _, r in seen.records if topic == topics.BINDINGS and isinstance(r, Binding)]
+    distinct: dict[str, set[tuple[str, str]]] = {}
+    for _, b in bindings:
+        distinct.setdefault(b.uid, set()).add((b.node, json.dumps(b.annotations, sort_keys=True)))
+    terminations = [Placement(ts, r.uid, r.node) for ts, topic, _, _, r in seen.records
+                    if topic == topics.NODE_INBOX and isinstance(r, PodTerminated)]
+    requests = {uid: devices.with_gpu_totals(p.requests) for uid, p in pods.items()}
+    for _, _, r in w.timeline:
+        if isinstance(r, Reservation):
+            requests[r.uid] = devices.with_gpu_totals(r.requests)
+    allocatable = {n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in w.nodes}
+    result = check(allocatable, requests, [Placement(ts, b.uid, b.node) for ts, b in bindings],
+                   terminations, counted=set(pods))
+    capacity = {n.name: {**{f"gpu/{g.minor}/core": g.core for g in n.gpus},
+                         **{f"gpu/{g.minor}/ratio": g.memory_ratio for g in n.gpus},
+                         **{f"rdma/{nic.minor}/vfs": nic.vfs for nic in n.rdma}} for n in w.nodes}
+    device_placements = [DevicePlacement(ts, b.uid, b.node, device_amounts(
+        b.annotations.get(devices.DEVICE_ALLOCATED, ""))) for ts, b in bindings]
+    devices_over = devices_overcommitted(capacity, device_placements, terminations)
+    bound = set(distinct)
+    last_hold: dict[str, str] = {}
+    last_nominations: dict[str, tuple[str, ...]] = {}
+    for _, topic, _, _, r in seen.records:
+        if topic == topics.STATE_CHANGES and isinstance(r, NodeStateChange):
+            last_hold.update(r.holds)
+            last_nominations[r.node] = tuple(n.uid for n in r.nominations)
+    ours = set(pods) | {f"r-{uid}" for uid in pods}
+    holds_leaked = sorted(h for h, status in last_hold.items() if status == "held" and h.split("/", 1)[0] in ours)
+    nominations_leaked = sorted(f"{node}/{uid}" for node, uids in last_nominations.items() for uid in uids
+                                if uid in ours)
+    unbound = sorted(set(pods) - w.deleted - bound)
+    return {
+        "pods_total": len(pods),
+        "pods_bound": len(bound & set(pods)),
+        "pods_deleted": len(w.deleted),
+        "pods_deleted_before_binding": len(w.deleted - bound),
+        "pods_unschedulable": len(unbound),
+        "pods_double_bound": sum(1 for uid, b in distinct.items() if len(b) > 1 and uid in pods),
+        "nodes_overcommitted": result.nodes_overcommitted,
+        "devices_overcommitted": len(devices_over),
+        "gangs": len(w.gangs),
+        "gangs_partial": len(partial_gangs(w.gangs, bound)),
+        "holds_leaked": len(holds_leaked),
+        "nominations_leaked": len(nominations_leaked),
+        "examples": {
+            "unbound": unbound[:10],
+            "double_bound": sorted(uid for uid, b in distinct.items() if len(b) > 1)[:10],
+            "overcommitted": dict(list(result.overcommitted.items())[:5]),
+            "devices_overcommitted": dict(list(devices_over.items())[:5]),
+            "holds_leaked": holds_leaked[:10],
+            "nominations_leaked": nominations_leaked[:10],
+        },
+    }
+
+
+def recovery_s(seen: Seen, at: float, role: str, partitions: int, window_s: float = 10.0) -> float | None:
+    """Seconds from `at` until every source that decided in the `window_s` before it decides
+    again (see the module docstring); None when one never does."""
+    events: list[tuple[float, str]] = []
+    for ts, topic, _, source, r in seen.records:
+        if role in ("state", "any") and source and topic in (topics.STATE_CHANGES, topics.BINDINGS):
+            events.append((ts, source))
+        if role in ("scheduler", "any") and topic == topics.NODE_INBOX and isinstance(r, Claim):
+            events.append((ts, f"{topics.PODS}/{partition_for(r.uid, partitions)}"))
+    active = {source for ts, source in events if at - window_s <= ts < at}
+    if not active:
+        return 0.0
+    first_after: dict[str, float] = {}
+    for ts, source in sorted(events):
+        if ts > at and source in active and source not in first_after:
+            first_after[source] = ts
+    if len(first_after) < len(active):
+        return None
+    return round(max(first_after.values()) - at, 2)
+
+
+def succeeded(out: dict[str, Any]) -> bool:
+    return bool(
+        out["pods_unschedulable"] == 0 and out["pods_double_bound"] == 0 and out["nodes_overcommitted"] == 0
+        and out["devices_overcommitted"] == 0 and out["gangs_partial"] == 0 and out["holds_leaked"] == 0
+        and out["nominations_leaked"] == 0
+    )

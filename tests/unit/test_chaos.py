@@ -1,0 +1,87 @@
+"""The chaos run's pure parts: the seeded workload and kill plan, recovery times, the verdict."""
+
+from __future__ import annotations
+
+from perf.chaos import ChaosConfig, Seen, Workload, _schedule, recovery_s, verdict, workload
+from schemas import topics
+from schemas.records import (
+    GANG_NAME_ANNOTATION,
+    Binding,
+    Claim,
+    Node,
+    NodeStateChange,
+    Pod,
+    PodDeleted,
+    Reservation,
+    ResourceList,
+)
+from streams.catalogue import partition_for
+
+
+def test_workload_is_seeded_and_fits_with_room_to_spare() -> None:
+    cfg = ChaosConfig.preset("tansu", quick=True, seed=5)
+    a, b = workload(cfg, "x"), workload(cfg, "x")
+    assert a.timeline == b.timeline and a.nodes == b.nodes and a.deleted == b.deleted
+    kinds = {type(r) for _, _, r in a.timeline}
+    assert {Pod, PodDeleted, Reservation} <= kinds and a.gangs
+    gpus = sum(n.allocatable.get("nvidia.com/gpu", 0) for n in a.nodes)
+    cpu = sum(n.allocatable["cpu"] for n in a.nodes)
+    asked_gpus = sum(p.requests.get("nvidia.com/gpu", 0) + p.requests.get("koordinator.sh/gpu-core", 0) / 100
+                     for p in a.pods.values())
+    assert asked_gpus <= 0.6 * gpus and sum(p.requests["cpu"] for p in a.pods.values()) <= 0.5 * cpu
+    # A gang has one member beyond min-available, so one deletion cannot leave it short.
+    for minimum, members in a.gangs.values():
+        assert len(members) == minimum + 1 and len(set(members) & a.deleted) <= 1
+        assert all(GANG_NAME_ANNOTATION in a.pods[m].annotations for m in members)
+    # Deletions come after their pod.
+    first = {r.uid: at for at, _, r in a.timeline if isinstance(r, Pod)}
+    assert all(at >= first[r.uid] for at, _, r in a.timeline if isinstance(r, PodDeleted))
+
+
+def test_kill_plan_is_seeded_inside_the_load_and_spaced() -> None:
+    cfg = ChaosConfig.preset("kafka", quick=False, seed=9)
+    plan = _schedule(cfg, 400.0)
+    assert plan == _schedule(cfg, 400.0)
+    assert len(plan) == cfg.kills + cfg.broker_restarts and sum(w == "broker" for _, w in plan) == 1
+    times = [t for t, _ in plan]
+    assert times == sorted(times) and times[0] >= 10.0 and times[-1] <= 380.0
+    assert min(b - a for a, b in zip(times, times[1:], strict=False)) > 0
+    assert _schedule(ChaosConfig.preset("kafka", quick=False, seed=10), 400.0) != plan
+
+
+def _claim(uid: str) -> Claim:
+    return Claim(uid=uid, attempt=0, node="n", decision_key=uid, requests=ResourceList(cpu=1))
+
+
+def test_recovery_is_when_every_source_active_before_the_kill_decides_again() -> None:
+    seen = Seen()
+    p = 4
+    uids = {partition_for(f"u{i}", p): f"u{i}" for i in range(50)}  # one uid per partition
+    for uid in uids.values():
+        seen.records.append((95.0, topics.NODE_INBOX, 0, "", _claim(uid)))  # all four active before
+    seen.records.append((101.0, topics.NODE_INBOX, 0, "", _claim(uids[0])))
+    seen.records.append((102.0, topics.NODE_INBOX, 0, "", _claim(uids[1])))
+    seen.records.append((103.0, topics.NODE_INBOX, 0, "", _claim(uids[2])))
+    assert recovery_s(seen, 100.0, "scheduler", p) is None  # partition 3 never decided again
+    seen.records.append((112.5, topics.NODE_INBOX, 0, "", _claim(uids[3])))
+    assert recovery_s(seen, 100.0, "scheduler", p) == 12.5
+    # A state worker: by the origins of the owners' reports and the deciders' Bindings.
+    seen.records.append((96.0, topics.STATE_CHANGES, 0, "node-inbox/1", NodeStateChange(node="n", seq=1)))
+    seen.records.append((104.0, topics.STATE_CHANGES, 0, "node-inbox/1", NodeStateChange(node="n", seq=2)))
+    assert recovery_s(seen, 100.0, "state", p) == 4.0
+
+
+def test_verdict_counts_what_the_issue_asks_for() -> None:
+    pods = {u: Pod(uid=u, name=u, requests=ResourceList(cpu=100)) for u in ("a", "b", "c", "g0", "g1", "g2")}
+    w = Workload(nodes=[Node(name="n1", allocatable=ResourceList(cpu=1000, pods=110))],
+                 timeline=[], pods=pods, deleted={"c"}, gangs={"g": (2, ["g0", "g1", "g2"])})
+    seen = Seen()
+    for t, (uid, node) in enumerate([("a", "n1"), ("b", "n1"), ("b", "n2"), ("g0", "n1")]):
+        seen.records.append((float(t), topics.BINDINGS, 0, "holds/0", Binding(uid=uid, namespace="d", name=uid, node=node, attempt=0, decision_key=uid)))
+    seen.records.append((9.0, topics.STATE_CHANGES, 0, "node-inbox/0",
+                         NodeStateChange(node="n1", seq=1, holds={"g1/0/n1": "held", "a/0/n1": "committed"})))
+    out = verdict(w, seen, 4)
+    assert out["pods_total"] == 6 and out["pods_deleted"] == 1
+    assert out["pods_double_bound"] == 1  # b on two nodes
+    assert out["pods_unschedulable"] == 2  # g1, g2 (c was deleted)
+    assert out["gangs_partial"] == 1 and out["holds_leaked"] == 1
