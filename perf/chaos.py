@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import random
@@ -295,6 +296,8 @@ def _schedule(cfg: ChaosConfig, span_s: float) -> list[tuple[float, str]]:
 
 
 async def run_chaos(cfg: ChaosConfig, settings: Settings) -> dict[str, Any]:
+    # The harness's clients retry through every kill and restart; aiokafka logs each failed try.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     run = uuid.uuid4().hex[:6]
     run_dir = Path(cfg.run_dir or f"out/chaos-{run}")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,6 @@ from typing import Any
 
 import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from faust.transport.drivers import TRANSPORTS
 
 from agents.adapters import deciders, owners
 from agents.adapters import scheduler as scheduler_agent
@@ -48,29 +47,7 @@ from streams.outbox import PartitionedOutbox
 from streams.settings import Settings
 
 CHANGELOG_BUFFER = 10_000
-COMMITTED_SCHEME = "koordstream-committed"
 log = logging.getLogger("koordstream.app")
-
-
-class CommittedConsumerThread(transport.ConsumerThread):
-    """The worker's consumer reads committed records only (aborted transactions are skipped)."""
-
-    def _create_worker_consumer(self, t: Any) -> Any:
-        consumer = super()._create_worker_consumer(t)
-        consumer._isolation_level = "read_committed"  # read by aiokafka when the consumer starts
-        return consumer
-
-
-class CommittedConsumer(transport.Consumer):
-    def _new_consumer_thread(self) -> CommittedConsumerThread:
-        return CommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class CommittedTransport(transport.Transport):
-    Consumer = CommittedConsumer
-
-
-TRANSPORTS.aliases.setdefault(COMMITTED_SCHEME, f"{__name__}:CommittedTransport")
 
 
 async def broker_accepts_transactions(bootstrap: str, timeout_s: float = 15.0) -> bool:
@@ -110,7 +87,7 @@ def build_app(settings: Settings, transactions: bool = False) -> faust.App:
         extra["TableManager"] = committed_table_manager(k.bootstrap)
     app = faust.App(
         group_id(settings),
-        broker=f"{COMMITTED_SCHEME if transactions else transport.SCHEME}://{k.bootstrap}",
+        broker=f"{transport.COMMITTED_SCHEME if transactions else transport.SCHEME}://{k.bootstrap}",
         store="memory://",
         web_enabled=False,
         topic_partitions=k.partitions,

@@ -36,9 +36,20 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
     async def partitions_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         service.on_partitions_assigned(ours(args[0]))  # args: (assigned TPs,)
 
+    # After every rebalance faust resumes the input partitions, seeks them to their committed
+    # offsets, then resumes flow control, which clears every stream queue: messages fetched
+    # between the resume and the seek were cleared while the read offsets had moved past them,
+    # so they were lost for good (pods never scheduled after a rebalance). With flow control
+    # suspended they wait at the door and go in after the clearing (the state agents' tables
+    # do the same, `agents.adapters.tables`); what then arrives twice is idempotent here (a
+    # pod by uid, a requeue by attempt).
+    async def rebalance_complete(sender: Any, *args: Any, **kwargs: Any) -> None:
+        app.flow_control.suspend()
+
     # mode's SignalHandlerT admits no function under mypy (its NamedArg "signal"), hence the ignores.
     app.on_partitions_revoked.connect(partitions_revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(partitions_assigned)  # type: ignore[arg-type]
+    app.on_rebalance_complete.connect(rebalance_complete)  # type: ignore[arg-type]
 
     @app.agent(inputs, name="koordstream.scheduler")
     async def scheduler(stream: faust.StreamT[Any]) -> None:
