@@ -298,9 +298,11 @@ class SchedulerCore:
         for change in changes:
             event |= self.state.apply(change)
             for hid, status in change.holds.items():
-                if status == "committed":
+                if status in ("committed", "terminated"):
                     # Bound, and decisions are final: whatever is still queued for the pod (a
-                    # replay of `pods` after a restart, a second claim) is moot.
+                    # replay of `pods` after a restart, a second claim) is moot. Terminated
+                    # too: only a committed hold is, even one terminated at once on its commit
+                    # (its node gone or changed), whose report never says committed.
                     uid = hid.split("/", 1)[0]
                     self.bound.add(uid)
                     self.requeued.pop(uid, None)

@@ -13,7 +13,9 @@ sees every member of a gang. The decisions:
   member is terminated or deleted the gang starts over and waits for min-available again (a
   new job reusing the gang's name is a new gang);
 - every other Held (pod already bound, deleted, an older attempt, or a second claim) gets a
-  Release;
+  Release; a Held of an older attempt of a pending pod also announces the latest attempt again
+  (a Requeue, as a stale Rejected does): its scheduler lost count (a restart) and would wait
+  for ever;
 - a Rejected of a pending pod requeues it with the next attempt (an older attempt announces
   the latest one again); a soft rejection (wound-wait) also notes the node where the owner
   nominated the pod (`PodEntry.nominated`); a soft rejection of a pod that is bound or gone
@@ -41,7 +43,9 @@ names gets byte-identical outputs). What is recorded, by input:
   (`deleted:<uid>`: its Releases, NominationCleareds or PodTerminated), a termination of a
   pod still pending (`terminated:<uid>`), a soft rejection of a pod bound or gone (hold id:
   its NominationCleared);
-- a gang given up, per round: `gave_up[round]`, its members' Release and Requeue with the
+- a Held of an older attempt of a pending pod: its Requeue in `sent[hold id]`;
+- a gang given up, per round: `gave_up[round]`, its members' Release and Requeue (past every
+  attempt the member's scheduler may hold: its own and any requeued since) with the
   trigger (`timeout:<round>`, the rejected hold id, `yield:<node>:<holds>`) and the reason, so
   that the same trigger redelivered re-sends them and no other input does (a round given up
   by a Strict rejection is not re-sent by its timer firing later).
@@ -249,6 +253,10 @@ class Decider:
         if refusal:
             state.decisions[hid], state.reasons[hid] = RELEASED, refusal
             out.first.append(self._release(state.key, held.uid, held.attempt, held.node, refusal))
+            if entry.status == PENDING and held.attempt < entry.attempt:
+                # A scheduler that lost count (a restart) claimed an older attempt: announce the
+                # latest again, as for a stale rejection, or it waits for an answer for ever.
+                self._send(state, hid, [self._requeue(state.key, held.uid, entry.attempt, refusal)], out)
             return
         if held.gang_min <= 1 or self._satisfied(state):
             self._accept(state, hid, {hid: self._member(held.namespace, held.name, held.nominated_node,
@@ -359,6 +367,7 @@ class Decider:
             # re-sends it too, or decided by earlier code.
             uid, attempt, node = _hold_fields(hid)
             out.first.append(self._release(state.key, uid, attempt, node, state.reasons.get(hid, "replayed")))
+            self._resend(state, hid, out)  # the latest attempt announced to a stale claim
         # WAITING: the Held caused nothing yet.
 
     # -- Rejected -----------------------------------------------------------------------------
@@ -431,7 +440,10 @@ class Decider:
         members = []
         for wid, w in sorted(state.waiting.items()):
             entry = state.pods.setdefault(w["uid"], PodEntry())
-            entry.attempt = max(entry.attempt, w["attempt"] + 1)
+            # Past every attempt the pod's scheduler may hold: the member's own, and the
+            # latest requeued since (a second claim of the pod, rejected or released while this
+            # one waited, already announced that one, and its scheduler waits on it).
+            entry.attempt = max(entry.attempt, w["attempt"]) + 1
             state.decisions[wid] = RELEASED
             members.append({"uid": w["uid"], "attempt": w["attempt"], "node": w["node"], "next": entry.attempt,
                             "trigger": trigger, "reason": reason})

@@ -7,6 +7,7 @@ state machine lives here:
     claim --fits--> held --Commit--> committed --PodTerminated / NodeDeleted--> terminated
                       \\--Release--> released
                       \\--Commit, node deleted--> terminated at once (a ghost)
+                      \\--Commit, node changed and the claim no longer fits--> terminated at once
     claim --does not fit / node gone / pod terminated--> rejected
 
 Replays re-send, never re-decide (DESIGN.md, rules 1 and 12). A crash may come after the
@@ -23,7 +24,10 @@ from the record, never from the redelivered message:
   its end event if it ended since, so the last event says its phase now), the end of an
   allocate-once reservation the commit consumed (`ended_by` on the reservation's entry), and
   for a Commit that came after the node's deletion (rule 9: committed and terminated at once,
-  `terminated_by`), its PodTerminated to the decider and SchedulingFeedback. A Commit also drops
+  `terminated_by`), its PodTerminated to the decider and SchedulingFeedback. The same for a
+  Commit of a claim that the node, deleted and added again or updated since the claim was held,
+  no longer fits (less allocatable, a claimed GPU, NIC or CPU gone): committing it as held would
+  over-commit the node; the reason is recorded in the hold's `reason`. A Commit also drops
   the pod's nomination on the node: it is bound here.
 - NodeDeleted: which holds it terminated (`terminated_by`) and which reservations it failed.
   Re-sent: their PodTerminated records (to the deciders) and ReservationEvents.
@@ -237,12 +241,12 @@ class NodeState:
                 out.append(ReservationState(self.reservation(uid), ResourceList(taken), count))
         return tuple(out)
 
-    def device_usage(self) -> dict[str, int]:
-        """Per device, what committed and held claims use: GPU core and memory-ratio, RDMA
-        virtual functions, bound CPUs and NUMA memory per cell."""
+    def device_usage(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
+        """Per device, what committed and held claims use (less the holds in `ignoring`): GPU
+        core and memory-ratio, RDMA virtual functions, bound CPUs and NUMA memory per cell."""
         usage: dict[str, int] = {}
-        for hold in self.holds.values():
-            if hold.status in COUNTED:
+        for hid, hold in self.holds.items():
+            if hold.status in COUNTED and hid not in ignoring:
                 devices.add_usage(usage, hold.devices)
         return usage
 
@@ -472,14 +476,18 @@ class NodeOwner:
         if hold is not None:
             report[hid] = None
         if hold is not None and hold.status == HELD:
+            misfit = self._misfit(state, hid, hold)
             hold.status = COMMITTED
-            if state.exists:
+            if not misfit:
                 self._committed(state, hid, hold)
-            else:  # its node is gone: terminated at once, as Kubernetes' pod GC does (rule 9)
+            else:  # its node is gone, or no longer fits it: terminated at once, as Kubernetes' pod GC does (rule 9)
                 hold.terminated_by = BY_COMMIT_ON_DELETED_NODE
+                if misfit != REASON_NODE_DELETED:
+                    hold.reason = misfit  # recorded: its redelivery re-sends the same termination
                 self._terminate(state, hold.uid)
                 if hold.reserving is not None:
-                    state.reservations[hold.uid] = {"hold": hid, "phase": rsv.FAILED, "reason": rsv.REASON_NODE_DELETED,
+                    failed = rsv.REASON_NODE_DELETED if misfit == REASON_NODE_DELETED else misfit
+                    state.reservations[hold.uid] = {"hold": hid, "phase": rsv.FAILED, "reason": failed,
                                                     "allocated": {}, "ended_by": hid}
         elif hold is None or hold.status not in (COMMITTED, TERMINATED):
             result.problems.append(Problem(
@@ -505,14 +513,18 @@ class NodeOwner:
         (then its end, if it ended since, so the last event is its phase now); the end of the
         reservation whose commit ended it."""
         if hold.terminated_by == BY_COMMIT_ON_DELETED_NODE:
+            reason = hold.reason or REASON_NODE_DELETED
+            happened = (f"node {state.name} was deleted" if reason == REASON_NODE_DELETED
+                        else f"the claim stopped fitting node {state.name} ({reason}: deleted and added again, "
+                             "or updated, since it was held)")
             result.outputs.append(Output(topics.HOLDS, hold.decision_key, PodTerminated(
-                uid=hold.uid, node=state.name, decision_key=hold.decision_key, reason=REASON_NODE_DELETED,
+                uid=hold.uid, node=state.name, decision_key=hold.decision_key, reason=reason,
             )))
             result.outputs.append(Output(topics.FEEDBACK, hold.uid, SchedulingFeedback(
                 uid=hold.uid, namespace=hold.namespace, name=hold.name, attempt=hold.attempt,
-                message=f"node {state.name} was deleted before the pod's binding was committed there: "
+                message=f"{happened} before the pod's binding was committed there: "
                         "the pod is terminated (as Kubernetes' pod garbage collector does)",
-                reasons={REASON_NODE_DELETED: 1},
+                reasons={reason: 1},
             )))
         if hold.reserving is not None:
             if hold.terminated_by != BY_COMMIT_ON_DELETED_NODE:
@@ -627,7 +639,7 @@ class NodeOwner:
         for name, amount in claim.requests.items():
             if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:
                 return REASON_INSUFFICIENT.format(name)
-        return self._device_refusal(state, claim)
+        return self._device_refusal(state, claim.uid, claim.priority, claim.devices)
 
     def _yields(self, state: NodeState, claim: Claim) -> dict[str, list[str]]:
         """Wound-wait: when the claim of a gang member fits once lower-ranked gangs' held (not
@@ -645,6 +657,25 @@ class NodeOwner:
             out.setdefault(h.decision_key, []).append(hid)
         return out
 
+    def _misfit(self, state: NodeState, hid: str, hold: HoldEntry) -> str:
+        """Why a held claim cannot be committed as it was held ("" when it can): its node is
+        gone; or the node it was held on was deleted and added again, or updated, and the claim
+        no longer fits the node as it is now (resources, or the very devices it names); or its
+        pod was terminated here already. Holds are only taken when they fit, so only a change
+        of the node makes one stop fitting, and committing it would over-commit the node."""
+        if not state.exists:
+            return REASON_NODE_DELETED
+        if hold.uid in state.tombstones:
+            return REASON_POD_TERMINATED
+        used = state.used()  # the hold is counted: after its commit, nothing changes
+        for name, amount in sorted(hold.requests.items()):
+            if amount > 0 and used.get(name, 0) > state.allocatable.get(name, 0):
+                return REASON_INSUFFICIENT.format(name)
+        if hold.devices:
+            return self._device_refusal(state, hold.uid, hold.priority, hold.devices,
+                                        usage=state.device_usage(ignoring=frozenset({hid})))
+        return ""
+
     @staticmethod
     def _reservation_refusal(state: NodeState, claim: Claim) -> str:
         entry = state.reservations.get(claim.reservation)
@@ -661,15 +692,24 @@ class NodeOwner:
         return ""
 
     @staticmethod
-    def _device_refusal(state: NodeState, claim: Claim) -> str:
-        """The claimed GPUs exist and have room for their share (devices, not only totals)."""
-        claimed, vfs, cpusets = devices.decode(claim.devices), devices.decode_rdma(claim.devices), cpus.decode(claim.devices)
+    def _device_refusal(state: NodeState, pod: str, priority: int, encoded: Iterable[str],
+                        usage: dict[str, int] | None = None) -> str:
+        """The claimed GPUs exist and have room for their share (devices, not only totals).
+        `usage`: what others use (default: every hold, and the nominations that outrank it)."""
+        encoded = list(encoded)
+        claimed, vfs, cpusets = devices.decode(encoded), devices.decode_rdma(encoded), cpus.decode(encoded)
         if not claimed and not vfs and not cpusets:
             return ""
-        gpus, usage, nics = state.gpus(), state.device_usage(), state.nics()
-        for uid, nomination in state.nominations.items():  # others' promised devices, as for totals
-            if uid != claim.uid and nomination.priority >= claim.priority:
-                devices.add_usage(usage, nomination.devices)
+        gpus, nics = state.gpus(), state.nics()
+        if usage is None:
+            usage = state.device_usage()
+            for uid, nomination in state.nominations.items():  # others' promised devices, as for totals
+                if uid != pod and nomination.priority >= priority:
+                    devices.add_usage(usage, nomination.devices)
+        else:
+            usage = dict(usage)
+        # Each allocation is added to `usage` once checked: a claim that names a device twice
+        # (a GPU share, a NIC's VFs, a CPU) is checked against its own earlier parts too.
         if cpusets:
             cells = (state.record or {}).get("numa", ())
             known = {c for cell in cells for c in cell.get("cpus", ())}
@@ -680,18 +720,25 @@ class NodeOwner:
                         return f"cpu {cpu} does not exist on the node"
                     if usage.get(f"cpu/{cpu}/used"):
                         return f"cpu {cpu} is bound to another pod"
+                    usage[f"cpu/{cpu}/used"] = 1
                 memory = cell_memory.get(cpuset.cell, 0)
-                if cpuset.memory and memory and usage.get(f"numa/{cpuset.cell}/memory", 0) + cpuset.memory > memory:
+                key = f"numa/{cpuset.cell}/memory"
+                if cpuset.memory and memory and usage.get(key, 0) + cpuset.memory > memory:
                     return f"Insufficient memory in NUMA node {cpuset.cell}"
+                usage[key] = usage.get(key, 0) + cpuset.memory
         for n in vfs:
             if n.minor not in nics:
                 return f"rdma {n.minor} does not exist on the node"
-            if usage.get(f"rdma/{n.minor}/vfs", 0) + n.vfs > nics[n.minor]:
+            key = f"rdma/{n.minor}/vfs"
+            if usage.get(key, 0) + n.vfs > nics[n.minor]:
                 return f"Insufficient rdma {n.minor}"
+            usage[key] = usage.get(key, 0) + n.vfs
         for a in claimed:
             if a.minor not in gpus:
                 return f"gpu {a.minor} does not exist on the node"
             core, ratio = gpus[a.minor]
-            if usage.get(f"gpu/{a.minor}/core", 0) + a.core > core or usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio > ratio:
+            used_core, used_ratio = usage.get(f"gpu/{a.minor}/core", 0) + a.core, usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
+            if used_core > core or used_ratio > ratio:
                 return f"Insufficient gpu {a.minor}"
+            usage[f"gpu/{a.minor}/core"], usage[f"gpu/{a.minor}/ratio"] = used_core, used_ratio
         return ""

@@ -4,24 +4,34 @@ A stronger sibling of `test_protocol_safety`: the real cores (`NodeOwner`, `Deci
 scheduler's `ClusterState` as the replica) on logs that stand in for Kafka partitions, driven
 by hypothesis through gangs (one member beyond min-available, deletions while waiting, gang
 timeouts), two gangs competing (wound-wait, with nominations), GPUs claimed device by device
-(and the same hold claimed again with other devices), node deletion and re-creation, and
-crashes at every point between table write, outputs and offset commit:
+(and the same hold claimed again with other devices), node deletion and re-creation (also
+smaller, with one GPU fewer), preemption nominations (moved, cleared on deletion, carried by
+the claims), two reservations (one allocate-once; claimed, consumed by two pods, expiring
+on their timers, deleted),
+two scheduler replicas claiming the same pods, schedulers that lost count of a pod's attempts
+(a restart) claiming an older attempt, and crashes at every point between table write,
+outputs and offset commit:
 
 - an actor (an owner or a decider) takes one record at a time from its log; `persist` writes
   its table (the changelog may run ahead of the committed offset), `commit` commits its offset
   once its outputs are acknowledged (with the table), `crash` restores the last persisted
   table, rewinds to the committed offset and loses what was not acknowledged;
 - outputs reach the broker when flushed, in order, possibly in part; records may be delivered
-  twice; timers fire as records on the decider's own log, re-armed from its table after a crash.
+  twice; timers fire as records on the deciders' and owners' own logs, re-armed from their
+  tables after a crash.
 
 Invariants, at every step and at quiescence (everything drained, every timer fired):
 no pod with two distinct Bindings; no node over-committed in the owners' accounting or as the
 independent checker recomputes it from Bindings and terminations, GPU by GPU included; no gang
 partially bound, and a member of an accepted gang never given up for the gang's waiting time;
 every pod the ledger holds bound has its Binding; no hold left held; no Commit of a hold that
-was not held; no committed pod left on a deleted node; no two gangs asked to yield to each
-other; no nomination left for a pod that is bound or deleted; and the replica's view of every
-node equals the owner's (used capacity, bound pods, quota usage, no assumption left).
+was not held; no Commit that leaves its node over-committed in what the pod asks for (its node
+may have shrunk since the hold); no committed pod left on a deleted node; no two gangs asked
+to yield to each other; no nomination left for a pod that is bound or deleted; every claim
+answered (its pod bound or deleted, or a Requeue past its attempt: no scheduler waits for
+ever); the last ReservationEvent of the reservation says its phase at its owner; and every
+replica's view of every node equals the owner's (used capacity, bound pods, quota usage,
+available reservations, no assumption left).
 """
 
 from __future__ import annotations
@@ -30,14 +40,23 @@ import copy
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agents.ports import Output
 from agents.scheduler.cluster import ClusterState
 from agents.state import devices
+from agents.state import reservations as rsv
 from agents.state.ledger import BOUND, DELETED, Decider, Decision, LedgerState
-from agents.state.owner import COMMITTED, HELD, NodeOwner, NodeState, OwnerResult
+from agents.state.owner import (
+    BY_COMMIT_ON_DELETED_NODE,
+    COMMITTED,
+    HELD,
+    NodeOwner,
+    NodeState,
+    OwnerResult,
+)
 from agents.state.resources import ResourceSpace
 from perf.checker import (
     DevicePlacement,
@@ -56,10 +75,16 @@ from schemas.records import (
     Node,
     NodeDeleted,
     NodeStateChange,
+    Nomination,
+    NominationCleared,
     PodDeleted,
     PodTerminated,
     Record,
     Requeue,
+    Reservation,
+    ReservationEvent,
+    ReservationExpired,
+    ReservationOwner,
     ResourceList,
     Yield,
 )
@@ -78,29 +103,37 @@ class PodSpec:
     gang_min: int = 0
     priority: int = 0
     created: float = 0.0
+    strict: bool = True  # the gang's mode
 
 
-# Gangs g (three members, min-available two: g2 is beyond) and h compete at equal priority; their
-# members' creation times interleave (g0 < h0 < g1), so ranking by a member's own creation time
-# would let each gang outrank the other.
+# Gangs g (three members, min-available two: g2 is beyond; Strict) and h (NonStrict) compete at
+# equal priority; their members' creation times interleave (g0 < h0 < g1), so ranking by a
+# member's own creation time would let each gang outrank the other.
 PODS = {p.uid: p for p in [
     PodSpec("a", "a", 500, gpu=60),
     PodSpec("b", "b", 400, gpu=50),
     PodSpec("g0", "g", 300, gpu=40, gang_min=2, created=10.0),
     PodSpec("g1", "g", 300, gang_min=2, created=12.0),
     PodSpec("g2", "g", 300, gang_min=2, created=13.0),
-    PodSpec("h0", "h", 400, gang_min=2, created=11.0),
-    PodSpec("h1", "h", 400, gang_min=2, created=11.0),
+    PodSpec("h0", "h", 400, gang_min=2, created=11.0, strict=False),
+    PodSpec("h1", "h", 400, gang_min=2, created=11.0, strict=False),
+    PodSpec("r", "r", 600),  # reservations, consumed by a and b ("claim-r")
+    PodSpec("s", "s", 500),
 ]}
 UIDS = list(PODS)
 KEYS = sorted({p.key for p in PODS.values()})
 GANGS = {key: (PODS[members[0]].gang_min, members) for key in KEYS
          for members in ([u for u, p in PODS.items() if p.key == key],) if PODS[members[0]].gang_min}
+RESERVATIONS = {uid: Reservation(uid=uid, name=uid, owners=(ReservationOwner(match_labels={"app": "x"}),),
+                                 requests=ResourceList(cpu=PODS[uid].cpu), allocate_once=once, ttl_s=60.0)
+                for uid, once in (("r", False), ("s", True))}
+CONSUMERS = ("a", "b")
 
 
-def node_record(name: str) -> Node:
-    alloc = ResourceList(cpu=CPU_PER_NODE, memory=64 * 2**30, pods=110)
-    return Node(name=name, capacity=alloc, allocatable=alloc, gpus=(GpuDevice(0), GpuDevice(1)))
+def node_record(name: str, small: bool = False) -> Node:
+    """The node; `small`: added again with less cpu and one GPU fewer."""
+    alloc = ResourceList(cpu=CPU_PER_NODE * 6 // 10 if small else CPU_PER_NODE, memory=64 * 2**30, pods=110)
+    return Node(name=name, capacity=alloc, allocatable=alloc, gpus=(GpuDevice(0),) if small else (GpuDevice(0), GpuDevice(1)))
 
 
 @dataclass
@@ -138,8 +171,13 @@ class World:
         for n, owner in self.owners.items():
             owner.log.append(node_record(n))
         self.space = ResourceSpace()
-        self.replica = ClusterState(self.space)
-        self.attempt = dict.fromkeys(UIDS, 0)
+        self.replicas = [ClusterState(self.space), ClusterState(self.space)]  # two scheduler replicas
+        self.replica = self.replicas[0]
+        self.attempt = dict.fromkeys(UIDS, 0)  # the scheduler's count: the latest Requeue it read
+        self.claims: list[tuple[str, int]] = []  # (uid, attempt) of every claim sent: each needs an answer
+        self.nominated: dict[str, str] = {}  # the schedulers' nominator: uid -> node (preemption)
+        self.owner_timers: dict[tuple[str, str], float] = {}  # (node, reservation) -> expiry asked for
+        self.reservation_events: list[ReservationEvent] = []
         self.deleted: set[str] = set()
         self.bindings: list[tuple[int, Binding]] = []
         self.frees: list[Placement] = []
@@ -180,16 +218,22 @@ class World:
             elif out.topic == topics.BINDINGS:
                 assert isinstance(r, Binding)
                 self.bindings.append((self.tick(), r))
+                self.nominated.pop(r.uid, None)  # bound: the scheduler's nominator forgets it
             elif out.topic == topics.STATE_CHANGES:
                 assert isinstance(r, NodeStateChange)
-                self.replica.apply(r)
+                for replica in self.replicas:
+                    replica.apply(r)
+            elif out.topic == topics.RESERVATIONS:
+                assert isinstance(r, ReservationEvent)
+                self.reservation_events.append(r)
 
     def replica_forget(self, uid: str, attempt: int) -> None:
-        for hid in list(self.replica.assumptions):
-            u, a, _ = hid.split("/", 2)
-            if u == uid and int(a) < attempt:
-                self.replica.forget(hid)
-                self.replica.forget_quota(hid)
+        for replica in self.replicas:
+            for hid in list(replica.assumptions):
+                u, a, _ = hid.split("/", 2)
+                if u == uid and int(a) < attempt:
+                    replica.forget(hid)
+                    replica.forget_quota(hid)
 
     def flush(self, actor: Actor, count: int) -> None:
         sent, actor.outgoing = actor.outgoing[:count], actor.outgoing[count:]
@@ -204,17 +248,32 @@ class World:
             return
         state = actor.state
         assert isinstance(state, NodeState)
-        committed_before = {h.uid for h in state.holds.values() if h.status == COMMITTED}
+        status_before = {hid: h.status for hid, h in state.holds.items()}
+        used_before = state.used()
         result = OwnerResult()
         NodeOwner().apply(state, [record], result)
         self.problems += [p.error for p in result.problems if "Commit" in p.error]
-        for uid in committed_before - {h.uid for h in state.holds.values() if h.status == COMMITTED}:
-            self.frees.append(Placement(self.tick(), uid, node))
-        if state.exists:
+        now = self.tick()
+        for hid, h in state.holds.items():
+            was = status_before.get(hid)
+            if was == COMMITTED and h.status != COMMITTED:
+                self.frees.append(Placement(now, h.uid, node))
+            if was == HELD and h.status == COMMITTED:  # a commit: the node must not be over-committed for it
+                used = state.used()
+                over = sorted(n for n, a in h.requests.items()
+                              if a > 0 and used.get(n, 0) > state.allocatable.get(n, 0))
+                usage, gpus = state.device_usage(), state.gpus()
+                over += [f"gpu {a.minor}" for a in devices.decode(h.devices)
+                         if a.minor not in gpus or usage.get(f"gpu/{a.minor}/core", 0) > gpus[a.minor][0]]
+                if over:
+                    self.violations.append(f"{node}: {hid} committed over-committing {over}")
+        if state.exists and isinstance(record, Claim):  # a claim never over-commits (a shrink may)
             for name, amount in state.used().items():
                 limit = state.allocatable.get(name, 0)
-                if amount > limit:
+                if amount > limit and amount > used_before.get(name, 0):
                     self.violations.append(f"{node} over-committed in the owner's accounting: {name} {amount} > {limit}")
+        for n, uid, at in result.timers:
+            self.owner_timers[(n, uid)] = at
         actor.outgoing += result.outputs
 
     def step_decider(self, key: str) -> None:
@@ -230,36 +289,87 @@ class World:
 
     # -- the outside world -----------------------------------------------------------------------
 
-    def claim(self, uid: str, node: str, minor: int) -> None:
-        """The scheduler claims (and assumes) `uid` on `node` with its current attempt; a claim
-        of the same hold id again may name another GPU."""
+    def unanswered(self, uid: str) -> bool:
+        """A claim of the pod waits for its answer (neither bound nor requeued past it)."""
+        return uid not in self.bound() and uid not in self.deleted and any(
+            u == uid and a >= self.attempt[uid] for u, a in self.claims)
+
+    def bound(self) -> set[str]:
+        return {b.uid for _, b in self.bindings}
+
+    def claim(self, uid: str, node: str, minor: int, *, replica: int = 0, attempt: int | None = None,
+              consume: str = "") -> None:
+        """A scheduler replica claims (and assumes) `uid` on `node` with its current attempt (or
+        `attempt`: a scheduler that lost count); a claim of the same hold id again may name
+        another GPU. `consume`: the reservation the pod consumes."""
         p = PODS[uid]
         requests = ResourceList(cpu=p.cpu, pods=1)
         claimed: tuple[str, ...] = ()
         if p.gpu:
             requests.update({devices.GPU_CORE: p.gpu, devices.GPU_RATIO: p.gpu})
             claimed = (devices.GpuAllocation(minor, p.gpu, p.gpu).encode(),)
-        claim = Claim(uid=uid, attempt=self.attempt[uid], node=node, decision_key=p.key, requests=requests,
-                      priority=p.priority, name=uid, creation_timestamp=p.created, devices=claimed,
-                      gang_min=p.gang_min, gang_waiting_s=30.0, quota=QUOTA)
+        reserving = RESERVATIONS.get(uid)
+        claim = Claim(uid=uid, attempt=self.attempt[uid] if attempt is None else attempt, node=node, decision_key=p.key,
+                      requests=requests, priority=p.priority, name=uid, creation_timestamp=p.created, devices=claimed,
+                      gang_min=p.gang_min, gang_waiting_s=30.0, gang_strict=p.strict, quota="" if reserving else QUOTA,
+                      nominated_node=self.nominated.get(uid, ""), reservation=consume,
+                      reserving=reserving)
+        self.claims.append((uid, claim.attempt))
         self.owners[node].log.append(claim)
-        row = self.replica.index.get(node)
+        state = self.replicas[replica]
+        row = state.index.get(node)
         if row is not None:
-            self.replica.assume(claim.hold_id, row, self.space.pod_request(requests))
-            self.replica.assume_quota(claim.hold_id, QUOTA, self.space.pod_request(requests))
+            request = self.space.pod_request(requests)
+            state.assume(claim.hold_id, row, request)
+            if not reserving:
+                state.assume_quota(claim.hold_id, QUOTA, request)
+            available = [a for a in state.reservations.by_row.get(row, []) if a.reservation.uid == consume]
+            if consume and available:
+                state.assume_reservation(claim.hold_id, row, consume,
+                                         np.minimum(request, state.reservations.remaining(available[0])))
+
+    def nominate(self, uid: str, node: str, minor: int) -> None:
+        """Preemption nominates `uid` on `node` with its full claim (a scheduler only nominates a
+        pod it is placing: none of its claims is waiting for an answer); a nomination moved
+        clears the old one."""
+        if uid in self.deleted or uid in self.bound() or self.unanswered(uid) or uid in RESERVATIONS:
+            return
+        p = PODS[uid]
+        old = self.nominated.get(uid)
+        if old is not None and old != node:
+            self.owners[old].log.append(NominationCleared(uid=uid, node=old))
+        claimed = (devices.GpuAllocation(minor, p.gpu, p.gpu).encode(),) if p.gpu else ()
+        requests = ResourceList(cpu=p.cpu, pods=1)
+        if p.gpu:
+            requests.update({devices.GPU_CORE: p.gpu, devices.GPU_RATIO: p.gpu})
+        self.owners[node].log.append(Nomination(uid=uid, node=node, priority=p.priority, requests=requests,
+                                                devices=claimed))
+        self.nominated[uid] = node
 
     def delete(self, uid: str) -> None:
         self.deleted.add(uid)
+        old = self.nominated.pop(uid, None)
+        if old is not None:  # the scheduler clears the pod's nomination and forwards the deletion
+            self.owners[old].log.append(NominationCleared(uid=uid, node=old))
         self.deciders[PODS[uid].key].log.append(PodDeleted(uid=uid, name=uid, decision_key=PODS[uid].key))
 
     def fire_timers(self) -> None:
-        """The agent's timers: a gang waiting in a round gets its GangTimeout (re-armed from the
-        table after a crash, so from the decider's current state)."""
+        """The agents' timers: a gang waiting in a round gets its GangTimeout (re-armed from the
+        table after a crash, so from the decider's current state); an available reservation
+        its ReservationExpired (the owners' timers, re-armed from the table after a crash)."""
         for key, actor in self.deciders.items():
             state = actor.state
             assert isinstance(state, LedgerState)
             if state.waiting:
                 actor.log.append(GangTimeout(decision_key=key, round=state.round))
+        for node, actor in self.owners.items():
+            state = actor.state
+            assert isinstance(state, NodeState)
+            armed = {uid for (n, uid) in self.owner_timers if n == node}
+            armed |= {uid for uid, e in state.reservations.items() if e["phase"] == rsv.AVAILABLE}
+            for uid in sorted(armed):
+                actor.log.append(ReservationExpired(uid=uid, node=node))
+            self.owner_timers = {k: v for k, v in self.owner_timers.items() if k[0] != node}
 
     def busy(self) -> bool:
         return any(a.pos < len(a.log) or a.outgoing for a in [*self.owners.values(), *self.deciders.values()])
@@ -281,7 +391,8 @@ class World:
 
 ACTIONS = st.tuples(
     st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
-                     "delete", "terminate", "node-delete", "node-add", "timer"]),
+                     "delete", "terminate", "node-delete", "node-add", "timer",
+                     "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -303,19 +414,30 @@ def run(actions: list[tuple[str, int, int]]) -> World:
                 world.flush(world.deciders[key], 99)
         elif action == "flush":
             world.flush(actor, i % 4)
-        elif action == "claim":
+        elif action in ("claim", "claim-b"):  # claim-b: the other replica claims it (two replicas, one pod)
             if uid not in world.deleted:
-                world.claim(uid, node, i % 2)
+                world.claim(uid, node, i % 2, replica=int(action == "claim-b"))
+        elif action == "stale-claim":  # a scheduler that restarted and lost count claims an older attempt
+            if uid not in world.deleted:
+                world.claim(uid, node, i % 2, attempt=(i // 3) % (world.attempt[uid] + 1), replica=i % 2)
+        elif action == "claim-r":  # a or b claims consuming a reservation
+            consumer = CONSUMERS[j % 2]
+            if consumer not in world.deleted:
+                world.claim(consumer, node, i % 2, consume=sorted(RESERVATIONS)[(j // 2) % 2])
         elif action == "reclaim":  # the same hold id claimed again, with the other GPU
             world.claim(uid, node, (i + 1) % 2)
+        elif action == "nominate":
+            world.nominate(uid, node, i % 2)
         elif action == "persist":
             actor.persist_state()
         elif action == "commit":
             actor.commit()
         elif action == "crash":
             actor.crash()
-        elif action == "duplicate":
-            if actor.log:
+        elif action == "duplicate":  # a record delivered again, late
+            # Not a Nomination: one re-appended after its clearing is taken for a new one (nothing
+            # in the record tells them apart) and nothing lapses it: a known gap (test_adversary).
+            if actor.log and not isinstance(actor.log[i % len(actor.log)], Nomination):
                 actor.log.append(actor.log[i % len(actor.log)])
         elif action == "delete":
             if uid not in world.deleted:
@@ -327,8 +449,8 @@ def run(actions: list[tuple[str, int, int]]) -> World:
                                                                      decision_key=PODS[uid].key))
         elif action == "node-delete":
             world.owners[node].log.append(NodeDeleted(name=node))
-        elif action == "node-add":
-            world.owners[node].log.append(node_record(node))
+        elif action in ("node-add", "node-add-small"):
+            world.owners[node].log.append(node_record(node, small=action == "node-add-small"))
         elif action == "timer":
             world.fire_timers()
     world.drain()
@@ -343,15 +465,25 @@ def verify(world: World) -> None:
     for _, b in world.bindings:
         distinct.setdefault(b.uid, set()).add((b.node, json.dumps(b.annotations, sort_keys=True)))
     assert all(len(v) == 1 for v in distinct.values()), f"pods with two distinct Bindings: {distinct}"
-    # The independent checker: nodes and GPUs, from Bindings and the owners' terminations.
+    # Every claim answered: its pod bound or deleted, or requeued past it (a scheduler reads
+    # every Requeue of its pods, from the start of the partition after a restart).
+    unanswered = sorted({(u, a) for u, a in world.claims
+                         if u not in distinct and u not in world.deleted and world.attempt[u] <= a})
+    assert unanswered == [], f"claims never answered (their schedulers wait for ever): {unanswered}"
+    # The independent checker: nodes and GPUs, from Bindings and the owners' terminations. A
+    # pod terminated at once on commit (its node gone or shrunk) never ran; the reservation is
+    # no pod (its consumers count in full, its remainder in the owners' accounting).
+    ghosts = {(e.uid, n) for n, a in world.owners.items() for e in a.state.holds.values()  # type: ignore[attr-defined]
+              if e.terminated_by == BY_COMMIT_ON_DELETED_NODE}
+    ran = [(t, b) for t, b in world.bindings if (b.uid, b.node) not in ghosts and b.uid not in RESERVATIONS]
     requests = {u: {"cpu": p.cpu, devices.GPU_CORE: p.gpu, devices.GPU_RATIO: p.gpu} for u, p in PODS.items()}
     alloc = devices.node_gpu_totals(node_record("x").allocatable, node_record("x").gpus)
-    binds = [Placement(t, b.uid, b.node) for t, b in world.bindings]
+    binds = [Placement(t, b.uid, b.node) for t, b in ran]
     result = check({n: alloc for n in NODES}, requests, binds, world.frees)
     assert result.nodes_overcommitted == 0, result.overcommitted
     capacity = {n: {f"gpu/{m}/{r}": 100 for m in (0, 1) for r in ("core", "ratio")} for n in NODES}
     placements = [DevicePlacement(t, b.uid, b.node, device_amounts(b.annotations.get(devices.DEVICE_ALLOCATED, "")))
-                  for t, b in world.bindings]
+                  for t, b in ran]
     assert devices_overcommitted(capacity, placements, world.frees) == {}
     # Gangs: all or nothing.
     assert partial_gangs(GANGS, distinct) == [], f"gangs partially bound: {distinct}"
@@ -371,31 +503,44 @@ def verify(world: World) -> None:
         assert isinstance(state, NodeState)
         assert [h for h, e in state.holds.items() if e.status == HELD] == [], f"{node}: holds never decided"
         if not state.exists:
-            ghosts = [e.uid for e in state.holds.values() if e.status == COMMITTED]
-            assert ghosts == [], f"{node} is deleted but still runs {ghosts}"
+            ghosts_left = [e.uid for e in state.holds.values() if e.status == COMMITTED]
+            assert ghosts_left == [], f"{node} is deleted but still runs {ghosts_left}"
         stale = sorted(set(state.nominations) & bound_or_deleted)
         assert stale == [], f"{node}: nominations left for pods bound or deleted: {stale}"
+        # The reservation: its last event says its phase here (a deleted one sends none).
+        for uid, entry in state.reservations.items():
+            events = [e.phase for e in world.reservation_events if e.uid == uid and e.node == node]
+            if entry["phase"] != rsv.DELETED:
+                assert events and events[-1] == entry["phase"], f"{node}: {uid} is {entry['phase']}, said {events}"
     # Wound-wait: never both ways.
     mutual = {(a, b) for a, b in world.yields if (b, a) in world.yields}
     assert not mutual, f"gangs asked to yield to each other: {mutual}"
-    # The replica converged to the owners, its quota usage too.
-    replica = world.replica
-    assert dict(replica.assumptions) == {}, f"assumptions never ended: {sorted(replica.assumptions)}"
+    # Every replica converged to the owners, its quota usage and reservations too.
     running = [world.space.known(e.requests) for a in world.owners.values() for e in a.state.holds.values()  # type: ignore[attr-defined]
-               if e.status == COMMITTED]
+               if e.status == COMMITTED and e.reserving is None]
     want_quota = sum(running, world.space.known({})).tolist()
-    got_quota = replica.quota_used.get(QUOTA, world.space.known({})).tolist()
-    assert got_quota == want_quota, f"replica counts {got_quota} against the quota, the owners {want_quota}"
-    for node, actor in world.owners.items():
-        state = actor.state
-        assert isinstance(state, NodeState)
-        row = replica.index[node]
-        if state.exists:
-            want = world.space.known(state.used()).tolist()
-            assert replica.used[row].tolist() == want, f"{node}: replica used {replica.used[row]} != owner {want}"
-        owner_bound = {e.uid for e in state.holds.values() if e.status == COMMITTED and e.reserving is None}
-        replica_bound = {uid for uid, p in replica.bound.items() if p.row == row}
-        assert replica_bound == owner_bound, f"{node}: replica sees {replica_bound} bound, owner {owner_bound}"
+    for i, replica in enumerate(world.replicas):
+        assert dict(replica.assumptions) == {}, f"replica {i}: assumptions never ended: {sorted(replica.assumptions)}"
+        assert replica.reservations._assumed == {}, f"replica {i}: reservation consumption assumed for ever"
+        got_quota = replica.quota_used.get(QUOTA, world.space.known({})).tolist()
+        assert got_quota == want_quota, f"replica {i} counts {got_quota} against the quota, the owners {want_quota}"
+        for node, actor in world.owners.items():
+            state = actor.state
+            assert isinstance(state, NodeState)
+            row = replica.index[node]
+            if state.exists:
+                want = world.space.known(state.used()).tolist()
+                assert replica.used[row].tolist() == want, f"{node}: replica used {replica.used[row]} != owner {want}"
+            owner_bound = {e.uid for e in state.holds.values() if e.status == COMMITTED and e.reserving is None}
+            replica_bound = {uid for uid, p in replica.bound.items() if p.row == row}
+            assert replica_bound == owner_bound, f"{node}: replica sees {replica_bound} bound, owner {owner_bound}"
+            want_rsv = [(s.reservation.uid, dict(s.allocated), s.consumers) for s in state.available_reservations()]
+            got_rsv = [(a.reservation.uid, world.space.to_map(a.allocated), a.consumers)
+                       for a in replica.reservations.by_row.get(row, [])]
+            assert got_rsv == want_rsv, f"{node}: replica's reservations {got_rsv} != owner's {want_rsv}"
+            noms = replica.nominator.arrays()
+            got_noms = sorted(str(u) for r, u in zip(noms.rows.tolist(), noms.uids.tolist(), strict=True) if r == row)
+            assert got_noms == sorted(state.nominations), f"{node}: replica's nominations {got_noms} != owner's"
 
 
 # Fault 1: a gang's completion lost on replay. g0 waits (offset committed); g1 completes the gang;
@@ -448,6 +593,18 @@ NOMINATION_LEAK = [
     ("decider", 1, KEYS.index("g")), ("decider", 1, KEYS.index("g")),
 ]
 
+# Fault 9: a held claim, then its node updated to one GPU fewer; the Commit would bind the pod to
+# a GPU that is gone (and, shrunk further, over the node's cpu).
+COMMIT_AFTER_SHRINK = [("claim", 1, 0), ("owner", 1, 1), ("node-add-small", 1, 0)]
+# Fault 10: NonStrict gang h; h0's claim waits on n0, a second claim of the same attempt (another
+# replica, or a send whose ack was lost) is rejected on the deleted n1 and requeued to attempt 1;
+# that attempt's claim is released (another claim waits); the timeout's Requeue must pass 1.
+NONSTRICT_SECOND_CLAIM = [
+    ("claim", 0, 5), ("owner", 0, 1), ("decider", 1, KEYS.index("h")), ("node-delete", 1, 0), ("claim-b", 1, 5),
+    ("owner", 1, 1), ("owner", 1, 1), ("decider", 1, KEYS.index("h")), ("claim", 2, 5), ("owner", 2, 1),
+    ("decider", 1, KEYS.index("h")),
+]
+
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
@@ -459,5 +616,7 @@ NOMINATION_LEAK = [
 @example(MEMBER_BEYOND_MIN)
 @example(WOUND_WAIT)
 @example(NOMINATION_LEAK)
+@example(COMMIT_AFTER_SHRINK)
+@example(NONSTRICT_SECOND_CLAIM)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     verify(run(actions))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streams import app as stream_app
+from streams import transport
 from streams.settings import SettingsError, load_settings
 
 
@@ -43,7 +44,7 @@ async def test_on_fails_on_a_broker_that_refuses_producer_ids(monkeypatch: pytes
 def test_a_transactional_app_reads_committed_and_leaves_offsets_to_the_transactions() -> None:
     settings = load_settings(env={"KOORDSTREAM_KAFKA_BOOTSTRAP": "127.0.0.1:1", "KOORDSTREAM_WORKER_ROLES": "state"})
     app = stream_app.build_app(settings, transactions=True)
-    assert str(app.conf.broker[0]).startswith(f"{stream_app.COMMITTED_SCHEME}://")
+    assert str(app.conf.broker[0]).startswith(f"{transport.COMMITTED_SCHEME}://")
     assert type(app.tables).__name__ == "CommittedTableManager"
     acks = {name: agent.channel.acks for name, agent in app.agents.items()}
     assert acks == {"koordstream.nodes": True, "koordstream.owners": False, "koordstream.deciders": False}
