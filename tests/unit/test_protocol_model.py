@@ -36,9 +36,8 @@ available reservations, no assumption left).
 
 from __future__ import annotations
 
-import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import example, given, settings
@@ -79,7 +78,6 @@ from schemas.records import (
     NominationCleared,
     PodDeleted,
     PodTerminated,
-    Record,
     Requeue,
     Reservation,
     ReservationEvent,
@@ -88,6 +86,7 @@ from schemas.records import (
     ResourceList,
     Yield,
 )
+from tests.logs import Actor
 
 NODES = ["n0", "n1", "n2"]
 CPU_PER_NODE = 1000
@@ -134,34 +133,6 @@ def node_record(name: str, small: bool = False) -> Node:
     """The node; `small`: added again with less cpu and one GPU fewer."""
     alloc = ResourceList(cpu=CPU_PER_NODE * 6 // 10 if small else CPU_PER_NODE, memory=64 * 2**30, pods=110)
     return Node(name=name, capacity=alloc, allocatable=alloc, gpus=(GpuDevice(0),) if small else (GpuDevice(0), GpuDevice(1)))
-
-
-@dataclass
-class Actor:
-    log: list[Record] = field(default_factory=list)
-    pos: int = 0
-    state: object = None
-    saved_state: object = None
-    saved_pos: int = 0
-    outgoing: list[Output] = field(default_factory=list)
-
-    def take(self) -> Record | None:
-        if self.pos >= len(self.log):
-            return None
-        self.pos += 1
-        return self.log[self.pos - 1]
-
-    def persist_state(self) -> None:
-        self.saved_state = copy.deepcopy(self.state)
-
-    def commit(self) -> None:
-        if not self.outgoing:
-            self.persist_state()
-            self.saved_pos = self.pos
-
-    def crash(self) -> None:
-        self.state, self.pos = copy.deepcopy(self.saved_state), self.saved_pos
-        self.outgoing.clear()
 
 
 class World:

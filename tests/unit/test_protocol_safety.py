@@ -21,9 +21,6 @@ Commit ever reached a hold that was not held.
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
-
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -38,11 +35,11 @@ from schemas.records import (
     GangTimeout,
     PodDeleted,
     PodTerminated,
-    Record,
     Requeue,
     ResourceList,
 )
 from tests.builders import make_node
+from tests.logs import Actor
 
 NODES = ["n0", "n1", "n2"]
 PODS = ["a", "b", "c", "d"]
@@ -52,37 +49,6 @@ GANG = "ns/g"
 KEY = {"a": "a", "b": "b", "c": GANG, "d": GANG}  # a pod's decision key: c and d are one gang
 GANG_MIN = {"c": 2, "d": 2}
 KEYS = ["a", "b", GANG]
-
-
-@dataclass
-class Actor:
-    log: list[Record] = field(default_factory=list)
-    pos: int = 0
-    state: object = None
-    saved_state: object = None
-    saved_pos: int = 0
-    outgoing: list[Output] = field(default_factory=list)  # produced, not yet on the broker
-
-    def take(self) -> Record | None:
-        """The next input record, if any."""
-        if self.pos >= len(self.log):
-            return None
-        self.pos += 1
-        return self.log[self.pos - 1]
-
-    def persist_state(self) -> None:
-        """The table's changelog caught up; the input offset may still lag behind."""
-        self.saved_state = copy.deepcopy(self.state)
-
-    def commit(self) -> None:
-        """Offset commit: only once every output is acknowledged (and the table flushed)."""
-        if not self.outgoing:
-            self.persist_state()
-            self.saved_pos = self.pos
-
-    def crash(self) -> None:
-        self.state, self.pos = copy.deepcopy(self.saved_state), self.saved_pos
-        self.outgoing.clear()  # whatever was not yet acknowledged is lost
 
 
 class World:
