@@ -84,7 +84,11 @@ class SchedulerService:
         self._profiled_at = 0.0
         self.wake = asyncio.Event()
         self.replica_ready = asyncio.Event()  # set once the replica caught up with history
-        self.fence = EpochFence()  # drops state changes a zombie owner published
+        # Per `state-changes` partition: drops reports a zombie owner published. One fence per
+        # partition, never one for the feed: an owner's reports reach every partition (keyed by
+        # node), so across partitions a report of an older epoch read after a newer one is no
+        # zombie's.
+        self.fences: dict[int, EpochFence] = {}
 
     def mark_replica_ready(self) -> None:
         """The feed has read `state-changes` up to where it stood at start-up."""
@@ -92,10 +96,16 @@ class SchedulerService:
         self.wake.set()
 
     async def on_state_changes(self, messages: Iterable[RawMessage]) -> None:
-        got = intake(messages, expect=(NodeStateChange,), fence=self.fence)
-        self.core.apply_state_changes(r for r in got.records if isinstance(r, NodeStateChange))
-        if got.dead_letters:
-            await deliver(self.outbox, got.dead_letters)
+        by_partition: dict[int, list[RawMessage]] = {}
+        for m in messages:
+            by_partition.setdefault(m.partition, []).append(m)
+        dead_letters = []
+        for partition, batch in by_partition.items():
+            got = intake(batch, expect=(NodeStateChange,), fence=self.fences.setdefault(partition, EpochFence()))
+            self.core.apply_state_changes(r for r in got.records if isinstance(r, NodeStateChange))
+            dead_letters += got.dead_letters
+        if dead_letters:
+            await deliver(self.outbox, dead_letters)
         self.wake.set()
 
     def on_partitions_revoked(self, partitions: Iterable[int]) -> None:

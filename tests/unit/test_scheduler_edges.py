@@ -31,7 +31,7 @@ from schemas.records import (
     ResourceList,
 )
 from streams.catalogue import catalogue, partition_for
-from tests.builders import make_node, make_pod
+from tests.builders import make_claim, make_node, make_pod
 from tests.unit.test_scheduler_core import FakeClock, claims, make_core
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -327,6 +327,24 @@ async def test_a_partition_read_again_from_the_start_is_fenced_afresh() -> None:
     service.on_partitions_assigned({home})
     await service.on_inputs(log[:2])  # the replay: epoch 4's record is no zombie's
     assert core.pods["p"].info.attempt == 1
+
+
+async def test_the_replica_fences_each_state_changes_partition_on_its_own() -> None:
+    """An owner's reports reach every `state-changes` partition (keyed by node): a report of
+    epoch 4 on one partition, read after one of epoch 5 on another, is no zombie's; one of
+    epoch 4 after epoch 5 on the same partition is."""
+    core, clock = make_core(make_node("x", cpu=4000), make_node("y", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    owner = "node-inbox/1"
+    [report_y] = owner_report("y", make_claim("q", "y", cpu=1000))
+    [report_x] = owner_report("x", make_claim("p", "x", cpu=1000))
+    await service.on_state_changes([raw(report_y, 2, topics.STATE_CHANGES, Origin(owner, 5))])
+    await service.on_state_changes([raw(report_x, 0, topics.STATE_CHANGES, Origin(owner, 4))])
+    assert core.state.used[core.state.index["x"]].tolist() == core.state.used[core.state.index["y"]].tolist()
+    assert core.state.used[core.state.index["x"]].any(), "a report of an older epoch on another partition was dropped"
+    [zombie] = owner_report("y", make_claim("q", "y", cpu=1000), make_claim("r", "y", cpu=2000))
+    await service.on_state_changes([raw(zombie, 2, topics.STATE_CHANGES, Origin(owner, 4))])
+    assert core.state.used[core.state.index["y"]].tolist() == core.state.used[core.state.index["x"]].tolist()
 
 
 # -- 4. any producer's partitioner ------------------------------------------------------------------
