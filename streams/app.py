@@ -23,14 +23,13 @@ import logging
 import time
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
 
 import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.adapters import deciders, owners
 from agents.adapters import scheduler as scheduler_agent
-from agents.adapters.recovery import committed_table_manager
+from agents.adapters.recovery import table_manager
 from agents.adapters.stateful import Transactions
 from agents.intake import RawMessage, origin_from_headers
 from agents.ports import AgentConfig
@@ -82,9 +81,6 @@ def build_app(settings: Settings, transactions: bool = False) -> faust.App:
     if not k.bootstrap:
         raise ValueError("kafka.bootstrap: the worker needs a broker address (`koordstream up` starts one)")
     transport.FETCH_MAX_WAIT_MS = k.fetch_max_wait_ms
-    extra: dict[str, Any] = {}
-    if transactions:
-        extra["TableManager"] = committed_table_manager(k.bootstrap)
     app = faust.App(
         group_id(settings),
         broker=f"{transport.COMMITTED_SCHEME if transactions else transport.SCHEME}://{k.bootstrap}",
@@ -113,7 +109,10 @@ def build_app(settings: Settings, transactions: bool = False) -> faust.App:
         # A standby copy of a memory-store table does not shorten a takeover (faust restores a
         # newly active partition from its changelog's start anyway): it would only cost CPU.
         table_standby_replicas=0,
-        **extra,
+        # Restores end at each changelog's last record as read from the partition, not at the end
+        # offset ListOffsets answers (`agents.adapters.recovery`: wrong under transactions, and on
+        # Tansu, which answers the base offset of the last record batch plus one).
+        TableManager=table_manager(k.bootstrap, read_committed=transactions),
     )
     # Table writes queue changelog records in faust's producer buffer, which stalls every
     # stream once 100 are pending; a micro-batch touches hundreds of keys at once.
@@ -215,8 +214,18 @@ async def feed_state_changes(settings: Settings, service: SchedulerService) -> N
         consumer.assign(partitions)
         await consumer.seek_to_beginning()
         history = await consumer.end_offsets(partitions)
+        # Tansu answers ListOffsets with the base offset of the last record batch plus one: the
+        # history ends where the first fetch response of each partition says it does.
+        unsure = set(partitions)
         while True:
-            if history and all([await consumer.position(tp) >= end for tp, end in history.items()]):
+            for tp in list(unsure):
+                fetched_end = consumer.last_stable_offset(tp)
+                if fetched_end is None or fetched_end < 0:
+                    fetched_end = consumer.highwater(tp)
+                if fetched_end is not None:
+                    history[tp] = max(history.get(tp, 0), fetched_end)
+                    unsure.discard(tp)
+            if history and not unsure and all([await consumer.position(tp) >= end for tp, end in history.items()]):
                 history = {}
                 service.mark_replica_ready()
             batches = await consumer.getmany(timeout_ms=200, max_records=5000)

@@ -14,6 +14,7 @@ every other module of `agents` from importing faust, mode or aiokafka, and every
   the core and its grouping key;
 - `transactions`: the transactional sink (Apache Kafka: a batch is one transaction per input
   partition) and the plain one (Tansu: deliver, await acknowledgements, then commit offsets);
-- `recovery`: a faust table manager whose restore reads committed records only;
+- `recovery`: a faust table manager whose restore ends at each changelog's last record as read
+  from the partition (committed records only under transactions);
 - `owners`, `deciders`, `scheduler`: the faust registration of each agent.
 """

@@ -6,6 +6,15 @@ input. Its `first` outputs (Commits, Releases, Requeues) and `after_commit` outp
 ledger entries that decided them) are acknowledged by the broker before any Binding is sent;
 in a transaction they become visible together.
 
+Order per pod: Commit, then Binding, then PodTerminated. The core's `first` holds Commits
+and terminations alike, so a batch that accepts a pod and then reads its deletion (a replay
+after a takeover brings both) would send the PodTerminated before the Binding; the
+PodTerminated of a pod bound in the same batch goes in the loop's `last` wave instead. And a
+Held redelivered after its pod was terminated (an owner that took over re-sends its Helds)
+makes the core re-send the pod's acceptance: its Binding went out before the termination, so
+the copy is dropped here rather than reach consumers after the termination, where it would
+count as bound again (the chaos checker saw a GPU given twice).
+
 Gang timers: the decider asks for them (`Decision.timers`: key, round, seconds); the timer
 fires on the event loop (the wall clock lives here, at the edge) and appends
 `GangTimeout(key, round)` to the gang's `holds` partition, where the decider reads it like
@@ -25,9 +34,18 @@ from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
 from agents.adapters.timers import TimerRequest
 from agents.ports import AgentConfig, Outbox, Output
-from agents.state.ledger import Decider, Decision, LedgerState
+from agents.state.ledger import TERMINATED, Decider, Decision, LedgerState
 from schemas import topics
-from schemas.records import GangTimeout, Held, PodDeleted, PodTerminated, Record, Rejected, Yield
+from schemas.records import (
+    Binding,
+    GangTimeout,
+    Held,
+    PodDeleted,
+    PodTerminated,
+    Record,
+    Rejected,
+    Yield,
+)
 
 HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated, GangTimeout, Yield)
 
@@ -52,10 +70,18 @@ class DeciderCore:
 
     def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], outcome: Outcome) -> dict[str, Any]:
         state = LedgerState.from_json(stored) if stored else LedgerState(key)
+        terminated = {uid for uid, entry in state.pods.items() if entry.status == TERMINATED}
         decision = Decision()
         self.decider.apply(state, records, decision)
-        outcome.first += decision.first
-        outcome.after += decision.after_commit
+        bindings = [o for o in decision.after_commit
+                    if not (isinstance(o.record, Binding) and o.record.uid in terminated)]
+        bound = {o.record.uid for o in bindings if isinstance(o.record, Binding)}
+        for output in decision.first:
+            if isinstance(output.record, PodTerminated) and output.record.uid in bound:
+                outcome.last.append(output)
+            else:
+                outcome.first.append(output)
+        outcome.after += bindings
         outcome.problems += decision.problems
         outcome.timers += [gang_timer(k, r, s) for k, r, s in decision.timers]
         return state.to_json()

@@ -7,14 +7,18 @@ generation (`agents.adapters.batches.Fetched`):
    fetched in (`Ownership`); otherwise it is dropped: not decided, not written, not delivered,
    its offsets never committed; whoever owns the partition now reads it again. Messages that
    come again after being processed in this assignment are skipped (`_trim`);
-2. decode (bad input to the dead-letter topic, a zombie's records dropped by the fence), group
+2. decode (bad input to the dead-letter topic, a zombie's records dropped by the input
+   partition's fence: an older epoch of an origin after a newer one in that partition's log;
+   the fence starts afresh whenever the partition is read again from an earlier offset), group
    by the core's key, apply the core to each key's table entry, put the new state in the table
    (in memory) and stamp the key's outputs with their origin: the input partition and the
    epoch of the generation the run was fetched in (`VersionedState.epoch`);
-3. ownership is checked once more, then the sink makes the runs durable: outputs, changelog
-   writes and input offsets, as one transaction per run on Apache Kafka
-   (`TransactionalSink`), or, without transactions, outputs and changelog delivered and
-   acknowledged before faust may commit the offsets (`PlainSink`);
+3. ownership is checked once more, then the sink makes the runs durable: outputs (in the
+   waves `first`, `after`, `last`), changelog writes and input offsets, as one transaction per
+   run on Apache Kafka (`TransactionalSink`), or, without transactions, outputs and changelog
+   delivered and acknowledged before faust may commit the offsets (`PlainSink`); if the sink
+   raises, the runs' messages are withheld from faust's acknowledgements (the worker then
+   stops, `agents.adapters.stateful`);
 4. the timers the core asked for are armed, for the runs that were made durable.
 
 A core is a `Core`: its record kinds, its grouping key, `apply` on one key's stored state, and
@@ -44,12 +48,15 @@ log = logging.getLogger("koordstream.loop")
 
 @dataclass
 class Outcome:
-    """What a core decided for a run. Without transactions `first` is acknowledged by the
-    broker before `after` is sent (deciders: Commits before Bindings); in a transaction both
-    become visible together."""
+    """What a core decided for a run, in three waves. Without transactions `first` is
+    acknowledged by the broker before `after` is sent (deciders: Commits before Bindings), and
+    `after` before `last` (deciders: the PodTerminated of a pod whose Binding is in `after`:
+    a termination follows its Binding); in a transaction all become visible together, in that
+    order."""
 
     first: list[Output] = field(default_factory=list)
     after: list[Output] = field(default_factory=list)
+    last: list[Output] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     timers: list[TimerRequest] = field(default_factory=list)
 
@@ -85,6 +92,7 @@ class Work:
     first: list[Output]
     after: list[Output]
     timers: list[TimerRequest]
+    last: list[Output] = field(default_factory=list)
 
     @property
     def partition(self) -> int:
@@ -127,7 +135,13 @@ class StatefulLoop:
         self.sink = sink
         self.timers = timers
         self.seek = seek
-        self.fence = EpochFence()
+        # One fence per input partition, started afresh whenever the partition is read again from
+        # an earlier offset (an assignment seeks it to its committed offset; a rewind). A fence
+        # orders records by their position in one partition's log: outputs of one origin reach
+        # every partition of the input topic (owners' Helds go to any `holds` partition,
+        # deciders' Commits to any `node-inbox` one), and across partitions, or across a seek
+        # back, an older epoch read after a newer one is no zombie's.
+        self.fences: dict[int, EpochFence] = {}
         self.resume_at: dict[int, int] = {}  # partition -> the offset a rewind reads from again
         self.next_offsets: dict[int, int] = {}  # partition -> the offset after the last one processed
         self.batches = 0
@@ -142,6 +156,7 @@ class StatefulLoop:
         gone = self.ownership.revoke(tps)
         for partition in gone:
             self.next_offsets.pop(partition, None)
+            self.fences.pop(partition, None)
         if gone:
             log.info("%s: partitions %s revoked", self.name, sorted(gone))
             await self.sink.quiesce(gone)
@@ -150,6 +165,7 @@ class StatefulLoop:
         partitions = self.ownership.assign(assigned, generation)
         self.resume_at.clear()  # faust seeks every partition to its committed offset
         self.next_offsets.clear()
+        self.fences.clear()
         log.info("%s: generation %s, partitions %s", self.name, generation, sorted(partitions))
         await self.sink.assigned(partitions)
 
@@ -207,18 +223,20 @@ class StatefulLoop:
                        [events[i] for i in keep])
 
     def decide(self, run: Fetched) -> Work:
-        got = intake(run.messages, expect=self.core.kinds, fence=self.fence)
+        fence = self.fences.setdefault(run.partition, EpochFence())
+        got = intake(run.messages, expect=self.core.kinds, fence=fence)
         epoch = self.table.epoch(run.partition, run.generation)
         origin = Origin(f"{run.topic}/{run.partition}", epoch)
         outcome = Outcome()
         for key, records in got.grouped(self.core.key_of).items():
-            first, after = len(outcome.first), len(outcome.after)
+            first, after, last = len(outcome.first), len(outcome.after), len(outcome.last)
             state = self.core.apply(key, self.table.get(key), records, outcome)
             self.table.put(key, state, run.partition, epoch)
             stamp(outcome.first, first, origin)
             stamp(outcome.after, after, origin)
+            stamp(outcome.last, last, origin)
         outputs = outcome.first + got.dead_letters + got.problem_letters(outcome.problems)
-        return Work(run, epoch, outputs, outcome.after, outcome.timers)
+        return Work(run, epoch, outputs, outcome.after, outcome.timers, outcome.last)
 
     async def process(self, runs: Sequence[Fetched]) -> Flushed:
         self.batches += 1
@@ -237,7 +255,15 @@ class StatefulLoop:
                 self.table.discard(w.partition)
         if not live:
             return Flushed()
-        flushed = await self.sink.flush(live)
+        try:
+            flushed = await self.sink.flush(live)
+        except BaseException:
+            # Not made durable, or not known to be: faust acknowledges a batch's messages when
+            # the loop body ends, even by an exception (and commits them, on stop too), so these
+            # would be skipped for good. Withheld, they are read again from the committed offset.
+            for w in live:
+                w.fetched.withhold_acks()
+            raise
         for w in flushed.durable:
             self.next_offsets[w.partition] = max(self.next_offsets.get(w.partition, 0), w.fetched.next_offset)
             if w.timers:
@@ -251,6 +277,7 @@ class StatefulLoop:
         """Read `run` again (its batch was not made durable and the partition is still ours)."""
         self.resume_at[run.partition] = run.first_offset
         self.next_offsets[run.partition] = run.first_offset
+        self.fences.pop(run.partition, None)  # read again in log order from there
         log.warning("%s: %s/%s is read again from offset %s", self.name, run.topic, run.partition, run.first_offset)
         if self.seek is not None:
             await self.seek(run.topic, run.partition, run.first_offset)

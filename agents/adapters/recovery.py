@@ -1,14 +1,30 @@
-"""A faust table manager whose restore ends where the committed records end.
+"""A faust table manager whose restore ends at the changelog's last record, read from the
+partition itself rather than taken from ListOffsets.
 
-With transactions every changelog partition ends with a transaction marker (a control
-record that no consumer ever receives), and the restore reads `read_committed`, so the last
-record it can see is not at the partition's end offset. faust's recovery waits until it has
-applied the record just below the end offset (its "highwater"), so it would wait forever (faust
-only works around it in its own exactly_once mode, after two idle 5-second timeouts). Here the
-highwater of each changelog partition is the offset of its last committed data record, found by
-reading the partition's tail with a short-lived read_committed consumer (from 64 records below
-the end, further back while the tail holds markers and aborted records only); a partition with
-no committed record counts as restored at once.
+faust's recovery restores a changelog partition up to its "highwater", the end offset that
+ListOffsets answers less one, and waits until it has applied that record. Two brokers make
+that number wrong:
+
+- Apache Kafka with transactions: every changelog partition ends with a transaction marker (a
+  control record that no consumer ever receives) and the restore reads `read_committed`, so
+  the last record it can see is not at the end offset; faust would wait forever (it only works
+  around it in its own exactly_once mode, after two idle 5-second timeouts).
+- The embedded Tansu 0.6 answers ListOffsets(latest) with the base offset of the partition's
+  last record *batch* plus one (measured: three batches of 3, 1 and 2 records end at offset 5,
+  not 6), while its fetch responses carry the right high watermark. The agents write a
+  micro-batch's changelog records as one batch per partition, so faust stopped the restore at
+  the first record of the previous owner's last batch: the state of every other key that batch
+  wrote was missing when the new owner started deciding (holds and decisions lost, devices
+  given twice), and the records came in only later, if ever. A partition kept across a
+  rebalance whose last restore had read past that number made faust raise ConsistencyError
+  ("persisted offset higher than the last offset") and the worker crash.
+
+Here the highwater of each changelog partition is the offset of its last data record, found
+by reading the partition's tail with a short-lived consumer: first a fetch from just below the
+end offset ListOffsets gave, whose response carries the true end (the high watermark, or the
+last stable offset when reading committed records), then the records below that end (from 64
+below it, further back while the tail holds markers and aborted records only); a partition
+with no record counts as restored at once.
 """
 
 from __future__ import annotations
@@ -28,24 +44,52 @@ TAIL_WINDOW = 64
 TAIL_DEADLINE_S = 30.0
 
 
-async def last_committed_offsets(bootstrap: str, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-    """Per (topic, partition), the offset of the last committed data record below its end
-    offset `ends[...]`, or the partition's beginning offset less one when it has none."""
+async def last_record_offsets(bootstrap: str, ends: Mapping[tuple[str, int], int],
+                              read_committed: bool = True) -> dict[tuple[str, int], int]:
+    """Per (topic, partition), the offset of the last (committed, with `read_committed`) data
+    record, or the partition's beginning offset less one when it has none. `ends[...]` is the
+    end offset ListOffsets answered, which may be too low (Tansu) but is never too high."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                isolation_level="read_committed", fetch_max_wait_ms=50)
+                                isolation_level="read_committed" if read_committed else "read_uncommitted",
+                                fetch_max_wait_ms=50)
     await consumer.start()
     try:
         tps = {key: TopicPartition(*key) for key in ends}
         consumer.assign(list(tps.values()))
         begins = await consumer.beginning_offsets(list(tps.values()))
-        return {key: await _last_record(consumer, tp, begins[tp], ends[key]) for key, tp in tps.items()}
+        out = {}
+        for key, tp in tps.items():
+            deadline = time.monotonic() + TAIL_DEADLINE_S
+            end = await _true_end(consumer, tp, begins[tp], ends[key], read_committed, deadline)
+            out[key] = await _last_record(consumer, tp, begins[tp], end, deadline)
+        return out
     finally:
         await consumer.stop()
 
 
-async def _last_record(consumer: AIOKafkaConsumer, tp: TopicPartition, begin: int, end: int) -> int:
+async def last_committed_offsets(bootstrap: str, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """`last_record_offsets` of committed records (the transactional restore)."""
+    return await last_record_offsets(bootstrap, ends, read_committed=True)
+
+
+async def _true_end(consumer: AIOKafkaConsumer, tp: TopicPartition, begin: int, end: int, read_committed: bool,
+                    deadline: float) -> int:
+    """The end offset a fetch response gives (high watermark, or last stable offset when reading
+    committed records), when larger than `end`."""
+    consumer.seek(tp, max(begin, end - 1))
+    while time.monotonic() < deadline:
+        await consumer.getmany(tp, timeout_ms=200)
+        fetched_end = consumer.last_stable_offset(tp) if read_committed else consumer.highwater(tp)
+        if fetched_end is not None and fetched_end >= 0:
+            if fetched_end > end:
+                log.info("%s: the end offset is %s, not %s as ListOffsets answered", tp, fetched_end, end)
+            return max(end, int(fetched_end))
+    log.warning("%s: no fetch response within %ss; restoring up to offset %s", tp, TAIL_DEADLINE_S, end - 1)
+    return end
+
+
+async def _last_record(consumer: AIOKafkaConsumer, tp: TopicPartition, begin: int, end: int, deadline: float) -> int:
     stop_at, window = end, TAIL_WINDOW
-    deadline = time.monotonic() + TAIL_DEADLINE_S
     while stop_at > begin:
         start = max(begin, stop_at - window)
         consumer.seek(tp, start)
@@ -64,35 +108,49 @@ async def _last_record(consumer: AIOKafkaConsumer, tp: TopicPartition, begin: in
     return begin - 1
 
 
-class CommittedRecovery(Recovery):  # type: ignore[misc]
+class TailRecovery(Recovery):  # type: ignore[misc]
+    """faust's Recovery with the highwaters of `last_record_offsets`."""
+
     bootstrap: str = ""
+    read_committed: bool = True
 
     async def _build_highwaters(self, consumer: Any, tps: set[Any], destination: Any, title: str) -> None:
         await super()._build_highwaters(consumer, tps, destination, title)
         if not tps:
             return
         ends = {(tp.topic, tp.partition): (destination[tp] if destination[tp] is not None else -1) + 1 for tp in tps}
-        last = await last_committed_offsets(self.bootstrap, ends)
+        last = await last_record_offsets(self.bootstrap, ends, self.read_committed)
         for tp in tps:
             destination[tp] = last[(tp.topic, tp.partition)]
-        log.info("%s changelog highwaters (last committed records): %s", title,
+        log.info("%s changelog highwaters (last %srecords): %s", title, "committed " if self.read_committed else "",
                  {f"{tp.topic}/{tp.partition}": destination[tp] for tp in sorted(tps)})
 
 
-class CommittedTableManager(TableManager):  # type: ignore[misc]
-    """faust's TableManager with `CommittedRecovery` (set `bootstrap` on a subclass)."""
+CommittedRecovery = TailRecovery  # the name it had when only the transactional restore used it
+
+
+class TailTableManager(TableManager):  # type: ignore[misc]
+    """faust's TableManager with `TailRecovery` (set `bootstrap` and `read_committed` on a subclass)."""
 
     bootstrap: str = ""
+    read_committed: bool = True
 
     @property
     def recovery(self) -> Recovery:
         if self._recovery is None:
-            recovery = CommittedRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
+            recovery = TailRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
             recovery.bootstrap = self.bootstrap
+            recovery.read_committed = self.read_committed
             self._recovery = recovery
         return self._recovery
 
 
-def committed_table_manager(bootstrap: str) -> type[CommittedTableManager]:
-    """The TableManager class for a faust app whose restores read committed records only."""
-    return type("CommittedTableManager", (CommittedTableManager,), {"bootstrap": bootstrap})
+def table_manager(bootstrap: str, read_committed: bool) -> type[TailTableManager]:
+    """The TableManager class for a faust app whose restores end at the changelog's last
+    (committed, with `read_committed`) record."""
+    return type("TailTableManager", (TailTableManager,), {"bootstrap": bootstrap, "read_committed": read_committed})
+
+
+def committed_table_manager(bootstrap: str) -> type[TailTableManager]:
+    """`table_manager` of committed records (the workers that run with transactions)."""
+    return table_manager(bootstrap, read_committed=True)

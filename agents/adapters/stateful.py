@@ -3,6 +3,7 @@ the shared loop (`agents.adapters.loop.StatefulLoop`) as a faust agent on its in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,6 +77,15 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
 
     @app.agent(channel, name=f"koordstream.{name}")
     async def agent(stream: faust.StreamT[Any]) -> None:
-        await loop.run(fetched_batches(stream, config))
+        try:
+            await loop.run(fetched_batches(stream, config))
+        except Exception as exc:
+            # A batch failed to become durable (its acks withheld by the loop). faust would restart
+            # the agent at its read position, past that batch, and decide what follows without
+            # it: stop the worker instead; whoever owns the partitions next reads them again from
+            # their committed offsets.
+            log.error("%s: a batch failed (%r): the worker stops", name, exc)
+            await app.crash(exc)
+            await asyncio.Future()  # no restart of this agent past the batch: wait to be stopped
 
     return loop

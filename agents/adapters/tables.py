@@ -80,9 +80,15 @@ class VersionedTable(Table[bytes, Any]):
                 self.partition_of[key] = partition
                 if value is not None:
                     restored[partition] = max(restored.get(partition, -1), value["epoch"])
+            elif value["epoch"] == current["epoch"]:  # type: ignore[index]
+                # This worker's own earlier write, read again: faust resumes the restore of a
+                # partition kept across a rebalance from where its last restore ended.
+                log.debug("restore of %s skipped an earlier write of %r (epoch %s, seq %s < %s)", self.name, key,
+                          value["epoch"], value["seq"], current["seq"])  # type: ignore[index]
             else:
-                log.warning("restore of %s dropped a stale write of %r (epoch %s, seq %s)", self.name, key,
-                            value["epoch"], value["seq"])  # type: ignore[index]
+                log.warning("restore of %s dropped a stale write of %r (epoch %s, seq %s; kept epoch %s, seq %s)",
+                            self.name, key, value["epoch"], value["seq"], current["epoch"],  # type: ignore[index]
+                            current["seq"])  # type: ignore[index]
         super().apply_changelog_batch(kept)
 
     async def on_rebalance(self, assigned: set[Any], revoked: set[Any], newly_assigned: set[Any],

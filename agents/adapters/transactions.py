@@ -17,7 +17,8 @@ cores answer by re-sending their recorded outputs, DESIGN.md rule 1).
 
 `PlainSink` is the path for brokers that refuse InitProducerId: changelog writes and `first`
 outputs are produced, acknowledged, then the `after` outputs (deciders: Bindings only once
-their Commits are on the broker); faust commits the offsets after the batch.
+their Commits are on the broker), acknowledged, then the `last` ones (a PodTerminated after
+its pod's Binding); faust commits the offsets after the batch.
 
 faust's own `processing_guarantee="exactly_once"` is not used: it wraps faust's producer
 in a transaction manager keyed by faust's partition groups, commits on its own commit timer
@@ -35,6 +36,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
+    IllegalOperation,
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
     KafkaError,
@@ -60,6 +62,16 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+def _fatal_cause(producer: Any) -> BaseException | None:
+    """Why an aiokafka transactional producer's transaction manager is in its fatal error state
+    (its sender failed), if it is."""
+    manager = getattr(producer, "_txn_manager", None)
+    if manager is None or not manager.is_fatal_error():
+        return None
+    waiter = manager._transaction_waiter
+    return waiter.exception() if waiter.done() and not waiter.cancelled() else None
+
+
 class PlainSink:
     def __init__(self, table: VersionedState, outbox: Outbox) -> None:
         self.table = table
@@ -76,9 +88,9 @@ class PlainSink:
         await deliver(self.outbox, [o for w in work for o in w.first])
         for ack in changelog:
             await ack
-        after = [o for w in work for o in w.after]
-        if after:
-            await deliver(self.outbox, after)
+        for wave in ([o for w in work for o in w.after], [o for w in work for o in w.last]):
+            if wave:
+                await deliver(self.outbox, wave)
         return Flushed(durable=list(work))
 
     async def close(self) -> None:
@@ -190,27 +202,31 @@ class TransactionalSink:
             try:
                 await producer.begin_transaction()
                 acks += await self.table.write_changelog(producer, [partition])
-                acks += await outbox.send(w.first + w.after)
+                acks += await outbox.send(w.first + w.after + w.last)
                 await asyncio.wait_for(producer.send_offsets_to_transaction(
                     {TopicPartition(self.topic, partition): w.fetched.next_offset}, self.group_id), self.timeout_s)
                 await asyncio.wait_for(producer.commit_transaction(), self.timeout_s)
                 self.committed += 1
                 return "durable"
             except FENCED as exc:
-                log.warning("%s: producer %s fenced (%r): the partition belongs to another worker",
-                            self.agent, self.txn_id(partition), exc)
-                self.ownership.lose(partition)
-                self.producers.pop(partition, None)
-                self.outboxes.pop(partition, None)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(producer.stop(), 5.0)
+                await self._fenced(partition, producer, exc)
                 return "lost"
+            except IllegalOperation as exc:
+                # The producer left its transaction: its sender failed, usually on being fenced
+                # (the sender's AddPartitionsToTxn met ProducerFenced and the next send refuses).
+                cause = _fatal_cause(producer)
+                if isinstance(cause, FENCED):
+                    await self._fenced(partition, producer, cause)
+                    return "lost"
+                log.error("%s: transaction of %s/%s from offset %s failed: %r (%r); aborting", self.agent,
+                          self.topic, partition, w.fetched.first_offset, exc, cause)
+                self.aborted += 1
+                return "failed" if await self._abort(partition, producer) else "lost"
             except (TimeoutError, KafkaError) as exc:
                 log.error("%s: transaction of %s/%s from offset %s failed: %r; aborting", self.agent, self.topic,
                           partition, w.fetched.first_offset, exc)
                 self.aborted += 1
-                await self._abort(partition, producer)
-                return "failed"
+                return "failed" if await self._abort(partition, producer) else "lost"
             finally:
                 self.table.discard(partition)
                 for ack in acks:  # the commit judged them; retrieve their outcome all the same
@@ -238,9 +254,22 @@ class TransactionalSink:
     def _current(self, partition: int, producer: object) -> bool:
         return self.producers.get(partition) is producer
 
-    async def _abort(self, partition: int, producer: Any) -> None:
+    async def _fenced(self, partition: int, producer: Any, exc: BaseException) -> None:
+        log.warning("%s: producer %s fenced (%r): the partition belongs to another worker",
+                    self.agent, self.txn_id(partition), exc)
+        self.ownership.lose(partition)
+        self.producers.pop(partition, None)
+        self.outboxes.pop(partition, None)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.stop(), 5.0)
+
+    async def _abort(self, partition: int, producer: Any) -> bool:
+        """Abort the open transaction; False when the partition turned out to be lost."""
         try:
             await asyncio.wait_for(producer.abort_transaction(), self.timeout_s)
+        except FENCED as exc:  # a new producer would fence the partition's new owner in turn
+            await self._fenced(partition, producer, exc)
+            return False
         except Exception as exc:  # noqa: BLE001 - the producer is unusable: start a new one
             log.warning("%s: abort failed (%r): restarting producer %s", self.agent, exc, self.txn_id(partition))
             self.producers.pop(partition, None)
@@ -252,6 +281,8 @@ class TransactionalSink:
             except Exception as start_exc:  # noqa: BLE001
                 log.error("%s: cannot restart producer %s: %r", self.agent, self.txn_id(partition), start_exc)
                 self.ownership.lose(partition)
+                return False
+        return True
 
     async def close(self) -> None:
         await asyncio.gather(*(self._stop(p) for p in list(self.producers)))

@@ -135,13 +135,25 @@ async def test_our_sink_of_a_worker_that_lost_its_partition_writes_nothing(kafka
         assert lost.lost and not lost.durable and zombie.ownership.partitions == set()
         done = await successor.flush([work(successor, "successor")])
         assert done.durable
-        bindings = await read_all_committed(kafka_bootstrap, topics.BINDINGS)
+        bindings = await read_committed_until(kafka_bootstrap, topics.BINDINGS, b"uid-successor")
         assert b"uid-successor" in b"".join(bindings) and b"uid-zombie" not in b"".join(bindings)
-        written = await read_all_committed(kafka_bootstrap, changelog)
+        written = await read_committed_until(kafka_bootstrap, changelog, b"successor")
         assert any(b"successor" in v for v in written) and not any(b"zombie" in v for v in written)
     finally:
         for sink in sinks:
             await sink.close()
+
+
+async def read_committed_until(bootstrap: str, topic: str, wanted: bytes, timeout_s: float = 10.0) -> list[bytes]:
+    """`read_all_committed`, again until a value contains `wanted` (or `timeout_s` passed): a
+    transaction's markers are written after commit_transaction returns, and until they are, the
+    last stable offset (where a read_committed reader stops) may not include it."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        values = await read_all_committed(bootstrap, topic)
+        if any(wanted in v for v in values) or asyncio.get_running_loop().time() > deadline:
+            return values
+        await asyncio.sleep(0.2)
 
 
 async def read_all_committed(bootstrap: str, topic: str) -> list[bytes]:

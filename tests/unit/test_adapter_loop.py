@@ -31,7 +31,7 @@ from agents.intake import RawMessage
 from agents.ports import Output
 from schemas import topics
 from schemas.codec import encode
-from schemas.records import GangTimeout, Held, Node, ReservationExpired, ResourceList
+from schemas.records import GangTimeout, Held, Node, PodDeleted, ReservationExpired, ResourceList
 
 
 class FakeClock:
@@ -369,6 +369,130 @@ async def test_plain_sink_acknowledges_commits_and_changelog_before_bindings() -
     assert r.producer.sent and r.producer.sent[0][0] == r.table.changelog
 
 
+# -- the zombie fence of a reader -------------------------------------------------------------
+
+
+def stamped_run(topic: str, partition: int, generation: int, records: list[tuple[Any, str, int]],
+                first_offset: int = 0) -> Fetched:
+    """A run whose messages carry the origin headers (record, origin source, origin epoch)."""
+    from agents.intake import origin_headers
+    from agents.ports import Origin
+
+    events = [FakeEvent(FakeMessage(topic, partition, first_offset + i, generation, encode(r),
+                                    origin_headers(Origin(source, epoch))))
+              for i, (r, source, epoch) in enumerate(records)]
+    [run] = split(events)
+    return run
+
+
+def bound(r: Rig) -> list[str]:
+    """The uids bound (a replay re-sends a Binding: counted once)."""
+    return sorted({o.record.uid for o in r.outbox.sent if type(o.record).__name__ == "Binding"})
+
+
+async def test_an_older_epoch_in_another_input_partition_is_not_a_zombies() -> None:
+    """An owner's Helds go to every `holds` partition: after node-inbox/1 moved to a new owner
+    (epoch 2), its old owner's Helds (epoch 1) sent before the move can still be unread in
+    another partition. A fence shared by the partitions dropped them, and they were never
+    decided: holds left held for ever (the chaos run's leaked holds)."""
+    r = rig(plain=True)
+    await assign(r, {0, 1}, generation=3)
+    newer = stamped_run(topics.HOLDS, 1, 3, [(held("u1", "u1", gang_min=1), "node-inbox/1", 2)])
+    older = stamped_run(topics.HOLDS, 0, 3, [(held("u0", "u0", gang_min=1), "node-inbox/1", 1)])
+    await r.loop.process([newer, older])
+    assert bound(r) == ["u0", "u1"]
+
+
+async def test_a_partition_read_again_after_a_rebalance_is_fenced_afresh() -> None:
+    """A kept partition is read again from its committed offset after a rebalance: an older
+    epoch that precedes a newer one in its log is no zombie's."""
+    r = rig(plain=True)
+    await assign(r, {0}, generation=3)
+    records = [(held("u0", "u0", gang_min=1), "node-inbox/1", 1), (held("u1", "u1", gang_min=1), "node-inbox/1", 2)]
+    await r.loop.process([stamped_run(topics.HOLDS, 0, 3, records[1:], first_offset=11)])  # 10 not yet fetched
+    await assign(r, {0}, generation=4)  # faust seeks partition 0 back to its committed offset, 10
+    await r.loop.process([stamped_run(topics.HOLDS, 0, 4, records, first_offset=10)])
+    assert bound(r) == ["u0", "u1"]
+
+
+async def test_a_zombies_older_epoch_after_a_newer_one_in_the_same_partition_is_dropped() -> None:
+    r = rig(plain=True)
+    await assign(r, {0}, generation=3)
+    await r.loop.process([stamped_run(topics.HOLDS, 0, 3, [(held("u1", "u1", gang_min=1), "node-inbox/1", 2),
+                                                            (held("u0", "u0", gang_min=1), "node-inbox/1", 1)])])
+    assert bound(r) == ["u1"]
+
+
+# -- a pod's Binding comes before its termination ---------------------------------------------
+
+
+class WaveOutbox(FakeOutbox):
+    """Records the kinds of each delivery (the plain sink awaits each one's acknowledgements)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waves: list[list[str]] = []
+
+    async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+        self.waves.append([f"{type(o.record).__name__}:{o.record.uid}" for o in outputs])  # type: ignore[attr-defined]
+        return await super().send(outputs)
+
+    def wave_of(self, what: str) -> list[int]:
+        return [i for i, wave in enumerate(self.waves) if what in wave]
+
+
+def deleted(uid: str) -> PodDeleted:
+    return PodDeleted(uid=uid, decision_key=uid)
+
+
+async def test_a_pod_accepted_and_deleted_in_one_batch_is_terminated_after_its_binding() -> None:
+    """A takeover replays a pod's Held and its deletion in one batch: the core puts the Commit
+    and the PodTerminated in `first`, the Binding in `after`. Sent in that order, the Binding
+    reached consumers after the termination, and counted as bound again: the chaos checker saw
+    the pod's GPU given to the next pod as well."""
+    r = rig(plain=True)
+    assert r.sink.plain is not None
+    outbox = r.sink.plain.outbox = WaveOutbox()
+    await assign(r, {0}, generation=1)
+    await r.loop.process([run_of(topics.HOLDS, 0, 1, [held("u0", "u0", gang_min=1), deleted("u0")])])
+    [commit], [binding], [terminated] = (outbox.wave_of(f"{k}:u0") for k in ("Commit", "Binding", "PodTerminated"))
+    assert commit < binding < terminated
+
+
+async def test_a_held_redelivered_after_its_pod_was_terminated_sends_no_binding_again() -> None:
+    """An owner that took over re-sends its Helds; one can reach the decider after the pod's
+    deletion. The core re-sends the pod's acceptance; its Binding went out before the
+    termination, and a copy after it would count as a new binding."""
+    r = rig(plain=True)
+    assert r.sink.plain is not None
+    outbox = r.sink.plain.outbox = WaveOutbox()
+    await assign(r, {0}, generation=1)
+    await r.loop.process([run_of(topics.HOLDS, 0, 1, [held("u0", "u0", gang_min=1)])])
+    await r.loop.process([run_of(topics.HOLDS, 0, 1, [deleted("u0")], first_offset=1)])
+    await r.loop.process([run_of(topics.HOLDS, 0, 1, [held("u0", "u0", gang_min=1)], first_offset=2)])
+    [terminated] = outbox.wave_of("PodTerminated:u0")
+    assert outbox.wave_of("Binding:u0") == [1] and terminated == 2  # waves: Commit, Binding, PodTerminated, ...
+    assert len(outbox.wave_of("Commit:u0")) == 2  # the Commit is re-sent (owners ignore it on a terminated hold)
+
+
+async def test_a_batch_whose_delivery_fails_is_never_acknowledged() -> None:
+    """faust acknowledges a take() batch when the loop body ends, by an exception too, and then
+    commits it: a batch whose delivery failed was skipped for good."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    class FailingSink(RecordingSink):
+        async def flush(self, work: Sequence[Work]) -> Flushed:
+            raise KafkaTimeoutError()
+
+    r = rig()
+    r.loop.sink = FailingSink()
+    await assign(r, {0}, generation=1)
+    run = run_of(topics.HOLDS, 0, 1, [held("u0", "u0", gang_min=1)])
+    with pytest.raises(KafkaTimeoutError):
+        await r.loop.process([run])
+    assert all(e.message.acked for e in run.events)  # faust will never commit these offsets
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
 
@@ -548,3 +672,39 @@ async def test_a_revocation_waits_for_the_transaction_in_flight_and_later_ones_d
     late = run_of(topics.HOLDS, 0, 2, [held("u1", "u1", gang_min=1)], first_offset=1)
     flushed = await sink.flush([Work(late, 2, [], [], [])])
     assert flushed.lost and calls.count(("ks-deciders-holds-0", "begin")) == 1
+
+
+async def test_a_producer_whose_sender_was_fenced_loses_the_partition_and_fences_no_one() -> None:
+    """aiokafka's sender meets ProducerFenced (AddPartitionsToTxn) and the next send refuses
+    with IllegalOperation, which is no KafkaError: the batch is lost, the partition with it, and
+    no producer is started again under that id (it would fence the partition's new owner)."""
+    from aiokafka.errors import IllegalOperation, ProducerFenced
+
+    failures: dict[str, BaseException] = {}
+    r, calls, producers = txn_rig(failures)
+    await assign(r, {0, 1}, generation=2)
+    failures[f"changelog:{r.table.changelog}/0"] = IllegalOperation("Can't send messages while not in transaction")
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiter.set_exception(ProducerFenced())
+
+    class FatalManager:
+        _transaction_waiter = waiter
+
+        def is_fatal_error(self) -> bool:
+            return True
+
+    producers["ks-deciders-holds-0"]._txn_manager = FatalManager()  # type: ignore[attr-defined]
+    flushed = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)])])
+    assert flushed.lost and not flushed.failed and r.ownership.partitions == {1}
+    assert calls.count(("ks-deciders-holds-0", "start")) == 1 and ("ks-deciders-holds-0", "stop") in calls
+
+
+async def test_an_abort_that_finds_the_producer_fenced_loses_the_partition_and_fences_no_one() -> None:
+    from aiokafka.errors import KafkaTimeoutError, ProducerFenced
+
+    r, calls, _ = txn_rig({"offsets": KafkaTimeoutError(), "abort": ProducerFenced()})
+    await assign(r, {0}, generation=2)
+    flushed = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)])])
+    assert flushed.lost and not flushed.failed and r.ownership.partitions == set()
+    assert calls.count(("ks-deciders-holds-0", "start")) == 1  # before: restarted, fencing the new owner
+    assert r.loop.seeks == []  # type: ignore[attr-defined]
