@@ -32,6 +32,7 @@ import faust
 
 from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
+from agents.adapters.tables import read_state
 from agents.adapters.timers import TimerRequest
 from agents.ports import AgentConfig, Outbox, Output
 from agents.state.ledger import TERMINATED, Decider, Decision, LedgerState
@@ -69,7 +70,7 @@ class DeciderCore:
         return key_of(record)
 
     def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], outcome: Outcome) -> dict[str, Any]:
-        state = LedgerState.from_json(stored) if stored else LedgerState(key)
+        state = read_state("pod-ledger", key, stored, LedgerState.from_json) if stored else LedgerState(key)
         terminated = {uid for uid, entry in state.pods.items() if entry.status == TERMINATED}
         decision = Decision()
         self.decider.apply(state, records, decision)

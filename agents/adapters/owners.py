@@ -23,6 +23,7 @@ import faust
 from agents.adapters.batches import micro_batches
 from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
+from agents.adapters.tables import read_state
 from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
@@ -73,7 +74,7 @@ class OwnerCore:
         if cached is not None and stored is not None and cached[0] is stored:
             state = cached[1]
         else:
-            state = NodeState.from_json(stored) if stored else NodeState(key)
+            state = read_state("node-state", key, stored, NodeState.from_json) if stored else NodeState(key)
         result = OwnerResult()
         self.owner.apply(state, records, result)
         outcome.first += result.outputs
@@ -87,7 +88,7 @@ class OwnerCore:
         """One expiry timer per available reservation of a restored node."""
         if "reservations" in raw and not raw["reservations"]:
             return []  # most nodes: nothing to decode
-        state = NodeState.from_json(raw)
+        state = read_state("node-state", key, raw, NodeState.from_json)
         out = []
         for uid, entry in state.reservations.items():
             expires_at = state.reservation(uid).expires_at

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import faust
 import orjson
@@ -56,6 +56,26 @@ def supersedes(incoming: Mapping[str, Any] | None, current: Mapping[str, Any] | 
     if incoming is None or current is None:
         return True
     return (incoming["epoch"], incoming["seq"]) >= (current["epoch"], current["seq"])
+
+
+class UnreadableState(ValueError):
+    """A table value this version cannot read: written by an incompatible version, or corrupt."""
+
+
+S = TypeVar("S")
+
+
+def read_state(table: str, key: str, raw: dict[str, Any], decode: Callable[[dict[str, Any]], S]) -> S:
+    """`decode(raw)`, or an `UnreadableState` that names the table, the key and the field. The
+    loop then stops the worker without acknowledging the batch (README, "Upgrading")."""
+    try:
+        return decode(raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UnreadableState(
+            f"{table}: the stored state of {key!r} cannot be read ({type(exc).__name__}: {exc}); it was "
+            "written by an incompatible koordstream version or is corrupt. Nothing was acknowledged. "
+            "See README, 'Upgrading', for how to start the tables afresh."
+        ) from exc
 
 
 class VersionedTable(Table[bytes, Any]):
