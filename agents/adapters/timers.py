@@ -8,7 +8,8 @@ after every restore (every rebalance, not only the first) the agent disarms the 
 partitions it no longer owns and re-arms one for every key of the partitions it owns, from
 the restored table (`rearm`). Arming a key that is armed keeps the first timer, so partitions
 kept across a rebalance keep their timers. A timer that fires for a partition this worker no
-longer owns sends nothing.
+longer owns sends nothing; one whose record could not be delivered (a failed send, the
+producer stopping) fires again a second later while its partition is owned here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Protocol
 from agents.ports import Outbox, Output, deliver
 
 log = logging.getLogger("koordstream.timers")
+
+RETRY_S = 1.0  # a timer whose record could not be delivered fires again after this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class RecordTimers:
         self.pending: set[asyncio.Task[None]] = set()
         self.fired = 0
         self.skipped = 0  # fired for a partition no longer owned
+        self.failed = 0  # deliveries that failed (each tried again after RETRY_S)
 
     def arm(self, request: TimerRequest, partition: int) -> None:
         """Send the request's output after its delay (at once when not positive), unless its
@@ -82,7 +86,15 @@ class RecordTimers:
             self.skipped += 1
             return
         self.fired += 1
-        await deliver(self.outbox, [request.output])
+        try:
+            await deliver(self.outbox, [request.output])
+        except Exception as exc:  # the producer stopping (shutdown) or a failed send
+            if not self.owned(partition):
+                return  # the next owner arms it again from its restored table
+            self.failed += 1
+            log.warning("timer %r: its record was not delivered (%r); tried again in %.1f s",
+                        request.key, exc, RETRY_S)
+            self.arm(TimerRequest(request.key, RETRY_S, request.output), partition)
 
 
 def rearm(timers: RecordTimers, partitions: Collection[int],
