@@ -5,8 +5,10 @@ generation (`agents.adapters.batches.Fetched`):
 
 1. a run is processed only while this worker owns its partition in the generation it was
    fetched in (`Ownership`); otherwise it is dropped: not decided, not written, not delivered,
-   its offsets never committed; whoever owns the partition now reads it again. Messages that
-   come again after being processed in this assignment are skipped (`_trim`);
+   its offsets never committed; whoever owns the partition now reads it again. The first
+   run of a partition in an assignment must not begin past the first record after the
+   group's committed offset (`_starts_right`; else the partition is read again from there).
+   Messages that come again after being processed in this assignment are skipped (`_trim`);
 2. decode (bad input to the dead-letter topic, a zombie's records dropped by the input
    partition's fence: an older epoch of an origin after a newer one in that partition's log;
    the fence starts afresh whenever the partition is read again from an earlier offset), group
@@ -17,8 +19,8 @@ generation (`agents.adapters.batches.Fetched`):
    waves `first`, `after`, `last`), changelog writes and input offsets, as one transaction per
    run on Apache Kafka (`TransactionalSink`), or, without transactions, outputs and changelog
    delivered and acknowledged before faust may commit the offsets (`PlainSink`); if the sink
-   raises, the runs' messages are withheld from faust's acknowledgements (the worker then
-   stops, `agents.adapters.stateful`);
+   raises (or a core raised in step 2), the runs' messages are withheld from faust's
+   acknowledgements (the worker then stops, `agents.adapters.stateful`);
 4. the timers the core asked for are armed, for the runs that were made durable.
 
 A core is a `Core`: its record kinds, its grouping key, `apply` on one key's stored state, and
@@ -30,6 +32,7 @@ offsets afterwards).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,8 @@ from agents.ports import Origin, Output, Problem, stamp
 from schemas.records import Record
 
 log = logging.getLogger("koordstream.loop")
+
+WATCH_EVERY_S = 3.0  # after a restore: how often a partition with nothing read yet is looked at
 
 
 @dataclass
@@ -123,11 +128,14 @@ class Sink(Protocol):
 
 
 Seek = Callable[[str, int, int], Awaitable[None]]  # (topic, partition, offset): read again from there
+# (topic, partition) -> the offset of the first record at or after the group's committed offset
+# of that partition (None: no record there yet). See `StatefulLoop._starts_right`.
+Probe = Callable[[str, int], Awaitable[int | None]]
 
 
 class StatefulLoop:
     def __init__(self, name: str, core: Core, table: VersionedState, ownership: Ownership, sink: Sink,
-                 timers: RecordTimers, seek: Seek | None = None) -> None:
+                 timers: RecordTimers, seek: Seek | None = None, probe: Probe | None = None) -> None:
         self.name = name
         self.core = core
         self.table = table
@@ -135,6 +143,14 @@ class StatefulLoop:
         self.sink = sink
         self.timers = timers
         self.seek = seek
+        self.probe = probe
+        self.started: dict[int, int] = {}  # partition -> the generation whose start was checked
+        self.unchecked: set[int] = set()  # partitions read again because their check failed
+        self.restarted = 0  # assignments that began past the committed offset, read again from there
+        self.reseeks = 0  # seeks made again while a rewind waited for its record
+        self.watch_every_s = WATCH_EVERY_S
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self._watches: set[asyncio.Future[None]] = set()
         # One fence per input partition, started afresh whenever the partition is read again from
         # an earlier offset (an assignment seeks it to its committed offset; a rewind). A fence
         # orders records by their position in one partition's log: outputs of one origin reach
@@ -165,6 +181,8 @@ class StatefulLoop:
         partitions = self.ownership.assign(assigned, generation)
         self.resume_at.clear()  # faust seeks every partition to its committed offset
         self.next_offsets.clear()
+        self.started.clear()
+        self.unchecked.clear()
         self.fences.clear()
         log.info("%s: generation %s, partitions %s", self.name, generation, sorted(partitions))
         await self.sink.assigned(partitions)
@@ -174,6 +192,47 @@ class StatefulLoop:
         rearm(self.timers, partitions,
               lambda p: [t for key, state in table.states([p]) for t in core.timers(key, state)])
         core.prune(table.keys())
+        if self.probe is not None and partitions:
+            task = asyncio.ensure_future(self.watch_starts({p: self.ownership.owned.get(p, -1) for p in partitions}))
+            self._watches.add(task)
+            task.add_done_callback(self._watches.discard)
+
+    async def watch_starts(self, assignment: dict[int, int]) -> None:
+        """After a restore, until each partition of `assignment` (partition -> generation) has
+        had a run checked (`_starts_right`), look every `watch_every_s` whether it has records
+        after the group's committed offset; if so, read it again from the first of them. faust
+        can drop every record of a newly assigned partition up to its log end (its fetch loop
+        moves its read offset past its own seek with a batch fetched before the seek), and then
+        no run comes that `_starts_right` could check: the partition would wait for new records
+        while those already there were never decided (seen as a new state worker that never
+        answered the claims published before it joined). Each partition is looked at once (again
+        if the look failed)."""
+        pending = dict(assignment)
+        while pending:
+            await self.sleep(self.watch_every_s)
+            for partition, generation in list(pending.items()):
+                if not self.ownership.owns(partition, generation) or self.started.get(partition) == generation \
+                        or partition in self.resume_at:
+                    del pending[partition]  # gone, or its first run came and was checked
+                    continue
+                try:
+                    first = await self.probe(self.ownership.topic, partition) if self.probe else None
+                except Exception as exc:  # noqa: BLE001 - looked at again next time
+                    log.warning("%s: %s/%s: cannot look for undecided records (%r)", self.name,
+                                self.ownership.topic, partition, exc)
+                    continue
+                # Nothing after the committed offset: nothing to lose (what comes later is fetched
+                # after faust's seek). Otherwise read again from the first record, unless its
+                # run came meanwhile.
+                del pending[partition]
+                if first is None or not self.ownership.owns(partition, assignment[partition]) \
+                        or self.started.get(partition) == assignment[partition] or partition in self.resume_at:
+                    continue
+                self.restarted += 1
+                log.warning("%s: %s/%s: nothing read %ss after the restore, though records wait from offset %s: "
+                            "read again from there", self.name, self.ownership.topic, partition,
+                            self.watch_every_s, first)
+                await self._read_from(self.ownership.topic, partition, first)
 
     async def run(self, batches: AsyncIterator[list[Fetched]]) -> None:
         async for runs in batches:
@@ -241,12 +300,25 @@ class StatefulLoop:
     async def process(self, runs: Sequence[Fetched]) -> Flushed:
         self.batches += 1
         work = []
-        for run in runs:
-            if not self._live(run):
-                continue
-            trimmed = self._trim(run)
-            if trimmed is not None:
-                work.append(self.decide(trimmed))
+        try:
+            for run in runs:
+                if not self._live(run):
+                    continue
+                if self.started.get(run.partition) != run.generation and not await self._starts_right(run):
+                    continue
+                trimmed = self._trim(run)
+                if trimmed is not None:
+                    work.append(self.decide(trimmed))
+                elif run.partition in self.resume_at:
+                    await self._still_waiting(run)
+        except BaseException:
+            # A core failed (a bug, or a stored state it cannot read): nothing of this batch may
+            # be acknowledged, and its table changes in memory are not durable. The worker stops
+            # (`agents.adapters.stateful`); the next owner reads the batch again.
+            for run in runs:
+                run.withhold_acks()
+                self.table.discard(run.partition)
+            raise
         live = []
         for w in work:  # the last look before anything leaves: revoked meanwhile -> dropped
             if self._live(w.fetched):
@@ -273,11 +345,63 @@ class StatefulLoop:
             await self.rewind(w.fetched)
         return flushed
 
+    async def _starts_right(self, run: Fetched) -> bool:
+        """The first run of a partition in an assignment must not begin past the first record
+        after the group's committed offset, or the records between would never be decided:
+        whoever owned the partition before did not decide them, and this worker would commit
+        offsets past them. A chaos run on Apache Kafka saw it: a running worker that took over
+        the partitions of a killed one began one of them at its end (the claims of the seconds
+        between the kill and the rebalance never answered, their holds leaked). So the start is
+        checked once per assignment against `probe` (the committed offset, and the first record
+        at or after it: records of a transactional topic sit between commit and abort markers,
+        so that record may lie past the committed offset), and read again from there if need be.
+        A run that starts earlier is fine: what it repeats, the cores answer from their records.
+        """
+        partition = run.partition
+        if self.probe is None or (partition in self.resume_at and partition not in self.unchecked):
+            self.started[partition] = run.generation  # a rewind of ours: it starts where we know
+            return True
+        try:
+            first = await self.probe(run.topic, partition)
+        except Exception as exc:  # noqa: BLE001 - unknown: read the run again and check then
+            log.warning("%s: %s/%s: cannot check where generation %s begins (%r): read again", self.name,
+                        run.topic, partition, run.generation, exc)
+            run.withhold_acks()
+            self.unchecked.add(partition)
+            await self._read_from(run.topic, run.partition, run.first_offset)
+            return False
+        self.unchecked.discard(partition)
+        self.started[partition] = run.generation
+        if first is None or run.first_offset <= first:
+            return True
+        self.restarted += 1
+        log.warning("%s: %s/%s: generation %s began at offset %s, past the first record after the committed "
+                    "offset (%s): read again from there", self.name, run.topic, partition, run.generation,
+                    run.first_offset, first)
+        run.withhold_acks()
+        await self._read_from(run.topic, run.partition, first)
+        return False
+
+    async def _read_from(self, topic: str, partition: int, offset: int) -> None:
+        """Skip what was fetched until the record at `offset` comes again, and seek there."""
+        self.resume_at[partition] = offset
+        self.next_offsets[partition] = offset
+        self.fences.pop(partition, None)  # read again in log order from there
+        if self.seek is not None:
+            await self.seek(topic, partition, offset)
+
+    async def _still_waiting(self, run: Fetched) -> None:
+        """A run without the record a rewind waits for: fetched before the seek, or after it
+        while faust dropped the records below its read offset (faust's fetch loop goes on with
+        the rest of a batch fetched before a seek and moves its read offset past the seek's).
+        Not acknowledged, and the seek is made again, so the record comes (it is the first
+        record at or after that offset, so the next fetch from there begins with it)."""
+        run.withhold_acks()
+        self.reseeks += 1
+        if self.seek is not None:
+            await self.seek(run.topic, run.partition, self.resume_at[run.partition])
+
     async def rewind(self, run: Fetched) -> None:
         """Read `run` again (its batch was not made durable and the partition is still ours)."""
-        self.resume_at[run.partition] = run.first_offset
-        self.next_offsets[run.partition] = run.first_offset
-        self.fences.pop(run.partition, None)  # read again in log order from there
         log.warning("%s: %s/%s is read again from offset %s", self.name, run.topic, run.partition, run.first_offset)
-        if self.seek is not None:
-            await self.seek(run.topic, run.partition, run.first_offset)
+        await self._read_from(run.topic, run.partition, run.first_offset)

@@ -15,6 +15,7 @@ from faust.types import TP
 from agents.adapters.batches import fetched_batches
 from agents.adapters.loop import Core, Sink, StatefulLoop
 from agents.adapters.ownership import Ownership
+from agents.adapters.positions import CommittedStart
 from agents.adapters.tables import VersionedState
 from agents.adapters.timers import RecordTimers
 from agents.adapters.transactions import MakeOutbox, PlainSink, TransactionalSink
@@ -60,9 +61,14 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
     timers = RecordTimers(outbox, owned=lambda partition: partition in ownership.owned)
 
     async def seek(topic: str, partition: int, offset: int) -> None:
-        await app.consumer.seek(TP(topic, partition), offset)
+        # In the consumer's own thread (faust's `seek` changes the fetcher from this one: a chaos
+        # run saw it delete a partition's fetched records under the fetch loop, which crashed),
+        # and faust's read offset with it.
+        await app.consumer.seek_wait({TP(topic, partition): offset})
 
-    loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seek)
+    bootstrap = transactions.producer_options.get("bootstrap_servers")
+    probe = CommittedStart(str(bootstrap), transactions.group_id, transactions.enabled) if bootstrap else None
+    loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seek, probe=probe)
     loop.attach()
 
     async def on_revoked(sender: Any, revoked: set[Any], **kwargs: Any) -> None:
@@ -70,6 +76,8 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
 
     async def on_shutdown(sender: Any, **kwargs: Any) -> None:
         await sink.close()
+        if probe is not None:
+            await probe.close()
 
     # mode's SignalHandlerT admits no function under mypy (its NamedArg "signal"), hence the ignores.
     app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]

@@ -115,6 +115,30 @@ async def test_rearm_after_a_restore_follows_the_partitions() -> None:
     assert gang_timeouts(outbox) == [("g1", 0), ("g2", 3)]  # never g0: disarmed
 
 
+async def test_a_timer_whose_record_is_not_delivered_fires_again() -> None:
+    """A failed send (the producer not started yet, or stopping) must not lose a gang's
+    timeout: the timer fires again while its partition is owned here."""
+    from faust.exceptions import NotReady
+
+    class Flaky(FakeOutbox):
+        fails = 1
+
+        async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+            if self.fails:
+                self.fails -= 1
+                raise NotReady("Producer service not yet started")
+            return await super().send(outputs)
+
+    clock, outbox = FakeClock(), Flaky()
+    timers = RecordTimers(outbox, schedule=clock.call_later)
+    timers.arm(gang_timer("g", 0, 1.0), partition=0)
+    clock.advance(1.0)
+    await settle(timers)
+    assert outbox.sent == [] and timers.failed == 1 and ("g", 0) in timers.armed
+    clock.advance(1.0)
+    await settle(timers)
+    assert gang_timeouts(outbox) == [("g", 0)] and not timers.armed
+
 async def test_a_timer_of_a_partition_no_longer_owned_sends_nothing() -> None:
     clock, outbox = FakeClock(), FakeOutbox()
     owned = {0}
@@ -493,6 +517,20 @@ async def test_a_batch_whose_delivery_fails_is_never_acknowledged() -> None:
     assert all(e.message.acked for e in run.events)  # faust will never commit these offsets
 
 
+
+async def test_a_stored_state_that_cannot_be_read_stops_the_batch_unacknowledged() -> None:
+    """A table value from an incompatible version: a clear error naming the table and the key,
+    and nothing of the batch acknowledged (faust would otherwise commit it on the way down)."""
+    from agents.adapters.tables import UnreadableState
+
+    r = rig()
+    await assign(r, {0}, generation=1)
+    r.table.put("g", {"key": "g", "format": "from the future"}, 0, 1)
+    run = run_of(topics.HOLDS, 0, 1, [held("g", "u0")])
+    with pytest.raises(UnreadableState, match=r"pod-ledger: the stored state of 'g' cannot be read \(KeyError: 'pods'\)"):
+        await r.loop.process([run])
+    assert all(e.message.acked for e in run.events) and r.sink.flushed == []
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
 
@@ -639,6 +677,115 @@ async def test_messages_fetched_again_after_faust_seeks_are_skipped_not_decided_
     await assign(r, {0}, generation=3)  # a new assignment starts afresh (faust seeks again)
     assert r.loop.next_offsets == {}
 
+
+def probed(r: Rig, first_after_committed: int | None) -> list[tuple[str, int, int]]:
+    """Give the loop a probe that finds the first record after the committed offset at
+    `first_after_committed`, and a seek that records where it was asked to read from."""
+    seeks: list[tuple[str, int, int]] = []
+
+    async def probe(topic: str, partition: int) -> int | None:
+        return first_after_committed
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        seeks.append((topic, partition, offset))
+
+    r.loop.probe, r.loop.seek = probe, seek
+    return seeks
+
+
+async def test_an_assignment_that_begins_past_the_committed_offset_reads_again_from_there() -> None:
+    """A running worker took over a partition and faust began it at its end: the records after
+    the committed offset (here from 60) were never decided by anyone. The run from 100 is not
+    decided; the partition is read again from 60, what was fetched before is skipped until 60
+    comes (the seek is made again meanwhile: faust's fetch loop may have moved its read offset
+    past it), and from there every record is decided once."""
+    r = rig(plain=True)
+    seeks = probed(r, 60)
+    await assign(r, {0}, generation=4)
+    late = run_of(topics.HOLDS, 0, 4, [held("u9", "u9", gang_min=1)], first_offset=100)
+    assert (await r.loop.process([late])).durable == []
+    assert seeks == [(topics.HOLDS, 0, 60)] and all(e.message.acked for e in late.events) and r.loop.restarted == 1
+    buffered = run_of(topics.HOLDS, 0, 4, [held("u10", "u10", gang_min=1)], first_offset=101)
+    assert (await r.loop.process([buffered])).durable == []  # fetched before the seek: skipped,
+    assert all(e.message.acked for e in buffered.events)  # never acknowledged (faust would commit
+    assert seeks == [(topics.HOLDS, 0, 60)] * 2 and r.loop.reseeks == 1  # past 60), and the seek made again
+    again = run_of(topics.HOLDS, 0, 4, [held(f"u{i}", f"u{i}", gang_min=1) for i in range(11)], first_offset=60)
+    [work] = (await r.loop.process([again])).durable
+    assert [m.offset for m in work.fetched.messages] == list(range(60, 71))
+    bindings = [o.record.uid for o in r.outbox.sent if type(o.record).__name__ == "Binding"]
+    assert sorted(bindings) == sorted(f"u{i}" for i in range(11))
+
+
+@pytest.mark.parametrize("first_after_committed", [40, 60, None])
+async def test_an_assignment_that_begins_at_or_before_the_first_record_after_the_committed_offset_goes_on(
+        first_after_committed: int | None) -> None:
+    """At the committed record (markers of other transactions may lie between: 40 is past an
+    offset committed at 38), or before it (a repeat, answered from the records), or with
+    nothing found after it: the run is decided as it is, and the check is made once."""
+    r = rig(plain=True)
+    seeks = probed(r, first_after_committed)
+    await assign(r, {0}, generation=4)
+    run = run_of(topics.HOLDS, 0, 4, [held("u0", "u0", gang_min=1)], first_offset=40)
+    assert len((await r.loop.process([run])).durable) == 1 and seeks == []
+    r.loop.probe = None  # not asked again in this assignment
+    assert len((await r.loop.process([run_of(topics.HOLDS, 0, 4, [held("u1", "u1", gang_min=1)],
+                                             first_offset=41)])).durable) == 1
+
+
+async def test_a_partition_with_records_waiting_but_nothing_read_after_its_restore_is_read_again() -> None:
+    """faust can drop every record of a newly assigned partition up to its end: no run comes
+    to be checked, so after the restore the loop looks (each `watch_every_s`, on an injected
+    sleep) and reads such a partition again from the first record after the committed offset;
+    a partition that had its run, or has nothing waiting, is left alone, and the watch ends."""
+    r = rig(plain=True)
+    firsts = {0: 60, 1: 5, 2: None}
+    seeks: list[tuple[str, int, int]] = []
+
+    async def probe(topic: str, partition: int) -> int | None:
+        return firsts[partition]
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        seeks.append((topic, partition, offset))
+
+    naps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) > 1:
+            raise AssertionError("the watch goes on after every partition was dealt with")
+
+    r.loop.probe, r.loop.seek, r.loop.sleep = probe, seek, sleep
+    await r.loop.on_revoked({TP(topics.HOLDS, p) for p in r.ownership.partitions})
+    await r.table.table.on_rebalance({TP(topics.HOLDS, p) for p in (0, 1, 2)}, set(), set(), 4)
+    assert len((await r.loop.process([run_of(topics.HOLDS, 1, 4, [held("u0", "u0", gang_min=1)],
+                                             first_offset=5)])).durable) == 1  # partition 1 had its run
+    await r.loop.on_restored({0, 1, 2})
+    [watch] = list(r.loop._watches)
+    await watch
+    assert seeks == [(topics.HOLDS, 0, 60)] and r.loop.resume_at == {0: 60} and r.loop.restarted == 1
+    assert naps == [r.loop.watch_every_s]  # each partition looked at once, then the watch ended
+    [work] = (await r.loop.process([run_of(topics.HOLDS, 0, 4, [held("u1", "u1", gang_min=1)],
+                                           first_offset=60)])).durable
+    assert work.fetched.first_offset == 60
+
+async def test_a_start_that_cannot_be_checked_is_read_again_and_checked_then() -> None:
+    r = rig(plain=True)
+    seeks = probed(r, 60)
+    calls = []
+
+    async def failing(topic: str, partition: int) -> int | None:
+        calls.append(partition)
+        if len(calls) == 1:
+            raise ConnectionError("broker restarting")
+        return 60
+
+    r.loop.probe = failing
+    await assign(r, {0}, generation=4)
+    run = run_of(topics.HOLDS, 0, 4, [held("u0", "u0", gang_min=1)], first_offset=60)
+    assert (await r.loop.process([run])).durable == [] and seeks == [(topics.HOLDS, 0, 60)]
+    assert len((await r.loop.process([run_of(topics.HOLDS, 0, 4, [held("u0", "u0", gang_min=1)],
+                                             first_offset=60)])).durable) == 1
+    assert calls == [0, 0]
 
 async def test_a_restore_holds_faust_flow_control_until_its_seek_is_done() -> None:
     r = rig()

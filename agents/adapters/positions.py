@@ -1,0 +1,53 @@
+"""Where a stateful agent's input partition must begin after an assignment: the first record
+at or after the consumer group's committed offset (`StatefulLoop._starts_right` checks the
+first run against it).
+
+One aiokafka consumer per agent, started on first use, with the agents' group id but no
+subscription (it never joins the group): `committed()` reads the group's offset, and a fetch
+from there (read_committed with transactions, where the records of a transactional topic sit
+between commit and abort markers) finds the first record. Fetches wait 20 ms at most (Tansu
+answers a fetch only when its wait runs out), `wait_ms` in all when nothing is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+
+class CommittedStart:
+    def __init__(self, bootstrap: str, group_id: str, read_committed: bool, wait_ms: int = 500) -> None:
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.isolation_level = "read_committed" if read_committed else "read_uncommitted"
+        self.wait_ms = wait_ms
+        self.consumer: Any = None
+        self.lock = asyncio.Lock()
+
+    async def __call__(self, topic: str, partition: int) -> int | None:
+        async with self.lock:
+            if self.consumer is None:
+                consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
+                                            enable_auto_commit=False, isolation_level=self.isolation_level,
+                                            auto_offset_reset="earliest", fetch_max_wait_ms=20)
+                await consumer.start()
+                self.consumer = consumer
+            tp = TopicPartition(topic, partition)
+            committed = await self.consumer.committed(tp)
+            self.consumer.assign([tp])
+            if committed is None:
+                await self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, committed)
+            got = await self.consumer.getmany(tp, timeout_ms=self.wait_ms, max_records=1)
+            messages = got.get(tp, [])
+            return int(messages[0].offset) if messages else None
+
+    async def close(self) -> None:
+        consumer, self.consumer = self.consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
