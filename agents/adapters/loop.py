@@ -263,6 +263,8 @@ class StatefulLoop:
             if not back:
                 return None
             del self.resume_at[run.partition]
+            for event in events[:back[0]]:  # fetched before the seek: never acknowledged
+                event.message.acked = True
             messages, events = messages[back[0]:], events[back[0]:]
         last = self.next_offsets.get(run.partition, 0) - 1
         keep = []
@@ -342,7 +344,8 @@ class StatefulLoop:
                 self.timers.arm_all(w.timers, w.partition)
                 log.info("%s: %d timers asked for by %s/%s", self.name, len(w.timers), w.fetched.topic, w.partition)
         for w in flushed.failed:
-            await self.rewind(w.fetched)
+            if self.ownership.owns(w.partition, w.fetched.generation):  # else the next owner reads it
+                await self.rewind(w.fetched)
         return flushed
 
     async def _starts_right(self, run: Fetched) -> bool:
@@ -364,11 +367,17 @@ class StatefulLoop:
         try:
             first = await self.probe(run.topic, partition)
         except Exception as exc:  # noqa: BLE001 - unknown: read the run again and check then
+            if not self.ownership.owns(partition, run.generation):
+                run.withhold_acks()  # a rebalance meanwhile: the new assignment checks for itself
+                return False
             log.warning("%s: %s/%s: cannot check where generation %s begins (%r): read again", self.name,
                         run.topic, partition, run.generation, exc)
             run.withhold_acks()
             self.unchecked.add(partition)
             await self._read_from(run.topic, run.partition, run.first_offset)
+            return False
+        if not self.ownership.owns(partition, run.generation):
+            run.withhold_acks()  # revoked or reassigned while the probe ran: nothing of it leaks
             return False
         self.unchecked.discard(partition)
         self.started[partition] = run.generation

@@ -6,7 +6,9 @@ One aiokafka consumer per agent, started on first use, with the agents' group id
 subscription (it never joins the group): `committed()` reads the group's offset, and a fetch
 from there (read_committed with transactions, where the records of a transactional topic sit
 between commit and abort markers) finds the first record. Fetches wait 20 ms at most (Tansu
-answers a fetch only when its wait runs out), `wait_ms` in all when nothing is there.
+answers a fetch only when its wait runs out), `wait_ms` in all when nothing is there. The answer
+is None only when that fetch reached the partition's end; a fetch that found nothing short of
+it raises TimeoutError (the loop then reads the run again and asks again).
 """
 
 from __future__ import annotations
@@ -44,7 +46,18 @@ class CommittedStart:
                 self.consumer.seek(tp, committed)
             got = await self.consumer.getmany(tp, timeout_ms=self.wait_ms, max_records=1)
             messages = got.get(tp, [])
-            return int(messages[0].offset) if messages else None
+            if messages:
+                return int(messages[0].offset)
+            # Nothing fetched: the end of the partition only if the fetch reached it (the position
+            # moves past markers and aborted records); a fetch that was slow is no answer.
+            position = await self.consumer.position(tp)
+            end = self.consumer.last_stable_offset(tp) if self.isolation_level == "read_committed" else None
+            if end is None:
+                end = self.consumer.highwater(tp)
+            if end is not None and position >= end:
+                return None
+            raise TimeoutError(f"{topic}/{partition}: no record fetched from offset {position} within "
+                               f"{self.wait_ms} ms, the partition ends at {end}")
 
     async def close(self) -> None:
         consumer, self.consumer = self.consumer, None

@@ -41,6 +41,16 @@ class Transactions:
     make_outbox: MakeOutbox | None = None
 
 
+def forget_gaps(consumer: Any, tp: TP, offset: int) -> None:
+    """After a seek back to `offset`: without transactions faust commits what is acknowledged,
+    filling the gaps it noted between the offsets it delivered; gaps at or after `offset` are
+    stale (what lies there is read again), and filling them would commit past records that
+    are not decided yet."""
+    gaps = getattr(consumer, "_gap", {})
+    if tp in gaps:
+        gaps[tp].chop(offset, 2**63)
+
+
 def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Core, outbox: Outbox,
                       config: AgentConfig, transactions: Transactions) -> StatefulLoop:
     """Declare the table and the faust agent `koordstream.<name>` that runs `core`."""
@@ -64,7 +74,9 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
         # In the consumer's own thread (faust's `seek` changes the fetcher from this one: a chaos
         # run saw it delete a partition's fetched records under the fetch loop, which crashed),
         # and faust's read offset with it.
-        await app.consumer.seek_wait({TP(topic, partition): offset})
+        tp = TP(topic, partition)
+        await app.consumer.seek_wait({tp: offset})
+        forget_gaps(app.consumer, tp, offset)
 
     bootstrap = transactions.producer_options.get("bootstrap_servers")
     probe = CommittedStart(str(bootstrap), transactions.group_id, transactions.enabled) if bootstrap else None

@@ -787,6 +787,66 @@ async def test_a_start_that_cannot_be_checked_is_read_again_and_checked_then() -
                                              first_offset=60)])).durable) == 1
     assert calls == [0, 0]
 
+def gated(r: Rig, answers: list[int | BaseException]) -> tuple[asyncio.Event, list[tuple[int, int]], list[int]]:
+    """A probe whose first answer waits for `gate` (a rebalance comes meanwhile); each call
+    answers the next of `answers` (an exception is raised). Seeks are recorded."""
+    gate = asyncio.Event()
+    seeks: list[tuple[int, int]] = []
+    probes: list[int] = []
+
+    async def probe(topic: str, partition: int) -> int | None:
+        probes.append(partition)
+        if len(probes) == 1:
+            await gate.wait()
+        answer = answers[min(len(probes), len(answers)) - 1]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        seeks.append((partition, offset))
+
+    async def sleep(seconds: float) -> None:
+        raise asyncio.CancelledError  # no watch after the restores here: the runs are checked
+
+    r.loop.probe, r.loop.seek, r.loop.sleep = probe, seek, sleep
+    return gate, seeks, probes
+
+
+@pytest.mark.parametrize("first_answer", [60, ConnectionError("coordinator busy")])
+async def test_a_probe_answered_after_a_rebalance_leaves_the_new_assignment_alone(first_answer: int | BaseException) -> None:
+    """The probe of generation 4's first run (a stale record at 100) answers after a rebalance
+    that kept the partition (generation 5). Its answer used to leak into generation 5: a
+    rewind to 100 that generation 5 then sought forward to, past 60..99 (lost), or a rewind
+    that kept generation 5 from checking its own start. Now it is dropped."""
+    r = rig(plain=True)
+    gate, seeks, probes = gated(r, [first_answer, 60])
+    await assign(r, {0}, generation=4)
+    stale = run_of(topics.HOLDS, 0, 4, [held("u100", "u100", gang_min=1)], first_offset=100)
+    processing = asyncio.ensure_future(r.loop.process([stale]))
+    await asyncio.sleep(0)
+    await assign(r, {0}, generation=5)
+    gate.set()
+    assert (await processing).durable == [] and all(e.message.acked for e in stale.events)
+    assert seeks == [] and r.loop.resume_at == {}
+    fresh = run_of(topics.HOLDS, 0, 5, [held(f"u{i}", f"u{i}", gang_min=1) for i in range(60, 65)], first_offset=60)
+    [work] = (await r.loop.process([fresh])).durable
+    assert [m.offset for m in work.fetched.messages] == list(range(60, 65)) and probes == [0, 0]
+
+
+async def test_a_probe_answered_after_its_partition_moved_away_seeks_nothing() -> None:
+    """aiokafka refuses to seek a partition not assigned (the worker would crash)."""
+    r = rig(plain=True)
+    gate, seeks, _ = gated(r, [60])
+    await assign(r, {0, 1}, generation=4)
+    processing = asyncio.ensure_future(r.loop.process([run_of(topics.HOLDS, 0, 4, [held("u9", "u9", gang_min=1)],
+                                                              first_offset=100)]))
+    await asyncio.sleep(0)
+    await assign(r, {1}, generation=5)
+    gate.set()
+    await processing
+    assert seeks == []
+
 async def test_a_restore_holds_faust_flow_control_until_its_seek_is_done() -> None:
     r = rig()
     r.table.app.flow_control.resume()
