@@ -510,8 +510,24 @@ def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
             "devices_overcommitted": dict(list(devices_over.items())[:5]),
             "holds_leaked": holds_leaked[:10],
             "nominations_leaked": nominations_leaked[:10],
+            # What the topics show of the first unbound pods (a gang: its first member), so that
+            # a failed run can be read without its broker (Tansu keeps nothing after the run).
+            "unbound_history": {uid: history(seen, uid) for uid in unbound[:2]},
         },
     }
+
+
+def history(seen: Seen, uid: str, limit: int = 40) -> list[str]:
+    """The last `limit` records about `uid` on the topics, in the order they were read:
+    offset in seconds, topic, origin source, and the record's kind and telling fields."""
+    out = []
+    for ts, topic, _, source, r in seen.records:
+        if getattr(r, "uid", None) != uid:
+            continue
+        fields = [f"{name}={getattr(r, name)}" for name in ("attempt", "node", "reason", "round")
+                  if getattr(r, name, None) not in (None, "")]
+        out.append(f"{ts:.2f} {topic} {source or '-'} {type(r).__name__} {' '.join(fields)}")
+    return out[-limit:]
 
 
 def recovery_s(seen: Seen, at: float, role: str, partitions: int, window_s: float = 10.0) -> float | None:

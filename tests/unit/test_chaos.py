@@ -12,6 +12,7 @@ from schemas.records import (
     NodeStateChange,
     Pod,
     PodDeleted,
+    Requeue,
     Reservation,
     ResourceList,
 )
@@ -85,3 +86,6 @@ def test_verdict_counts_what_the_issue_asks_for() -> None:
     assert out["pods_double_bound"] == 1  # b on two nodes
     assert out["pods_unschedulable"] == 2  # g1, g2 (c was deleted)
     assert out["gangs_partial"] == 1 and out["holds_leaked"] == 1
+    assert out["examples"]["unbound_history"] == {"g1": [], "g2": []}  # nothing about them on the topics
+    seen.records.append((10.0, topics.REQUEUE, 0, "holds/1", Requeue(uid="g1", attempt=3, decision_key="g", reason="timeout")))
+    assert verdict(w, seen, 4)["examples"]["unbound_history"]["g1"] == ["10.00 requeue holds/1 Requeue attempt=3 reason=timeout"]
