@@ -211,8 +211,7 @@ class StatefulLoop:
         while pending:
             await self.sleep(self.watch_every_s)
             for partition, generation in list(pending.items()):
-                if not self.ownership.owns(partition, generation) or self.started.get(partition) == generation \
-                        or partition in self.resume_at:
+                if not self._unread(partition, generation):
                     del pending[partition]  # gone, or its first run came and was checked
                     continue
                 try:
@@ -225,14 +224,18 @@ class StatefulLoop:
                 # after faust's seek). Otherwise read again from the first record, unless its
                 # run came meanwhile.
                 del pending[partition]
-                if first is None or not self.ownership.owns(partition, assignment[partition]) \
-                        or self.started.get(partition) == assignment[partition] or partition in self.resume_at:
+                if first is None or not self._unread(partition, generation):
                     continue
                 self.restarted += 1
                 log.warning("%s: %s/%s: nothing read %ss after the restore, though records wait from offset %s: "
                             "read again from there", self.name, self.ownership.topic, partition,
                             self.watch_every_s, first)
                 await self._read_from(self.ownership.topic, partition, first)
+
+    def _unread(self, partition: int, generation: int) -> bool:
+        """Still owned in `generation`, no run checked yet, and no read-again under way."""
+        return (self.ownership.owns(partition, generation) and self.started.get(partition) != generation
+                and partition not in self.resume_at)
 
     async def run(self, batches: AsyncIterator[list[Fetched]]) -> None:
         async for runs in batches:

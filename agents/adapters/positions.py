@@ -4,9 +4,9 @@ first run against it).
 
 One aiokafka consumer per agent, started on first use, with the agents' group id but no
 subscription (it never joins the group): `committed()` reads the group's offset, and a fetch
-from there (read_committed with transactions, where the records of a transactional topic sit
-between commit and abort markers) finds the first record. Fetches wait 20 ms at most (Tansu
-answers a fetch only when its wait runs out), `wait_ms` in all when nothing is there. The answer
+from there (read_committed: the agents run it with transactions only, and the records of a
+transactional topic sit between commit and abort markers) finds the first record. Fetches
+wait 20 ms at most, `wait_ms` in all when nothing is there. The answer
 is None only when that fetch reached the partition's end; a fetch that found nothing short of
 it raises TimeoutError (the loop then reads the run again and asks again).
 """
@@ -21,10 +21,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 
 class CommittedStart:
-    def __init__(self, bootstrap: str, group_id: str, read_committed: bool, wait_ms: int = 500) -> None:
+    def __init__(self, bootstrap: str, group_id: str, wait_ms: int = 500) -> None:
         self.bootstrap = bootstrap
         self.group_id = group_id
-        self.isolation_level = "read_committed" if read_committed else "read_uncommitted"
         self.wait_ms = wait_ms
         self.consumer: Any = None
         self.lock = asyncio.Lock()
@@ -33,7 +32,7 @@ class CommittedStart:
         async with self.lock:
             if self.consumer is None:
                 consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
-                                            enable_auto_commit=False, isolation_level=self.isolation_level,
+                                            enable_auto_commit=False, isolation_level="read_committed",
                                             auto_offset_reset="earliest", fetch_max_wait_ms=20)
                 await consumer.start()
                 self.consumer = consumer
@@ -51,9 +50,7 @@ class CommittedStart:
             # Nothing fetched: the end of the partition only if the fetch reached it (the position
             # moves past markers and aborted records); a fetch that was slow is no answer.
             position = await self.consumer.position(tp)
-            end = self.consumer.last_stable_offset(tp) if self.isolation_level == "read_committed" else None
-            if end is None:
-                end = self.consumer.highwater(tp)
+            end = self.consumer.last_stable_offset(tp)
             if end is not None and position >= end:
                 return None
             raise TimeoutError(f"{topic}/{partition}: no record fetched from offset {position} within "

@@ -82,7 +82,7 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
     # it was found needed and proven on Apache Kafka; on the embedded broker, two clean-clone CI
     # runs with it on left pods unbound (not yet understood, docs/architecture.md "Known gaps").
     bootstrap = transactions.producer_options.get("bootstrap_servers")
-    probe = CommittedStart(str(bootstrap), transactions.group_id, read_committed=True) \
+    probe = CommittedStart(str(bootstrap), transactions.group_id) \
         if bootstrap and transactions.enabled else None
     loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seek, probe=probe)
     loop.attach()

@@ -59,7 +59,7 @@ class Consumer:
 async def test_a_fetch_that_found_nothing_short_of_the_end_is_no_answer() -> None:
     """A slow fetch used to answer "nothing after the committed offset", and the run from 100
     was decided while 60..99 never were. Now the run is read again and the start asked again."""
-    probe = CommittedStart("x:1", "g", read_committed=True, wait_ms=10)
+    probe = CommittedStart("x:1", "g", wait_ms=10)
     probe.consumer = Consumer(slow=1)
     r = rig(plain=True)
     seeks = probed(r, None)
@@ -73,7 +73,7 @@ async def test_a_fetch_that_found_nothing_short_of_the_end_is_no_answer() -> Non
 
 
 async def test_a_fetch_that_reached_the_end_answers_nothing_is_there() -> None:
-    probe = CommittedStart("x:1", "g", read_committed=True, wait_ms=10)
+    probe = CommittedStart("x:1", "g", wait_ms=10)
     probe.consumer = Consumer(slow=0, end=60)  # markers only after the committed offset
     assert await probe(topics.HOLDS, 0) is None
 
