@@ -16,7 +16,8 @@ checker works from the records on the topics only (read `read_committed`) and th
 inputs: every pod bound exactly once or deleted, no pod with two distinct Bindings (another
 node, or other devices), no node over-committed, no GPU or NIC over-committed (from the
 Bindings' device results), no gang partially bound; and, from the owners' last reports on
-`state-changes`, no hold left held and no nomination left.
+`state-changes`, no hold left held and no nomination left. A run that fails writes every
+record it read back to `records.jsonl` in its folder (the embedded broker keeps nothing).
 
 Recovery of a kill: from the kill until every input partition that was deciding just before
 it decides again (a state worker: the origins of the owners' reports and the deciders'
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -324,7 +326,7 @@ async def run_chaos(cfg: ChaosConfig, settings: Settings) -> dict[str, Any]:
         fleet = Fleet(env, run_dir / "logs")
         for name in WORKERS:
             fleet.start(name)
-        return await _drive(cfg, run, broker, fleet)
+        return await _drive(cfg, run, broker, fleet, run_dir)
     finally:
         if fleet is not None:
             fleet.stop_all(settings.worker.shutdown_deadline_s + 1.0)
@@ -342,11 +344,11 @@ async def _publish_retrying(producer: RecordProducer, topic: str, records: list[
             await asyncio.sleep(0.5)
 
 
-async def _drive(cfg: ChaosConfig, run: str, broker: Any, fleet: Fleet) -> dict[str, Any]:
+async def _drive(cfg: ChaosConfig, run: str, broker: Any, fleet: Fleet, run_dir: Path) -> dict[str, Any]:
     w = workload(cfg, run, time.time())
     seen = Seen()
     reader = asyncio.create_task(read_topics(
-        broker.bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.NODE_INBOX, topics.STATE_CHANGES],
+        broker.bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.HOLDS, topics.NODE_INBOX, topics.STATE_CHANGES],
         cfg.partitions, seen))
     kills: list[dict[str, Any]] = []
     broker_restarts: list[dict[str, Any]] = []
@@ -384,6 +386,8 @@ async def _drive(cfg: ChaosConfig, run: str, broker: Any, fleet: Fleet) -> dict[
         with contextlib.suppress(asyncio.CancelledError):
             await reader
     out = verdict(w, seen, cfg.partitions)
+    if not succeeded(out):
+        out["records_file"] = str(dump_records(seen, run_dir / "records.jsonl"))
     for k in kills:
         k["recovery_s"] = recovery_s(seen, k["at"], k["worker"].split("-")[0], cfg.partitions)
     for b in broker_restarts:
@@ -515,6 +519,16 @@ def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
             "unbound_history": {uid: history(seen, uid) for uid in unbound[:2]},
         },
     }
+
+
+def dump_records(seen: Seen, path: Path) -> Path:
+    """Every record read back, one JSON object per line (time, topic, partition, origin source,
+    kind, fields): a failed run's evidence, which the embedded broker does not keep."""
+    with path.open("w") as out:
+        for ts, topic, partition, source, r in seen.records:
+            out.write(json.dumps({"ts": ts, "topic": topic, "partition": partition, "source": source,
+                                  "type": type(r).__name__, **dataclasses.asdict(r)}, default=str) + "\n")
+    return path
 
 
 def history(seen: Seen, uid: str, limit: int = 40) -> list[str]:

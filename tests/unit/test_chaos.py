@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from perf.chaos import ChaosConfig, Seen, Workload, _schedule, recovery_s, verdict, workload
+import json
+from pathlib import Path
+
+from perf.chaos import (
+    ChaosConfig,
+    Seen,
+    Workload,
+    _schedule,
+    dump_records,
+    recovery_s,
+    verdict,
+    workload,
+)
 from schemas import topics
 from schemas.records import (
     GANG_NAME_ANNOTATION,
@@ -89,3 +101,13 @@ def test_verdict_counts_what_the_issue_asks_for() -> None:
     assert out["examples"]["unbound_history"] == {"g1": [], "g2": []}  # nothing about them on the topics
     seen.records.append((10.0, topics.REQUEUE, 0, "holds/1", Requeue(uid="g1", attempt=3, decision_key="g", reason="timeout")))
     assert verdict(w, seen, 4)["examples"]["unbound_history"]["g1"] == ["10.00 requeue holds/1 Requeue attempt=3 reason=timeout"]
+
+
+def test_a_failed_runs_records_are_written_one_per_line(tmp_path: Path) -> None:
+    seen = Seen()
+    seen.records.append((10.0, topics.REQUEUE, 1, "holds/1", Requeue(uid="g1", attempt=3, decision_key="g", reason="timeout")))
+    seen.records.append((11.0, topics.STATE_CHANGES, 0, "", NodeStateChange(node="n1", seq=2, holds={"g1/3/n1": "held"})))
+    lines = dump_records(seen, tmp_path / "records.jsonl").read_text().splitlines()
+    first, second = (json.loads(line) for line in lines)
+    assert first["type"] == "Requeue" and first["uid"] == "g1" and first["attempt"] == 3 and first["source"] == "holds/1"
+    assert second["topic"] == topics.STATE_CHANGES and second["holds"] == {"g1/3/n1": "held"} and second["ts"] == 11.0
