@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -58,7 +57,7 @@ from perf.checker import (
     partial_gangs,
 )
 from schemas import topics
-from schemas.codec import decode_message
+from schemas.codec import decode_message, to_plain
 from schemas.errors import SchemaError
 from schemas.records import (
     GANG_MIN_AVAILABLE_ANNOTATION,
@@ -527,7 +526,7 @@ def dump_records(seen: Seen, path: Path) -> Path:
     with path.open("w") as out:
         for ts, topic, partition, source, r in seen.records:
             out.write(json.dumps({"ts": ts, "topic": topic, "partition": partition, "source": source,
-                                  "type": type(r).__name__, **dataclasses.asdict(r)}, default=str) + "\n")
+                                  "type": type(r).__name__, **to_plain(r)}) + "\n")
     return path
 
 
