@@ -359,6 +359,7 @@ class Rejected(Record):
     decision_key: str
     reason: str
     soft: bool = False  # the owner asked a lower-ranked gang to yield: retry, no Strict give-up
+    fellow: bool = False  # only fellow members of its own gang hold what it asked for: no Strict give-up
     kind: str = field(default="Rejected", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

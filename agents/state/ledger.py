@@ -64,7 +64,10 @@ when it fires, appends `GangTimeout(key, round)` to the gang's own `holds` parti
 gang is still waiting in that round, every held member is released and requeued together.
 In Strict mode (the default) a rejection of a member's current attempt takes the gang's held
 members down with it, so the gang retries as a whole instead of keeping capacity held for a
-gang that cannot complete.
+gang that cannot complete; except a rejection for what only the gang's own held members take
+there (`Rejected.fellow`: two members placed on the same capacity at once, by two schedulers),
+which requeues that member alone: its scheduler then sees its fellows' holds, where a give-up
+would requeue them all together to collide again.
 
 Wound-wait (DESIGN.md, rule 6): a `Yield` from an owner (a higher-ranked gang needs what this
 gang holds there) gives the gang up like a timeout if it is still waiting; a soft rejection
@@ -408,7 +411,7 @@ class Decider:
             if rejected.soft:  # the owner nominated a pod that is bound or gone: clear it now
                 self._send(state, hid, [Output(topics.NODE_INBOX, rejected.node,
                                                NominationCleared(uid=rejected.uid, node=rejected.node))], out)
-        if current and not rejected.soft and any(w.get("strict", True) for w in state.waiting.values()):
+        if current and not rejected.soft and not rejected.fellow and any(w.get("strict", True) for w in state.waiting.values()):
             self._give_up(state, strict_reason, out, trigger=hid)
 
     # -- gangs that cannot complete -----------------------------------------------------------

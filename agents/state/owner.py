@@ -141,6 +141,7 @@ class HoldEntry:
     reserving: dict[str, Any] | None = None  # the Reservation (plain) when the hold is one
     created: float = 0.0  # the pod's creation time (reported in GangHold)
     soft: bool = False  # rejected while lower-ranked gangs were asked to yield
+    fellow: bool = False  # rejected only for what fellow members of its own gang hold here
     yields: dict[str, list[str]] = field(default_factory=dict)  # loser gang -> its holds, asked to yield
     gang_waiting_s: float = 0.0  # as claimed: the Held re-sent on a redelivery carries them
     gang_strict: bool = True
@@ -430,6 +431,9 @@ class NodeOwner:
         yields = self._yields(state, claim) if reason.startswith(REASON_INSUFFICIENT_PREFIX) else {}
         if yields:
             reason = f"waiting for gang(s) {', '.join(sorted(yields))} to yield the capacity (wound-wait)"
+        fellow = bool(reason) and not yields and self._fellows_only(state, claim)
+        if fellow:
+            reason += " (held by fellow members of its gang)"
         hold = HoldEntry(
             uid=claim.uid, attempt=claim.attempt, decision_key=claim.decision_key,
             requests=dict(claim.requests), priority=claim.priority,
@@ -437,7 +441,7 @@ class NodeOwner:
             nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
             devices=list(claim.devices), quota=claim.quota,
             reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
-            created=claim.creation_timestamp, soft=bool(yields), yields=yields,
+            created=claim.creation_timestamp, soft=bool(yields), fellow=fellow, yields=yields,
             gang_waiting_s=claim.gang_waiting_s, gang_strict=claim.gang_strict,
         )
         if yields:  # the winner is promised what the losers free (DESIGN.md, rule 6)
@@ -454,7 +458,7 @@ class NodeOwner:
         if hold.status == REJECTED:
             result.outputs.append(Output(topics.HOLDS, hold.decision_key, Rejected(
                 uid=hold.uid, attempt=hold.attempt, node=state.name,
-                decision_key=hold.decision_key, reason=hold.reason, soft=hold.soft,
+                decision_key=hold.decision_key, reason=hold.reason, soft=hold.soft, fellow=hold.fellow,
             )))
             for key, holds in sorted(hold.yields.items()):
                 result.outputs.append(Output(topics.HOLDS, key, Yield(
@@ -639,7 +643,20 @@ class NodeOwner:
         for name, amount in claim.requests.items():
             if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:
                 return REASON_INSUFFICIENT.format(name)
-        return self._device_refusal(state, claim.uid, claim.priority, claim.devices)
+        return self._device_refusal(state, claim.uid, claim.priority, claim.devices, ignoring=ignoring)
+
+    def _fellows_only(self, state: NodeState, claim: Claim) -> bool:
+        """The claim of a gang member fits once the held (not yet accepted) claims of its own
+        gang here are left out: two of its members (placed by two schedulers at once, each
+        with its own replica) asked for the same capacity or device. Such a rejection does not
+        take the gang down in Strict mode (its decider requeues this member alone, and its
+        scheduler then sees its fellows' holds); otherwise a gang whose members all retry
+        together would collide with itself on every round."""
+        if claim.gang_min <= 1:
+            return False
+        fellows = frozenset(hid for hid, h in state.holds.items()
+                            if h.status == HELD and h.decision_key == claim.decision_key)
+        return bool(fellows) and not self._refusal(state, claim, ignoring=fellows)
 
     def _yields(self, state: NodeState, claim: Claim) -> dict[str, list[str]]:
         """Wound-wait: when the claim of a gang member fits once lower-ranked gangs' held (not
@@ -693,16 +710,17 @@ class NodeOwner:
 
     @staticmethod
     def _device_refusal(state: NodeState, pod: str, priority: int, encoded: Iterable[str],
-                        usage: dict[str, int] | None = None) -> str:
+                        usage: dict[str, int] | None = None, ignoring: frozenset[str] = frozenset()) -> str:
         """The claimed GPUs exist and have room for their share (devices, not only totals).
-        `usage`: what others use (default: every hold, and the nominations that outrank it)."""
+        `usage`: what others use (default: every hold but those in `ignoring`, and the
+        nominations that outrank it)."""
         encoded = list(encoded)
         claimed, vfs, cpusets = devices.decode(encoded), devices.decode_rdma(encoded), cpus.decode(encoded)
         if not claimed and not vfs and not cpusets:
             return ""
         gpus, nics = state.gpus(), state.nics()
         if usage is None:
-            usage = state.device_usage()
+            usage = state.device_usage(ignoring)
             for uid, nomination in state.nominations.items():  # others' promised devices, as for totals
                 if uid != pod and nomination.priority >= priority:
                     devices.add_usage(usage, nomination.devices)

@@ -18,6 +18,7 @@ from schemas.quantity import parse_duration
 from schemas.records import (
     Binding,
     GangTimeout,
+    GpuDevice,
     Held,
     NodeStateChange,
     NominationCleared,
@@ -320,3 +321,62 @@ def test_a_termination_of_a_waiting_member_releases_its_hold_and_is_replayed() -
     first = run(state, terminated)
     assert kinds(first) == [("Release", "a", 0)] and list(state.waiting) == ["b/0/n1"]
     assert wire(run(state, terminated)) == wire(first)
+
+
+def test_members_placed_on_the_same_capacity_by_two_replicas_at_once_do_not_livelock() -> None:
+    # Each replica places one member of a Strict gang in the same round, from the same state:
+    # both choose the same node, which has room for one. Were the rejected member's refusal
+    # a Strict give-up, both would be requeued together and collide again on every round
+    # (seen on the embedded broker: a gang of five retried for a minute). The owner marks it
+    # a refusal for a fellow member's hold: that member alone is requeued, its replica then
+    # sees its fellow's hold and places it on the other node.
+    cluster = Cluster(make_node("n1", cpu=1000), make_node("n2", cpu=1000), replicas=2)
+    cluster.replica_of.update({"g1": 0, "g2": 1})
+    for uid, replica in cluster.replica_of.items():
+        cluster.cores[replica].add(gang_pod(uid, "g"))
+    rounds = []
+    for _ in range(6):
+        cluster.now += 5.0
+        produced = [o for core in cluster.cores for o in core.schedule(512)]  # both, before either routes
+        rounds.append(sorted(o.key for o in produced if o.topic == topics.NODE_INBOX))
+        cluster.route(produced)
+        if len(cluster.bindings) == 2:
+            break
+    assert rounds[0] == ["n1", "n1"]  # the collision
+    assert sorted(cluster.bindings) == ["g1", "g2"] and set(cluster.bindings.values()) == {"n1", "n2"}
+    fellows = [h for n in cluster.nodes.values() for h in n.holds.values() if h.fellow]
+    assert fellows and all(h.status == "rejected" and "fellow" in h.reason for h in fellows)
+    assert not cluster.ledgers["default/g"].gave_up  # no Strict give-up
+
+
+def test_the_owner_marks_a_refusal_for_fellow_members_holds_only() -> None:
+    owner, state = NodeOwner(), NodeState("n1")
+
+    def answer(claim: Any) -> Rejected | Held:
+        result = OwnerResult()
+        owner.apply(state, [claim], result)
+        [out] = [o.record for o in result.outputs if isinstance(o.record, (Held, Rejected))]
+        return out
+
+    gpu = ("gpu/0/100/100",)
+    owner.apply(state, [make_node("n1", cpu=4000, gpus=(GpuDevice(0), GpuDevice(1)))], OwnerResult())
+    assert isinstance(answer(make_claim("a", cpu=1000, key="ns/g", gang_min=3, devices=gpu)), Held)
+    fellow = make_claim("b", cpu=1000, key="ns/g", gang_min=3, devices=gpu)  # the same GPU as its fellow
+    first = answer(fellow)
+    assert isinstance(first, Rejected) and first.fellow and not first.soft
+    assert first.reason == "Insufficient gpu 0 (held by fellow members of its gang)"
+    assert answer(fellow) == first  # a redelivered claim gets the recorded answer
+    # Another gang's member, a pod alone, and a fellow that would not fit anyway: plain refusals.
+    other = answer(make_claim("x", cpu=1000, key="ns/x", gang_min=2, devices=gpu))
+    single = answer(make_claim("s", cpu=1000, devices=gpu))
+    too_big = answer(make_claim("c", cpu=5000, key="ns/g", gang_min=3))
+    assert [(type(r).__name__, r.fellow) for r in (other, single, too_big)] == [("Rejected", False)] * 3
+
+
+def test_a_rejection_for_fellows_requeues_that_member_alone_in_strict_mode() -> None:
+    state = LedgerState("ns/g")
+    run(state, held("a"), held("b"))
+    fellow = Rejected(uid="c", attempt=0, node="n1", decision_key="ns/g", reason="Insufficient gpu 0", fellow=True)
+    assert kinds(run(state, fellow)) == [("Requeue", "c", 1)]
+    assert len(state.waiting) == 2 and not state.gave_up
+    assert kinds(run(state, fellow)) == [("Requeue", "c", 1)]  # a replay re-sends, never re-decides
