@@ -69,7 +69,7 @@ a new deletion.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -652,27 +652,29 @@ class NodeOwner:
         take the gang down in Strict mode (its decider requeues this member alone, and its
         scheduler then sees its fellows' holds); otherwise a gang whose members all retry
         together would collide with itself on every round."""
-        if claim.gang_min <= 1:
-            return False
-        fellows = frozenset(hid for hid, h in state.holds.items()
-                            if h.status == HELD and h.decision_key == claim.decision_key)
-        return bool(fellows) and not self._refusal(state, claim, ignoring=fellows)
+        return bool(self._fits_without(state, claim, lambda h: h.decision_key == claim.decision_key))
 
     def _yields(self, state: NodeState, claim: Claim) -> dict[str, list[str]]:
         """Wound-wait: when the claim of a gang member fits once lower-ranked gangs' held (not
         yet accepted) claims are gone, those gangs, with their holds here; else nothing."""
-        if claim.gang_min <= 1:
-            return {}
         mine = gangs.rank(claim.priority, claim.decision_key)
-        losers = {hid: h for hid, h in state.holds.items()
-                  if h.status == HELD and h.gang_min > 1 and h.decision_key != claim.decision_key
-                  and gangs.rank(h.priority, h.decision_key) > mine}
-        if not losers or self._refusal(state, claim, ignoring=frozenset(losers)):
-            return {}
+        losers = self._fits_without(state, claim, lambda h: h.decision_key != claim.decision_key
+                                    and gangs.rank(h.priority, h.decision_key) > mine)
         out: dict[str, list[str]] = {}
         for hid, h in sorted(losers.items()):
             out.setdefault(h.decision_key, []).append(hid)
         return out
+
+    def _fits_without(self, state: NodeState, claim: Claim,
+                      which: Callable[[HoldEntry], bool]) -> dict[str, HoldEntry]:
+        """The held (not yet accepted) gang claims here that `which` picks, when a gang
+        member's claim fits once they are left out; else nothing."""
+        if claim.gang_min <= 1:
+            return {}
+        picked = {hid: h for hid, h in state.holds.items() if h.status == HELD and h.gang_min > 1 and which(h)}
+        if not picked or self._refusal(state, claim, ignoring=frozenset(picked)):
+            return {}
+        return picked
 
     def _misfit(self, state: NodeState, hid: str, hold: HoldEntry) -> str:
         """Why a held claim cannot be committed as it was held ("" when it can): its node is
