@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents.adapters import deciders, owners
 from agents.adapters import scheduler as scheduler_agent
+from agents.adapters.positions import CommittedStart
 from agents.adapters.recovery import table_manager
 from agents.adapters.stateful import Transactions
 from agents.intake import RawMessage, origin_from_headers
@@ -175,7 +176,8 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
     # state-changes history shows bound (DESIGN.md, "Queue").
     inputs = app.topic(topics.PODS, topics.REQUEUE, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=p, acks=False)
-    scheduler_agent.register(app, inputs, service, config())
+    scheduler_agent.register(app, inputs, service, config(),
+                             CommittedStart(settings.kafka.bootstrap, None, read_committed=transactions))
 
     @app.task  # type: ignore[untyped-decorator]
     async def replica_feed() -> None:
@@ -217,6 +219,7 @@ async def feed_state_changes(settings: Settings, service: SchedulerService) -> N
         # Tansu answers ListOffsets with the base offset of the last record batch plus one: the
         # history ends where the first fetch response of each partition says it does.
         unsure = set(partitions)
+        started = last_report = time.monotonic()
         while True:
             for tp in list(unsure):
                 fetched_end = consumer.last_stable_offset(tp)
@@ -226,8 +229,16 @@ async def feed_state_changes(settings: Settings, service: SchedulerService) -> N
                     history[tp] = max(history.get(tp, 0), fetched_end)
                     unsure.discard(tp)
             if history and not unsure and all([await consumer.position(tp) >= end for tp, end in history.items()]):
+                log.info("replica: caught up with the state-changes history in %.1f s",
+                         time.monotonic() - started)
                 history = {}
                 service.mark_replica_ready()
+            elif history and time.monotonic() - last_report >= 10:
+                last_report = time.monotonic()
+                behind = {tp.partition: (await consumer.position(tp), end) for tp, end in history.items()}
+                log.warning("replica: still reading the state-changes history after %.0f s "
+                            "(partition: (position, end)): %s; not sure of the ends of %s",
+                            last_report - started, behind, sorted(tp.partition for tp in unsure))
             batches = await consumer.getmany(timeout_ms=200, max_records=5000)
             messages = [RawMessage(m.value, m.topic, m.partition, m.offset, origin=origin_from_headers(m.headers))
                         for msgs in batches.values() for m in msgs]

@@ -4,11 +4,13 @@ first run against it).
 
 One aiokafka consumer per agent, started on first use, with the agents' group id but no
 subscription (it never joins the group): `committed()` reads the group's offset, and a fetch
-from there (read_committed: the agents run it with transactions only, and the records of a
-transactional topic sit between commit and abort markers) finds the first record. Fetches
-wait 20 ms at most, `wait_ms` in all when nothing is there. The answer
-is None only when that fetch reached the partition's end; a fetch that found nothing short of
-it raises TimeoutError (the loop then reads the run again and asks again).
+from there finds the first record. Without a group id (the scheduler, which commits nothing:
+`agents.adapters.starts`) the fetch starts at the partition's beginning. `read_committed`
+when the topics carry transactions (their records sit between commit and abort markers, and
+the partition ends at its last stable offset); otherwise every record counts and it ends at
+the high watermark. Fetches wait 20 ms at most, `wait_ms` in all when nothing is there. The
+answer is None only when that fetch reached the partition's end; a fetch that found nothing
+short of it raises TimeoutError (the caller then asks again).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 
 class CommittedStart:
-    def __init__(self, bootstrap: str, group_id: str, wait_ms: int = 500) -> None:
+    def __init__(self, bootstrap: str, group_id: str | None, read_committed: bool, wait_ms: int = 500) -> None:
         self.bootstrap = bootstrap
         self.group_id = group_id
+        self.read_committed = read_committed
         self.wait_ms = wait_ms
         self.consumer: Any = None
         self.lock = asyncio.Lock()
@@ -32,12 +35,14 @@ class CommittedStart:
         async with self.lock:
             if self.consumer is None:
                 consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
-                                            enable_auto_commit=False, isolation_level="read_committed",
+                                            enable_auto_commit=False,
+                                            isolation_level="read_committed" if self.read_committed
+                                            else "read_uncommitted",
                                             auto_offset_reset="earliest", fetch_max_wait_ms=20)
                 await consumer.start()
                 self.consumer = consumer
             tp = TopicPartition(topic, partition)
-            committed = await self.consumer.committed(tp)
+            committed = await self.consumer.committed(tp) if self.group_id is not None else None
             self.consumer.assign([tp])
             if committed is None:
                 await self.consumer.seek_to_beginning(tp)
@@ -50,14 +55,15 @@ class CommittedStart:
             # Nothing fetched: the end of the partition only if the fetch reached it (the position
             # moves past markers and aborted records); a fetch that was slow is no answer.
             position = await self.consumer.position(tp)
-            end = self.consumer.last_stable_offset(tp)
+            end = self.consumer.last_stable_offset(tp) if self.read_committed else self.consumer.highwater(tp)
             if end is not None and position >= end:
                 return None
             raise TimeoutError(f"{topic}/{partition}: no record fetched from offset {position} within "
                                f"{self.wait_ms} ms, the partition ends at {end}")
 
     async def close(self) -> None:
-        consumer, self.consumer = self.consumer, None
-        if consumer is not None:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+        async with self.lock:  # not under a probe that is using it
+            consumer, self.consumer = self.consumer, None
+            if consumer is not None:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()

@@ -1,7 +1,8 @@
 """faust side of the scheduler: the pods/requeue agent, the scheduling loop task, and the
 rebalance signals that tell the service which input partitions it owns.
 
-The agent only decodes and enqueues (`SchedulerService.on_inputs`); the loop
+The agent only decodes and enqueues (`SchedulerService.on_inputs`), once each partition is
+known to be read from its first record in this assignment (`agents.adapters.starts`); the loop
 (`SchedulerService.run`) places ready pods in micro-batches. The replica feed that calls
 `SchedulerService.on_state_changes` lives in `streams.app`. (Moved here from
 `agents/scheduler/agent.py`, which keeps the service.)
@@ -15,15 +16,21 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from agents.adapters.batches import micro_batches
+from agents.adapters.batches import fetched_batches
+from agents.adapters.positions import CommittedStart
+from agents.adapters.starts import ReadFromStart
+from agents.adapters.stateful import seeker
 from agents.ports import AgentConfig
 from agents.scheduler.agent import SchedulerService
 
 
-def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig) -> None:
+def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig,
+             probe: CommittedStart) -> None:
+    """`probe` finds a partition's first record (no group: `agents.adapters.starts`)."""
     if service.partitions is None:
         service.partitions = config.partitions
     names = set(inputs.topics)
+    starts = ReadFromStart(probe, seeker(app), reread=service.reread)
 
     def ours(tps: Iterable[TP]) -> set[int]:
         return {tp.partition for tp in tps if tp.topic in names}
@@ -35,6 +42,8 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
 
     async def partitions_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         service.on_partitions_assigned(ours(args[0]))  # args: (assigned TPs,)
+        starts.assigned({(tp.topic, tp.partition) for tp in args[0] if tp.topic in names},
+                        app.consumer_generation_id)
 
     # After every rebalance faust resumes the input partitions, seeks them to their committed
     # offsets, then resumes flow control, which clears every stream queue: messages fetched
@@ -45,16 +54,24 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
     # pod by uid, a requeue by attempt).
     async def rebalance_complete(sender: Any, *args: Any, **kwargs: Any) -> None:
         app.flow_control.suspend()
+        starts.rebalanced()
+
+    async def shutdown(sender: Any, **kwargs: Any) -> None:
+        starts.close()
+        await probe.close()
 
     # mode's SignalHandlerT admits no function under mypy (its NamedArg "signal"), hence the ignores.
     app.on_partitions_revoked.connect(partitions_revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(partitions_assigned)  # type: ignore[arg-type]
     app.on_rebalance_complete.connect(rebalance_complete)  # type: ignore[arg-type]
+    app.on_before_shutdown.connect(shutdown)  # type: ignore[arg-type]
 
     @app.agent(inputs, name="koordstream.scheduler")
     async def scheduler(stream: faust.StreamT[Any]) -> None:
-        async for messages in micro_batches(stream, config):
-            await service.on_inputs(messages)
+        async for runs in fetched_batches(stream, config):
+            messages = await starts.admit(runs)
+            if messages:
+                await service.on_inputs(messages)
 
     @app.task  # type: ignore[untyped-decorator]
     async def scheduling_loop() -> None:

@@ -117,7 +117,7 @@ class SchedulerService:
         self.revoked |= gone
         self.owned -= gone
         for partition in gone:
-            self.input_fences.pop(partition, None)  # re-read from the start if it comes back
+            self.reread(partition)  # from the start if it comes back
         left = self.core.revoke(gone)
         log.info("partitions %s revoked: %d pods left the queue", sorted(gone), left)
         self.wake.set()
@@ -129,6 +129,11 @@ class SchedulerService:
         self.on_partitions_revoked(self.owned - now)
         self.owned = now
         self.revoked -= now
+
+    def reread(self, partition: int) -> None:
+        """A partition of `pods` / `requeue` is read again from its first record: its input
+        fence starts afresh (an older epoch read after a newer one is no zombie's then)."""
+        self.input_fences.pop(partition, None)
 
     def home(self, uid: str) -> int | None:
         """The partition of `pods` / `requeue` that a uid belongs to (None: not known here)."""

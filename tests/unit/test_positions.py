@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+import pytest
 from faust.types import TP
 from faust.types.tuples import ConsumerMessage
 
@@ -59,7 +60,7 @@ class Consumer:
 async def test_a_fetch_that_found_nothing_short_of_the_end_is_no_answer() -> None:
     """A slow fetch used to answer "nothing after the committed offset", and the run from 100
     was decided while 60..99 never were. Now the run is read again and the start asked again."""
-    probe = CommittedStart("x:1", "g", wait_ms=10)
+    probe = CommittedStart("x:1", "g", True, wait_ms=10)
     probe.consumer = Consumer(slow=1)
     r = rig(plain=True)
     seeks = probed(r, None)
@@ -72,10 +73,32 @@ async def test_a_fetch_that_found_nothing_short_of_the_end_is_no_answer() -> Non
     assert [offset for _, _, offset in seeks] == [100, 60]  # read again, then from the first record
 
 
-async def test_a_fetch_that_reached_the_end_answers_nothing_is_there() -> None:
-    probe = CommittedStart("x:1", "g", wait_ms=10)
+@pytest.mark.parametrize("read_committed", [True, False])
+async def test_a_fetch_that_reached_the_end_answers_nothing_is_there(read_committed: bool) -> None:
+    """With transactions the partition ends at its last stable offset; without, at the high
+    watermark (a broker without transactions reports no last stable offset)."""
+    probe = CommittedStart("x:1", "g", read_committed, wait_ms=10)
     probe.consumer = Consumer(slow=0, end=60)  # markers only after the committed offset
+    if not read_committed:
+        probe.consumer.last_stable_offset = lambda tp: None
     assert await probe(topics.HOLDS, 0) is None
+
+
+async def test_without_a_group_the_first_record_of_the_partition_is_the_answer() -> None:
+    """The scheduler's probe (no group: it commits nothing) starts at the partition's beginning,
+    whatever a group may have committed."""
+    consumer = Consumer(slow=0)
+    begun: list[Any] = []
+
+    async def seek_to_beginning(tp: Any) -> None:
+        begun.append(tp)
+        consumer.at = 7  # the first record left by retention
+
+    consumer.seek_to_beginning = seek_to_beginning  # type: ignore[method-assign]
+    probe = CommittedStart("x:1", None, False, wait_ms=10)
+    probe.consumer = consumer
+    assert await probe(topics.PODS, 2) == 7
+    assert len(begun) == 1
 
 
 @dataclass

@@ -186,6 +186,7 @@ async def test_faust_rebalance_signals_reach_the_service() -> None:
     import faust
     from faust.types import TP
 
+    from agents.adapters.positions import CommittedStart
     from agents.adapters.scheduler import register
     from agents.ports import AgentConfig
 
@@ -193,7 +194,7 @@ async def test_faust_rebalance_signals_reach_the_service() -> None:
     service = SchedulerService(core, FakeOutbox(), clock, 100)
     app = faust.App("edges-test", broker="kafka://127.0.0.1:1", store="memory://", web_enabled=False)
     inputs = app.topic(topics.PODS, topics.REQUEUE, key_type=bytes, value_type=bytes, partitions=N)
-    register(app, inputs, service, AgentConfig(partitions=N))
+    register(app, inputs, service, AgentConfig(partitions=N), CommittedStart("127.0.0.1:1", None, False))
     assert service.partitions == N
     await app.on_partitions_assigned.send({TP(topics.PODS, 0), TP(topics.REQUEUE, 0), TP(topics.PODS, 1),
                                            TP(topics.REQUEUE, 1), TP(topics.NODES, 3)})

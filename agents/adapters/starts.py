@@ -1,0 +1,175 @@
+"""The scheduler reads each of its input partitions from the first record, in every assignment.
+
+The scheduler commits no offsets of `pods` / `requeue`: whenever a partition is assigned, the
+replica that gets it reads it from its first record and rebuilds that partition's queue
+(DESIGN.md, "Queue"). faust can lose what it fetches of a newly assigned partition around the
+rebalance: records reach a stream queue that the end of the rebalance clears, or are left
+behind when the flow stops, while the fetch position has moved past them; with no committed
+offset, faust's seek to the committed offsets leaves the position where it is. A replacement
+worker then never saw a pod that was waiting (seen on CI: the pod fits once a node is added,
+and nothing places it).
+
+`ReadFromStart` checks each partition once per assignment, as the stateful agents do against
+their committed offsets (`agents.adapters.loop.StatefulLoop._starts_right`):
+
+- the first run of a partition fetched in the current generation must not begin past the
+  partition's first record (`probe`: the first record from the beginning, None when empty);
+- a partition with nothing read `watch_every_s` after the rebalance ends is probed, and if it
+  has records, read again from its first one.
+
+A partition that missed its start is sought back to its first record, and what arrives before
+that record comes again is dropped (fetched before the seek); when a run comes without it, or
+nothing comes for `watch_every_s`, the first record is probed again and sought again (faust's
+fetch loop can move its read offset past a seek with a batch fetched before it). What is read
+twice is harmless: the scheduler's adds are idempotent by uid, its requeues by attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from agents.adapters.batches import Fetched
+from agents.adapters.loop import WATCH_EVERY_S, Probe, Seek
+from agents.intake import RawMessage
+
+log = logging.getLogger("koordstream.scheduler")
+
+Key = tuple[str, int]  # (topic, partition)
+
+
+class ReadFromStart:
+    def __init__(self, probe: Probe, seek: Seek, reread: Callable[[int], None] = lambda partition: None,
+                 watch_every_s: float = WATCH_EVERY_S,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """`reread(partition)` is told before a partition is read again from its first record
+        (the scheduler's input fence for it starts afresh, `SchedulerService.reread`)."""
+        self.probe = probe
+        self.seek = seek
+        self.reread = reread
+        self.watch_every_s = watch_every_s
+        self.sleep = sleep
+        self.generation = -1
+        self.owned: set[Key] = set()
+        self.started: set[Key] = set()  # read from the first record in this assignment
+        self.resume_at: dict[Key, int] = {}  # sought back: the first record, awaited
+        self.restarted = 0  # partitions of an assignment read again from their first record
+        self.reseeks = 0  # seeks made again while the first record was awaited
+        self._arrived: set[Key] = set()  # runs came since the watch last looked
+        self._watch: asyncio.Task[None] | None = None
+
+    def assigned(self, keys: Iterable[Key], generation: int) -> None:
+        """The whole assignment after a rebalance: every partition is checked afresh."""
+        self.close()
+        self.generation = generation
+        self.owned = set(keys)
+        self.started.clear()
+        self.resume_at.clear()
+        self._arrived.clear()
+
+    def rebalanced(self) -> None:
+        """The rebalance ends (faust resumes the partitions): the watch starts, so a partition
+        is looked at only after faust had its chance to read it."""
+        self.close()
+        if self.owned - self.started:
+            self._watch = asyncio.ensure_future(self.watch(self.generation))
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    async def admit(self, runs: Iterable[Fetched]) -> list[RawMessage]:
+        """The messages of `runs` the scheduler may take, in order."""
+        out: list[RawMessage] = []
+        for run in runs:
+            key = (run.topic, run.partition)
+            self._arrived.add(key)
+            if key not in self.owned or run.generation != self.generation:
+                out += run.messages  # not this assignment's: the service drops what is revoked
+            elif key in self.resume_at:
+                out += await self._resumed(key, run)
+            elif key in self.started or await self._starts_right(key, run):
+                out += run.messages
+        return out
+
+    async def _starts_right(self, key: Key, run: Fetched) -> bool:
+        generation = self.generation
+        try:
+            first = await self.probe(*key)
+        except Exception as exc:  # noqa: BLE001 - taken, and the next run is checked instead
+            log.warning("%s/%s: cannot check where generation %s begins (%r)", *key, generation, exc)
+            return True
+        if generation != self.generation or key not in self.owned:
+            return True  # a rebalance meanwhile: the new assignment checks for itself
+        if first is None or run.first_offset <= first:
+            self.started.add(key)
+            return True
+        log.warning("%s/%s: generation %s began at offset %s, past the first record (%s): read again from there",
+                    *key, generation, run.first_offset, first)
+        self.restarted += 1
+        await self._read_from(key, first)
+        return False
+
+    async def _resumed(self, key: Key, run: Fetched) -> list[RawMessage]:
+        at = self.resume_at[key]
+        index = next((i for i, m in enumerate(run.messages) if m.offset == at), None)
+        if index is None:
+            await self._seek_again(key)
+            return []
+        del self.resume_at[key]
+        self.started.add(key)
+        return run.messages[index:]
+
+    async def _read_from(self, key: Key, offset: int) -> None:
+        self.resume_at[key] = offset
+        self.reread(key[1])
+        await self.seek(*key, offset)
+
+    async def _seek_again(self, key: Key) -> None:
+        """The awaited record did not come: probe the first record again (retention may have
+        removed the one awaited) and seek there."""
+        generation = self.generation
+        try:
+            first = await self.probe(*key)
+        except Exception as exc:  # noqa: BLE001 - sought again from the offset awaited
+            log.warning("%s/%s: cannot find the first record again (%r)", *key, exc)
+            first = self.resume_at.get(key)
+        if generation != self.generation or key not in self.resume_at:
+            return
+        self.reseeks += 1
+        if first is None:  # emptied meanwhile: nothing to read again
+            del self.resume_at[key]
+            self.started.add(key)
+            return
+        await self._read_from(key, first)
+
+    async def watch(self, generation: int) -> None:
+        """Until every partition of the assignment is read from its first record: every
+        `watch_every_s`, a partition that nothing came from is probed, and read again from its
+        first record if it has one; one that awaits its first record is sought again."""
+        while generation == self.generation and (self.owned - self.started):
+            await self.sleep(self.watch_every_s)
+            if generation != self.generation:
+                return
+            quiet = (self.owned - self.started) - self._arrived
+            self._arrived.clear()
+            for key in sorted(quiet):
+                if key in self.resume_at:
+                    await self._seek_again(key)
+                    continue
+                try:
+                    first = await self.probe(*key)
+                except Exception as exc:  # noqa: BLE001 - looked at again next time
+                    log.warning("%s/%s: cannot look for unread records (%r)", *key, exc)
+                    continue
+                if generation != self.generation or key in self.started or key in self.resume_at:
+                    continue
+                if first is None:
+                    self.started.add(key)  # empty: what comes later is fetched as it comes
+                    continue
+                log.warning("%s/%s: nothing read %ss after the rebalance, though records wait from "
+                            "offset %s: read again from there", *key, self.watch_every_s, first)
+                self.restarted += 1
+                await self._read_from(key, first)
