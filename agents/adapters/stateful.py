@@ -84,12 +84,13 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
         sink = PlainSink(table, outbox)
     timers = RecordTimers(outbox, owned=lambda partition: partition in ownership.owned)
 
-    # The start check (`StatefulLoop._starts_right`, `watch_starts`) runs with transactions only:
-    # it was found needed and proven on Apache Kafka; on the embedded broker, two clean-clone CI
-    # runs with it on left pods unbound (not yet understood, docs/architecture.md "Known gaps").
+    # The start check (`StatefulLoop._starts_right`, `watch_starts`) runs on both brokers: the
+    # faust losses it catches are faust's, not the broker's. (It once ran with transactions only:
+    # on Tansu, two clean-clone CI runs with it on left pods unbound; the cause was a gang
+    # livelock, fixed since, docs/architecture.md "Known gaps".)
     bootstrap = transactions.producer_options.get("bootstrap_servers")
-    probe = CommittedStart(str(bootstrap), transactions.group_id, read_committed=True) \
-        if bootstrap and transactions.enabled else None
+    probe = CommittedStart(str(bootstrap), transactions.group_id, read_committed=transactions.enabled) \
+        if bootstrap else None
     loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seeker(app), probe=probe)
     loop.attach()
 
