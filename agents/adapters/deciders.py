@@ -57,7 +57,10 @@ def key_of(record: Record) -> str:
 
 
 def gang_timer(key: str, round_: int, seconds: float) -> TimerRequest:
-    return TimerRequest((key, round_), seconds, Output(topics.HOLDS, key, GangTimeout(decision_key=key, round=round_)))
+    """One per (key, round, length): a round's timer shortened (a fellow refusal) is a timer
+    of its own, and the first one that fires ends the round."""
+    return TimerRequest((key, round_, seconds), seconds,
+                        Output(topics.HOLDS, key, GangTimeout(decision_key=key, round=round_)))
 
 
 class DeciderCore:

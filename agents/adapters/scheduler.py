@@ -39,6 +39,7 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
     # assigned so far) and with the whole new assignment.
     async def partitions_revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
         service.on_partitions_revoked(ours(args[0]))  # args: (revoked TPs,)
+        starts.revoked((tp.topic, tp.partition) for tp in args[0] if tp.topic in names)
 
     async def partitions_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         service.on_partitions_assigned(ours(args[0]))  # args: (assigned TPs,)

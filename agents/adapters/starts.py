@@ -75,6 +75,16 @@ class ReadFromStart:
         if self.owned - self.started:
             self._watch = asyncio.ensure_future(self.watch(self.generation))
 
+    def revoked(self, keys: Iterable[Key]) -> None:
+        """Partitions gone in a rebalance (before its assignment): nothing of theirs is sought
+        or probed from now on."""
+        for key in keys:
+            self.owned.discard(key)
+            self.started.discard(key)
+            self.resume_at.pop(key, None)
+        if not self.owned:
+            self.close()
+
     def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
@@ -86,31 +96,41 @@ class ReadFromStart:
         for run in runs:
             key = (run.topic, run.partition)
             self._arrived.add(key)
-            if key not in self.owned or run.generation != self.generation:
+            if key not in self.owned:
                 out += run.messages  # not this assignment's: the service drops what is revoked
+            elif run.generation != self.generation:
+                if not 0 <= run.generation < self.generation:
+                    out += run.messages  # no generation known, or fetched just ahead of its signal
+                # else fetched in an earlier generation: this one reads it again from the first
+                # record (taken now, an older requeue read after a newer one would be fenced)
             elif key in self.resume_at:
                 out += await self._resumed(key, run)
-            elif key in self.started or await self._starts_right(key, run):
+            elif key in self.started:
                 out += run.messages
+            else:
+                out += await self._starts_right(key, run)
         return out
 
-    async def _starts_right(self, key: Key, run: Fetched) -> bool:
+    async def _starts_right(self, key: Key, run: Fetched) -> list[RawMessage]:
+        """The first run of the generation: taken if it begins at the first record."""
         generation = self.generation
         try:
             first = await self.probe(*key)
         except Exception as exc:  # noqa: BLE001 - taken, and the next run is checked instead
             log.warning("%s/%s: cannot check where generation %s begins (%r)", *key, generation, exc)
-            return True
+            return run.messages
         if generation != self.generation or key not in self.owned:
-            return True  # a rebalance meanwhile: the new assignment checks for itself
-        if first is None or run.first_offset <= first:
+            return run.messages  # a rebalance meanwhile: the new assignment checks for itself
+        if key in self.resume_at:  # the watch sought it back meanwhile
+            return await self._resumed(key, run)
+        if key in self.started or first is None or run.first_offset <= first:
             self.started.add(key)
-            return True
+            return run.messages
         log.warning("%s/%s: generation %s began at offset %s, past the first record (%s): read again from there",
                     *key, generation, run.first_offset, first)
         self.restarted += 1
         await self._read_from(key, first)
-        return False
+        return []
 
     async def _resumed(self, key: Key, run: Fetched) -> list[RawMessage]:
         at = self.resume_at[key]
@@ -123,9 +143,14 @@ class ReadFromStart:
         return run.messages[index:]
 
     async def _read_from(self, key: Key, offset: int) -> None:
+        """Seek back to `offset` and await it. A seek that fails (the partition left the
+        consumer's assignment in a rebalance) is made again by the watch or the next run."""
         self.resume_at[key] = offset
         self.reread(key[1])
-        await self.seek(*key, offset)
+        try:
+            await self.seek(*key, offset)
+        except Exception as exc:  # noqa: BLE001 - never out of the agent: its batch would be lost
+            log.warning("%s/%s: cannot seek to offset %s (%r)", *key, offset, exc)
 
     async def _seek_again(self, key: Key) -> None:
         """The awaited record did not come: probe the first record again (retention may have
@@ -164,7 +189,8 @@ class ReadFromStart:
                 except Exception as exc:  # noqa: BLE001 - looked at again next time
                     log.warning("%s/%s: cannot look for unread records (%r)", *key, exc)
                     continue
-                if generation != self.generation or key in self.started or key in self.resume_at:
+                if (generation != self.generation or key not in self.owned or key in self.started
+                        or key in self.resume_at):
                     continue
                 if first is None:
                     self.started.add(key)  # empty: what comes later is fetched as it comes

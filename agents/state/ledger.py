@@ -67,7 +67,10 @@ members down with it, so the gang retries as a whole instead of keeping capacity
 gang that cannot complete; except a rejection for what only the gang's own held members take
 there (`Rejected.fellow`: two members placed on the same capacity at once, by two schedulers),
 which requeues that member alone: its scheduler then sees its fellows' holds, where a give-up
-would requeue them all together to collide again.
+would requeue them all together to collide again. The round's timer is then shortened to
+`FELLOW_GRACE_S`: a member with nowhere else to go (its scheduler finds no room, and does
+not claim again) ends the round in seconds rather than keep its fellows' holds, one of which
+could move, until the gang's full waiting time.
 
 Wound-wait (DESIGN.md, rule 6): a `Yield` from an owner (a higher-ranked gang needs what this
 gang holds there) gives the gang up like a timeout if it is still waiting; a soft rejection
@@ -106,6 +109,7 @@ PENDING, BOUND, DELETED, TERMINATED = "pending", "bound", "deleted", "terminated
 ACCEPTED, RELEASED, WAITING, REQUEUED, IGNORED = "accepted", "released", "waiting", "requeued", "ignored"
 
 REASON_TIMEOUT = "gang waiting time exceeded"
+FELLOW_GRACE_S = 15.0  # after a fellow refusal: how long the round may still wait
 
 
 @dataclass
@@ -411,7 +415,12 @@ class Decider:
             if rejected.soft:  # the owner nominated a pod that is bound or gone: clear it now
                 self._send(state, hid, [Output(topics.NODE_INBOX, rejected.node,
                                                NominationCleared(uid=rejected.uid, node=rejected.node))], out)
-        if current and not rejected.soft and not rejected.fellow and any(w.get("strict", True) for w in state.waiting.values()):
+        if current and not rejected.soft and any(w.get("strict", True) for w in state.waiting.values()):
+            if rejected.fellow:  # requeued alone; the round waits FELLOW_GRACE_S at most now
+                if state.timer_s > FELLOW_GRACE_S:
+                    state.timer_s = FELLOW_GRACE_S  # what a restore re-arms
+                    out.timers.append((state.key, state.round, FELLOW_GRACE_S))
+                return
             self._give_up(state, strict_reason, out, trigger=hid)
 
     # -- gangs that cannot complete -----------------------------------------------------------

@@ -90,9 +90,22 @@ async def test_arming_a_key_twice_keeps_the_first_timer() -> None:
     clock, outbox = FakeClock(), FakeOutbox()
     timers = RecordTimers(outbox, schedule=clock.call_later)
     timers.arm(gang_timer("g", 0, 5.0), partition=1)
-    timers.arm(gang_timer("g", 0, 1.0), partition=1)
-    assert clock.advance(2.0) == 0
+    clock.advance(2.0)
+    timers.arm(gang_timer("g", 0, 5.0), partition=1)  # a replay asks again
     assert clock.advance(3.0) == 1
+    assert clock.advance(5.0) == 0
+    await settle(timers)
+    assert gang_timeouts(outbox) == [("g", 0)]
+
+
+async def test_a_round_whose_timer_is_shortened_times_out_at_the_shorter() -> None:
+    """A fellow refusal shortens the round (`agents.state.ledger.FELLOW_GRACE_S`): a timer of
+    its own, which fires first; the full one fires later for a round already over."""
+    clock, outbox = FakeClock(), FakeOutbox()
+    timers = RecordTimers(outbox, schedule=clock.call_later)
+    timers.arm(gang_timer("g", 0, 600.0), partition=1)
+    timers.arm(gang_timer("g", 0, 15.0), partition=1)
+    assert clock.advance(15.0) == 1
     await settle(timers)
     assert gang_timeouts(outbox) == [("g", 0)]
 
@@ -106,7 +119,7 @@ async def test_rearm_after_a_restore_follows_the_partitions() -> None:
     clock.advance(4.0)
     owned = {1, 2}  # partition 0 moved away, partition 2 moved here from a worker still running
     rearm(timers, owned, lambda p: asks[p])
-    assert set(timers.armed) == {("g1", 0), ("g2", 3)}
+    assert {k[:2] for k in timers.armed} == {("g1", 0), ("g2", 3)}
     assert clock.advance(6.0) == 1  # g1 kept its first timer (armed at 0, due at 10)
     await settle(timers)
     assert gang_timeouts(outbox) == [("g1", 0)]
@@ -134,7 +147,7 @@ async def test_a_timer_whose_record_is_not_delivered_fires_again() -> None:
     timers.arm(gang_timer("g", 0, 1.0), partition=0)
     clock.advance(1.0)
     await settle(timers)
-    assert outbox.sent == [] and timers.failed == 1 and ("g", 0) in timers.armed
+    assert outbox.sent == [] and timers.failed == 1 and ("g", 0, 1.0) in timers.armed
     clock.advance(1.0)
     await settle(timers)
     assert gang_timeouts(outbox) == [("g", 0)] and not timers.armed
@@ -272,7 +285,7 @@ async def test_gang_timers_are_rearmed_when_a_partition_moves_to_a_running_worke
         r.table.put(key, {"key": key, "pods": {}, "decisions": {}, "waiting": {"u": {}}, "round": 2,
                           "timer_s": 30.0, "gave_up": [], "accepted": False}, partition, epoch=1)
     await assign(r, {0, 1}, generation=2)  # partition 1 moved here: this worker was already running
-    assert set(r.loop.timers.armed) == {("ns/g1", 2)}  # partition 2 is not ours: forgotten, not armed
+    assert {k[:2] for k in r.loop.timers.armed} == {("ns/g1", 2)}  # partition 2 is not ours: forgotten, not armed
     assert r.table.get("ns/g2") is None
     r.clock.advance(30.0)
     await settle(r.loop.timers)
@@ -287,9 +300,9 @@ async def test_a_waiting_gang_decided_here_times_out_and_its_timer_survives_a_re
     partition = 3
     run = run_of(topics.HOLDS, partition, 1, [held(key, "a"), held(key, "b")])
     await r.loop.process([run])
-    assert set(r.loop.timers.armed) == {(key, 0)}
+    assert {k[:2] for k in r.loop.timers.armed} == {(key, 0)}
     await assign(r, {partition}, generation=2)  # a rebalance that keeps the partition
-    assert set(r.loop.timers.armed) == {(key, 0)}
+    assert {k[:2] for k in r.loop.timers.armed} == {(key, 0)}
     r.clock.advance(30.0)
     await settle(r.loop.timers)
     assert gang_timeouts(r.outbox) == [(key, 0)]

@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 from agents.state.gangs import GangError, GangSpec, gang_spec
-from agents.state.ledger import Decider, Decision, LedgerState
+from agents.state.ledger import (
+    FELLOW_GRACE_S,
+    GANG_DEFAULT_WAITING_S,
+    Decider,
+    Decision,
+    LedgerState,
+)
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas import topics
 from schemas.codec import encode
@@ -347,6 +353,28 @@ def test_members_placed_on_the_same_capacity_by_two_replicas_at_once_do_not_live
     fellows = [h for n in cluster.nodes.values() for h in n.holds.values() if h.fellow]
     assert fellows and all(h.status == "rejected" and "fellow" in h.reason for h in fellows)
     assert not cluster.ledgers["default/g"].gave_up  # no Strict give-up
+
+
+def test_a_member_with_nowhere_else_to_go_after_a_fellow_refusal_ends_the_round_soon() -> None:
+    # Found by an adversarial review: g2 fits only on n1, where g1 (which could run on n2)
+    # holds the room. The fellow refusal requeued g2 alone; its scheduler found no room and
+    # claimed nothing more, while g1 kept n1 until the gang's timeout (600 s by default) ended
+    # the round. The refusal now shortens the round to FELLOW_GRACE_S.
+    cluster = Cluster(make_node("n1", cpu=1000, labels={"only": "n1"}), make_node("n2", cpu=1000), replicas=2)
+    cluster.replica_of.update({"g1": 0, "g2": 1})
+    cluster.cores[0].add(gang_pod("g1", "g"))
+    cluster.cores[1].add(replace(gang_pod("g2", "g"), node_selector={"only": "n1"}))
+    cluster.route([o for core in cluster.cores for o in core.schedule(512)])
+    ledger = cluster.ledgers["default/g"]
+    assert ledger.decisions == {"g1/0/n1": "waiting", "g2/0/n1": "requeued:1"} and not ledger.gave_up
+    assert ledger.timer_s == FELLOW_GRACE_S  # what a restore re-arms
+    assert [t for t in cluster.timers if t[0] == "default/g"] == [("default/g", 0, GANG_DEFAULT_WAITING_S),
+                                                                  ("default/g", 0, FELLOW_GRACE_S)]
+    out = Decision()
+    cluster.decider.apply(ledger, [GangTimeout(decision_key="default/g", round=0)], out)
+    cluster.route(out.first + out.after_commit)
+    assert list(ledger.gave_up) == ["0"] and ledger.round == 1  # both retry; n1 is free again
+    assert not [h for n in cluster.nodes.values() for h in n.holds.values() if h.status == "held"]
 
 
 def test_the_owner_marks_a_refusal_for_fellow_members_holds_only() -> None:

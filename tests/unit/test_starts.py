@@ -125,14 +125,79 @@ async def test_a_probe_that_fails_takes_the_run_and_checks_the_next() -> None:
     assert r.seeks == [(PODS, 0, 0)]
 
 
-async def test_every_assignment_is_checked_afresh_and_old_generations_pass() -> None:
-    """A run fetched in an earlier generation is not this assignment's start (the scheduler's
-    own revocation drops what it must); a new assignment checks every partition again."""
+async def test_every_assignment_is_checked_afresh_and_runs_of_partitions_not_owned_pass() -> None:
+    """A run of a partition not owned goes to the service (its own revocation drops what it
+    must); a new assignment checks every partition again."""
     r = Rig(first=0)
     r.guard.assigned({(PODS, 0)}, generation=2)
     assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("a"))])) == [0]
     r.guard.assigned({(PODS, 0)}, generation=3)
+    r.guard.assigned({(PODS, 1)}, generation=3)  # pods/1 only: a run of pods/0 is not ours
     assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("b"), first_offset=1)])) == [1]
+    r.guard.assigned({(PODS, 0)}, generation=3)
     assert await r.guard.admit([run_of(PODS, 0, 3, pods("b"), first_offset=1)]) == []
     assert r.seeks == [(PODS, 0, 0)]
     r.guard.close()
+
+
+# -- found by an adversarial review ----------------------------------------------------------
+
+
+async def test_a_revoked_partition_is_neither_probed_nor_sought() -> None:
+    r = Rig(first=0)
+    r.guard.assigned({(PODS, 0), (PODS, 1)}, generation=2)
+    assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("a"))])) == [0]
+    r.guard.rebalanced()
+    r.guard.revoked({(PODS, 1)})
+    await r.tick()
+    assert r.seeks == [] and r.reread == []
+
+
+async def test_a_seek_refused_stays_inside_the_guard_and_is_made_again() -> None:
+    """aiokafka refuses to seek a partition it no longer has (a rebalance under way): the
+    error must not leave `admit` (faust would restart the agent and lose the batch's other
+    runs), and the record is still awaited."""
+    r = Rig(first=0)
+    refused = [True]
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        r.seeks.append((topic, partition, offset))
+        if refused[0]:
+            raise RuntimeError("No current assignment for partition")
+
+    r.guard.seek = seek
+    r.guard.assigned({(PODS, 0), (PODS, 1)}, generation=2)
+    taken = await r.guard.admit([run_of(PODS, 1, 2, pods("x"), first_offset=5), run_of(PODS, 0, 2, pods("a", "b"))])
+    assert uids(taken) == [0, 1]  # pods/0 taken though pods/1's seek failed
+    refused[0] = False
+    assert await r.guard.admit([run_of(PODS, 1, 2, pods("y"), first_offset=6)]) == []
+    assert r.seeks == [(PODS, 1, 0), (PODS, 1, 0)]
+
+
+async def test_a_first_run_checked_while_the_watch_sought_back_awaits_the_record_too() -> None:
+    """The watch probed a quiet partition and sought it back while the first run's own probe
+    waited: the run is taken from the awaited record, and nothing is left awaited for ever."""
+    r = Rig(first=0)
+    r.guard.assigned({(PODS, 0)}, generation=2)
+    gate = asyncio.Event()
+    inner = r.probe
+
+    async def slow_probe(topic: str, partition: int) -> int | None:
+        if not gate.is_set():
+            gate.set()
+            await r.guard._read_from((topic, partition), 0)  # the watch, while this probe waits
+        return await inner(topic, partition)
+
+    r.guard.probe = slow_probe
+    assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("a", "b"))])) == [0, 1]
+    assert r.guard.resume_at == {} and (PODS, 0) in r.guard.started
+    assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("c"), first_offset=2)])) == [2]
+
+
+async def test_a_run_of_an_earlier_generation_of_a_partition_owned_again_is_dropped() -> None:
+    """Taken, a requeue it carries (a newer epoch) would fence the older ones that this
+    generation reads again from the first record."""
+    r = Rig(first=0)
+    r.guard.assigned({(topics.REQUEUE, 1)}, generation=3)
+    assert await r.guard.admit([run_of(topics.REQUEUE, 1, 2, pods("b"), first_offset=1)]) == []
+    assert uids(await r.guard.admit([run_of(topics.REQUEUE, 1, 3, pods("a", "b"))])) == [0, 1]
