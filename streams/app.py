@@ -77,7 +77,8 @@ async def resolve_transactions(settings: Settings) -> bool:
     return accepted
 
 
-def build_app(settings: Settings, transactions: bool = False) -> faust.App:
+def build_app(settings: Settings, transactions: bool = False, datadir: Path | None = None) -> faust.App:
+    """`datadir`: where faust keeps its data (`streams.worker.state_dir`); None: faust's default."""
     k = settings.kafka
     if not k.bootstrap:
         raise ValueError("kafka.bootstrap: the worker needs a broker address (`koordstream up` starts one)")
@@ -86,6 +87,7 @@ def build_app(settings: Settings, transactions: bool = False) -> faust.App:
         group_id(settings),
         broker=f"{transport.COMMITTED_SCHEME if transactions else transport.SCHEME}://{k.bootstrap}",
         store="memory://",
+        datadir=str((datadir or Path()) / "{conf.name}-data"),  # faust's own default under datadir
         web_enabled=False,
         topic_partitions=k.partitions,
         topic_allow_declare=False,  # streams.admin creates every topic explicitly

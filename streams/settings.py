@@ -88,6 +88,12 @@ class WorkerSettings:
     metrics_port: int = 0
     """Port of the scheduler's Prometheus endpoint (`GET /metrics`, kube-scheduler's metric
     names; see streams/metrics.py); 0: no endpoint. Only workers with the scheduler role serve it."""
+    state_dir: str = ""
+    """Folder for the worker's faust data (faust's `<group>-data` goes inside it). Empty: a new
+    folder under the system's temporary directory, removed when the worker exits, so workers
+    started from any directory, several on one host, never share one. The tables live in
+    memory and in their changelogs: nothing there is needed after a restart. Give each worker
+    of a host its own folder when you set it."""
     shutdown_deadline_s: float = 4.0
     """After SIGTERM/SIGINT the worker process exits at the latest after this long.
 

@@ -6,15 +6,20 @@ embedded Tansu refuses) and prints which mode runs.
 
 The worker exits at the latest `worker.shutdown_deadline_s` after SIGTERM or SIGINT: a faust
 worker sometimes did not exit on SIGTERM against the embedded broker, so a timer thread ends
-the process if the orderly shutdown hangs.
+the process if the orderly shutdown hangs. faust's data folder goes into `worker.state_dir`,
+or a temporary folder of its own (`state_dir`), never the directory the worker started from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -70,11 +75,25 @@ def run_worker(settings: Settings) -> None:
                 else "no transactions (replay-safe at-least-once)")
         print(f"koordstream worker: kafka.transactions={settings.kafka.transactions}: {mode}", file=sys.stderr,
               flush=True)
-    app = build_app(settings, transactions)
-    worker = DeadlineWorker(app, loglevel=settings.worker.loglevel, quiet=True, override_logging=True)
-    worker.deadline_s = settings.worker.shutdown_deadline_s
-    _silence_banner(worker)
-    worker.execute_from_commandline()
+    with state_dir(settings) as datadir:
+        app = build_app(settings, transactions, datadir)
+        worker = DeadlineWorker(app, loglevel=settings.worker.loglevel, quiet=True, override_logging=True)
+        worker.deadline_s = settings.worker.shutdown_deadline_s
+        _silence_banner(worker)
+        worker.execute_from_commandline()
+
+
+@contextlib.contextmanager
+def state_dir(settings: Settings) -> Iterator[Path]:
+    """The worker's data folder: `worker.state_dir`, created if missing, or a fresh temporary
+    one removed afterwards (a forced exit leaves it to the system's temporary-file cleanup)."""
+    if settings.worker.state_dir:
+        path = Path(settings.worker.state_dir).expanduser()
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix=f"koordstream-worker-{os.getpid()}-") as tmp:
+        yield Path(tmp)
 
 
 def _silence_banner(worker: Any) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,21 @@ def test_worker_alone_exits_on_sigterm_within_10s(bootstrap: str) -> None:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=10)
     assert time.monotonic() - started < 10
+
+
+def test_a_worker_keeps_its_data_out_of_the_directory_it_started_from(bootstrap: str, tmp_path: Path) -> None:
+    """faust's data folder (`<group>-data`) goes into `worker.state_dir`, or a temporary folder
+    removed on exit; it used to land in whatever directory the worker was started from."""
+    start, state = tmp_path / "start", tmp_path / "state"
+    start.mkdir()
+    env = {**os.environ, "KOORDSTREAM_KAFKA_APP_ID": "datadir-probe"}
+    for extra in ({"KOORDSTREAM_WORKER_STATE_DIR": str(state)}, {}):
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--bootstrap", bootstrap],
+                                cwd=start, env={**env, **extra}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(4)
+        finally:
+            stop(proc, 10)  # type: ignore[arg-type]
+        assert list(start.iterdir()) == []
+    assert [p.name for p in state.iterdir()] == ["datadir-probe-data"]
