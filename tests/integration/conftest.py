@@ -60,6 +60,14 @@ NOT_ON_KAFKA = {
     "test_bad_input.py::test_every_agent_dead_letters_garbage_and_keeps_going[kafka-nodes]":
         "sends a record without a key to the compacted nodes topic, which Apache Kafka refuses",
 }
+# Variants that run on one broker only, to keep `make test` within its 10 minutes: what they
+# prove is faust's or the worker's doing, not the broker's, and the other variant proves it.
+ONE_BROKER = {
+    "test_restart.py::test_a_waiting_gang_times_out_after_its_partition_moves_to_a_running_worker[embedded]":
+        "faust's recovery events (timers re-armed on a running worker); 40 s, the Kafka variant runs",
+    "test_shutdown.py::test_a_worker_keeps_its_data_out_of_the_directory_it_started_from[kafka]":
+        "where faust's data folder goes; the embedded variant runs",
+}
 KAFKA_KINDS = {"kafka", "kafka-container"}
 
 
@@ -77,13 +85,16 @@ def runs_on_kafka(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the Kafka variants of the modules that run on the embedded broker only."""
+    """Deselect the Kafka variants of the modules that run on the embedded broker only, and
+    the variants of `ONE_BROKER`."""
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
         kinds = {callspec.params.get(name) for name in ("bootstrap", "broker_factory")} if callspec else set()
-        (dropped if kinds & KAFKA_KINDS and not runs_on_kafka(item) else kept).append(item)
+        one_broker = f"{item.module.__name__.rsplit('.', 1)[-1]}.py::{item.name}" in ONE_BROKER \
+            if isinstance(item, pytest.Function) else False
+        (dropped if one_broker or (kinds & KAFKA_KINDS and not runs_on_kafka(item)) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
