@@ -309,8 +309,7 @@ class Claim(Record):
     namespace: str = "default"
     name: str = ""
     creation_timestamp: float = 0.0
-    devices: tuple[str, ...] = ()  # devices claimed, e.g. "gpu/<minor>/<core>/<ratio>"
-    numa_cells: tuple[int, ...] = ()
+    devices: tuple[str, ...] = ()  # devices claimed, e.g. "gpu/<minor>/<core>/<ratio>" (cpusets too)
     gang_min: int = 0  # min-available of the pod's gang; 0 when it has none
     gang_waiting_s: float = 0.0  # how long held members wait for the rest (0: the default, 600 s)
     gang_strict: bool = True  # Strict mode: one member's failure releases the whole gang
@@ -462,7 +461,6 @@ class Nomination(Record):
     priority: int
     requests: ResourceList
     devices: tuple[str, ...] = ()
-    numa_cells: tuple[int, ...] = ()
     kind: str = field(default="Nomination", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -32,6 +32,7 @@ import numpy.typing as npt
 from agents.scheduler.nominator import Nominator
 from agents.scheduler.reservation_table import ReservationTable
 from agents.state import cpus, devices, gangs
+from agents.state import usage as keys
 from agents.state.resources import ResourceSpace, Vector
 from schemas.records import (
     BoundPod,
@@ -106,8 +107,8 @@ class GpuTable:
         core, ratio = np.zeros_like(self.core_used[row]), np.zeros_like(self.ratio_used[row])
         columns = self._columns.get(row, {})
         for key, amount in usage.items():
-            kind, minor, what = key.split("/")
-            col = columns.get(int(minor))
+            kind, minor, what = keys.parse(key)
+            col = columns.get(minor)
             if kind == "gpu" and col is not None:
                 (core if what == "core" else ratio)[col] = amount
         freed = bool((core < self.core_used[row]).any() or (ratio < self.ratio_used[row]).any())
@@ -180,7 +181,7 @@ class NicTable:
         self.capacity[row] = {n.minor: n.vfs for n in nics}
 
     def report(self, row: int, usage: Mapping[str, int]) -> bool:
-        used = {int(k.split("/")[1]): v for k, v in usage.items() if k.startswith("rdma/")}
+        used = keys.by_index(usage, "rdma")
         before = self.used.get(row, {})
         self.used[row] = used
         return any(used.get(minor, 0) < amount for minor, amount in before.items())
@@ -257,8 +258,8 @@ class CpuTable:
         self.rows = np.array(sorted(r for r, c in self.cells.items() if c), dtype=np.intp)
 
     def report(self, row: int, usage: Mapping[str, int]) -> bool:
-        used = {int(k.split("/")[1]) for k, v in usage.items() if k.startswith("cpu/") and v}
-        memory = {int(k.split("/")[1]): v for k, v in usage.items() if k.startswith("numa/")}
+        used = {cpu for cpu, bound in keys.by_index(usage, "cpu").items() if bound}
+        memory = keys.by_index(usage, "numa")
         before, before_memory = self.used.get(row, set()), self.memory.get(row, {})
         if used != before or memory != before_memory:
             self._changed(row)

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agents.state import cpus
+from agents.state import usage as keys
 from schemas.errors import FieldError
 
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -216,13 +217,13 @@ def annotation(allocations: Sequence[GpuAllocation], nics: Sequence[RdmaAllocati
 def add_usage(usage: dict[str, int], claimed: Iterable[str]) -> None:
     """Add what the encoded devices of one claim (or nomination) use, keyed as `device_usage`."""
     for a in decode(list(claimed)):
-        usage[f"gpu/{a.minor}/core"] = usage.get(f"gpu/{a.minor}/core", 0) + a.core
-        usage[f"gpu/{a.minor}/ratio"] = usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
+        usage[keys.gpu_core(a.minor)] = usage.get(keys.gpu_core(a.minor), 0) + a.core
+        usage[keys.gpu_ratio(a.minor)] = usage.get(keys.gpu_ratio(a.minor), 0) + a.ratio
     for n in decode_rdma(list(claimed)):
-        usage[f"rdma/{n.minor}/vfs"] = usage.get(f"rdma/{n.minor}/vfs", 0) + n.vfs
+        usage[keys.rdma_vfs(n.minor)] = usage.get(keys.rdma_vfs(n.minor), 0) + n.vfs
     for cpuset in cpus.decode(list(claimed)):
         for cpu in cpuset.cpus:
-            usage[f"cpu/{cpu}/used"] = 1
+            usage[keys.cpu_used(cpu)] = 1
         if cpuset.memory:
-            key = f"numa/{cpuset.cell}/memory"
+            key = keys.numa_memory(cpuset.cell)
             usage[key] = usage.get(key, 0) + cpuset.memory

@@ -76,6 +76,7 @@ from typing import Any, TypeVar
 from agents.ports import Output, Problem
 from agents.state import cpus, devices, gangs
 from agents.state import reservations as rsv
+from agents.state import usage as keys
 from agents.state.resources import DEFAULT_MAX_PODS
 from schemas import topics
 from schemas.codec import decode_object, to_plain
@@ -738,18 +739,18 @@ class NodeOwner:
                 for cpu in cpuset.cpus:
                     if cpu not in known:
                         return f"cpu {cpu} does not exist on the node"
-                    if usage.get(f"cpu/{cpu}/used"):
+                    if usage.get(keys.cpu_used(cpu)):
                         return f"cpu {cpu} is bound to another pod"
-                    usage[f"cpu/{cpu}/used"] = 1
+                    usage[keys.cpu_used(cpu)] = 1
                 memory = cell_memory.get(cpuset.cell, 0)
-                key = f"numa/{cpuset.cell}/memory"
+                key = keys.numa_memory(cpuset.cell)
                 if cpuset.memory and memory and usage.get(key, 0) + cpuset.memory > memory:
                     return f"Insufficient memory in NUMA node {cpuset.cell}"
                 usage[key] = usage.get(key, 0) + cpuset.memory
         for n in vfs:
             if n.minor not in nics:
                 return f"rdma {n.minor} does not exist on the node"
-            key = f"rdma/{n.minor}/vfs"
+            key = keys.rdma_vfs(n.minor)
             if usage.get(key, 0) + n.vfs > nics[n.minor]:
                 return f"Insufficient rdma {n.minor}"
             usage[key] = usage.get(key, 0) + n.vfs
@@ -757,8 +758,9 @@ class NodeOwner:
             if a.minor not in gpus:
                 return f"gpu {a.minor} does not exist on the node"
             core, ratio = gpus[a.minor]
-            used_core, used_ratio = usage.get(f"gpu/{a.minor}/core", 0) + a.core, usage.get(f"gpu/{a.minor}/ratio", 0) + a.ratio
+            used_core = usage.get(keys.gpu_core(a.minor), 0) + a.core
+            used_ratio = usage.get(keys.gpu_ratio(a.minor), 0) + a.ratio
             if used_core > core or used_ratio > ratio:
                 return f"Insufficient gpu {a.minor}"
-            usage[f"gpu/{a.minor}/core"], usage[f"gpu/{a.minor}/ratio"] = used_core, used_ratio
+            usage[keys.gpu_core(a.minor)], usage[keys.gpu_ratio(a.minor)] = used_core, used_ratio
         return ""

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from schemas.codec import decode, decode_message, encode, encode_batch
 from schemas.errors import SchemaError
-from schemas.records import RECORD_TYPES, Binding, Claim, Pod, ResourceList
+from schemas.records import RECORD_TYPES, Binding, Claim, Nomination, Pod, ResourceList
 from tests.builders import make_claim, make_node, make_pod
 
 
@@ -49,6 +49,16 @@ def test_unknown_fields_and_minor_versions_are_accepted() -> None:
     raw = orjson.loads(encode(make_pod()))
     raw.update({"schema_version": "1.7", "from_the_future": {"x": 1}})
     assert decode(orjson.dumps(raw)) == make_pod()
+
+
+def test_claims_and_nominations_written_with_the_numa_cells_field_still_decode() -> None:
+    """`numa_cells` was dropped (nothing set or read it: the cells travel in the cpuset on
+    `devices`); records written before still decode, the field ignored."""
+    for record in (Claim(uid="u", attempt=0, node="n", decision_key="u", requests=ResourceList(cpu=100)),
+                   Nomination(uid="u", node="n", priority=1, requests=ResourceList(cpu=100))):
+        raw = orjson.loads(encode(record))
+        raw["numa_cells"] = [0, 1]
+        assert decode(orjson.dumps(raw)) == record
 
 
 def test_pod_with_containers_gets_its_effective_request_computed() -> None:

@@ -28,6 +28,7 @@ from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo,
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.scheduler.plugins.noderesources.fit import NAME as FIT
 from agents.state import cpus, devices
+from agents.state import usage as keys
 from schemas.records import QUOTA_LABEL, Nomination, ResourceList
 
 NAME = "DefaultPreemption"
@@ -140,13 +141,13 @@ class DefaultPreemption:
             gpu = None
         if gpu is not None:
             minors, core, ratio, memory = state.gpus.free_row(row)
-            chosen = devices.choose(gpu, minors, [free(f"gpu/{m}/core", c) for m, c in zip(minors, core, strict=True)],
-                                    [free(f"gpu/{m}/ratio", r) for m, r in zip(minors, ratio, strict=True)], memory)
+            chosen = devices.choose(gpu, minors, [free(keys.gpu_core(m), c) for m, c in zip(minors, core, strict=True)],
+                                    [free(keys.gpu_ratio(m), r) for m, r in zip(minors, ratio, strict=True)], memory)
             out += [a.encode() for a in chosen or ()]
         vfs = devices.rdma_request(requests)
         if vfs:
             minors, room = state.nics.free_row(row)
-            nics = devices.choose_vfs(vfs, minors, [free(f"rdma/{m}/vfs", f) for m, f in zip(minors, room, strict=True)])
+            nics = devices.choose_vfs(vfs, minors, [free(keys.rdma_vfs(m), f) for m, f in zip(minors, room, strict=True)])
             out += [n.encode() for n in nics or ()]
         try:
             cpu = cpus.cpu_request(pod.qos, requests.get("cpu", 0), pod.pod.annotations, requests.get("memory", 0))
@@ -154,14 +155,12 @@ class DefaultPreemption:
             cpu = None
         cells = state.cpus.cells.get(row)
         if cpu is not None and cells:
-            bound = {c for c in state.cpus.bound(row) if not freed.get(f"cpu/{c}/used")}
-            bound |= {int(k.split("/")[1]) for k in promised if k.startswith("cpu/")}
+            bound = {c for c in state.cpus.bound(row) if not freed.get(keys.cpu_used(c))}
+            bound |= set(keys.by_index(promised, "cpu"))
             memory_used = state.cpus.memory_bound(row)
             for usage, sign in ((freed, -1), (promised, 1)):
-                for key, amount in usage.items():
-                    if key.startswith("numa/"):
-                        cell = int(key.split("/")[1])
-                        memory_used[cell] = memory_used.get(cell, 0) + sign * amount
+                for cell, amount in keys.by_index(usage, "numa").items():
+                    memory_used[cell] = memory_used.get(cell, 0) + sign * amount
             sets = cpus.choose(cpu, cells, bound, state.cpus.policy.get(row, "None"), memory_used)
             out += [c.encode() for c in sets or ()]
         return tuple(out)
