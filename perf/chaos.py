@@ -66,6 +66,7 @@ from schemas.records import (
     Binding,
     Claim,
     GpuDevice,
+    HoldId,
     Node,
     NodeStateChange,
     Pod,
@@ -489,7 +490,7 @@ def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
             last_hold.update(r.holds)
             last_nominations[r.node] = tuple(n.uid for n in r.nominations)
     ours = set(pods) | {f"r-{uid}" for uid in pods}
-    holds_leaked = sorted(h for h, status in last_hold.items() if status == "held" and h.split("/", 1)[0] in ours)
+    holds_leaked = sorted(h for h, status in last_hold.items() if status == "held" and HoldId.parse(h).uid in ours)
     nominations_leaked = sorted(f"{node}/{uid}" for node, uids in last_nominations.items() for uid in uids
                                 if uid in ours)
     unbound = sorted(set(pods) - w.deleted - bound)

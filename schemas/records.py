@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 SCHEMA_MAJOR = 1
 SCHEMA_VERSION = "1.0"
@@ -650,8 +650,23 @@ BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
 
 
 def hold_id(uid: str, attempt: int, node: str) -> str:
-    """The identity of one claim: a pod's attempt on a node."""
+    """The identity of one claim: a pod's attempt on a node (`HoldId.parse` reads it back)."""
     return f"{uid}/{attempt}/{node}"
+
+
+class HoldId(NamedTuple):
+    """The parts of a hold id."""
+
+    uid: str
+    attempt: int
+    node: str
+
+    @classmethod
+    def parse(cls, hid: str) -> HoldId:
+        """The inverse of `hold_id`: the node and the attempt are the last two parts (neither
+        holds a "/"; a uid may)."""
+        uid, attempt, node = hid.rsplit("/", 2)
+        return cls(uid, int(attempt), node)
 
 
 def decision_key(namespace: str, labels: dict[str, str], annotations: dict[str, str], uid: str) -> str:

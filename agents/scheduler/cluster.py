@@ -38,6 +38,7 @@ from schemas.records import (
     BoundPod,
     GangHold,
     GpuDevice,
+    HoldId,
     Node,
     NodeStateChange,
     Nomination,
@@ -438,7 +439,7 @@ class ClusterState:
             if status in _FREEING:
                 event |= ClusterEvent.CAPACITY_FREED
                 if status == "terminated":
-                    uid = hid.split("/", 1)[0]
+                    uid = HoldId.parse(hid).uid
                     placed = self.bound.get(uid)
                     if placed is not None and placed.row == row:
                         del self.bound[uid]

@@ -66,6 +66,7 @@ from schemas.records import (
     GANG_MIN_AVAILABLE_ANNOTATION,
     Claim,
     EvictionCommand,
+    HoldId,
     NodeStateChange,
     NominationCleared,
     Pod,
@@ -303,7 +304,7 @@ class SchedulerCore:
                     # replay of `pods` after a restart, a second claim) is moot. Terminated
                     # too: only a committed hold is, even one terminated at once on its commit
                     # (its node gone or changed), whose report never says committed.
-                    uid = hid.split("/", 1)[0]
+                    uid = HoldId.parse(hid).uid
                     self.bound.add(uid)
                     self.requeued.pop(uid, None)
                     if self.pods.pop(uid, None) is not None:

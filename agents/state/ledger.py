@@ -95,6 +95,7 @@ from schemas.records import (
     Commit,
     GangTimeout,
     Held,
+    HoldId,
     NominationCleared,
     PodDeleted,
     PodTerminated,
@@ -194,12 +195,6 @@ def _plain(output: Output) -> dict[str, Any]:
 
 def _output(raw: dict[str, Any]) -> Output:
     return Output(raw["topic"], raw["key"], decode_object(raw["record"]))
-
-
-def _hold_fields(hid: str) -> tuple[str, int, str]:
-    """uid, attempt and node of a hold id (the inverse of `schemas.records.hold_id`)."""
-    uid, attempt, node = hid.rsplit("/", 2)
-    return uid, int(attempt), node
 
 
 class Decider:
@@ -328,7 +323,7 @@ class Decider:
         if group not in members:  # a gang's round; a pod accepted alone is its own group
             state.groups[group] = list(members)
         for hid, m in members.items():
-            uid, attempt, node = _hold_fields(hid)
+            uid, attempt, node = HoldId.parse(hid)
             entry = state.pods.setdefault(uid, PodEntry())
             entry.status, entry.node, entry.attempt = BOUND, node, attempt
             entry.namespace, entry.name = m["namespace"], m["name"]
@@ -344,7 +339,7 @@ class Decider:
 
     @staticmethod
     def _emit_member(key: str, hid: str, m: dict[str, Any], out: Decision) -> None:
-        uid, attempt, node = _hold_fields(hid)
+        uid, attempt, node = HoldId.parse(hid)
         out.first.append(Output(topics.NODE_INBOX, node, Commit(uid=uid, attempt=attempt, node=node, decision_key=key)))
         for n in m.get("clears", ()):
             out.first.append(Output(topics.NODE_INBOX, n, NominationCleared(uid=uid, node=n)))
@@ -372,7 +367,7 @@ class Decider:
         elif recorded == RELEASED:
             # No reason recorded: released by another input (a give-up, a deletion), which
             # re-sends it too, or decided by earlier code.
-            uid, attempt, node = _hold_fields(hid)
+            uid, attempt, node = HoldId.parse(hid)
             out.first.append(self._release(state.key, uid, attempt, node, state.reasons.get(hid, "replayed")))
             self._resend(state, hid, out)  # the latest attempt announced to a stale claim
         # WAITING: the Held caused nothing yet.
@@ -391,7 +386,7 @@ class Decider:
         recorded = state.decisions.get(hid)
         if recorded is not None:  # a replay: re-send what it sent, and the give-up it caused
             if recorded.startswith(REQUEUED):
-                uid, _, node = _hold_fields(hid)
+                uid, _, node = HoldId.parse(hid)
                 legacy = f"{node}: {rejected.reason}"  # recorded by earlier code, which kept no reason
                 out.first.append(self._requeue(state.key, uid, int(recorded.rsplit(":", 1)[1]),
                                                state.reasons.get(hid, legacy)))

@@ -5,7 +5,16 @@ from hypothesis import strategies as st
 
 from schemas.codec import decode, decode_message, encode, encode_batch
 from schemas.errors import SchemaError
-from schemas.records import RECORD_TYPES, Binding, Claim, Nomination, Pod, ResourceList
+from schemas.records import (
+    RECORD_TYPES,
+    Binding,
+    Claim,
+    HoldId,
+    Nomination,
+    Pod,
+    ResourceList,
+    hold_id,
+)
 from tests.builders import make_claim, make_node, make_pod
 
 
@@ -101,3 +110,8 @@ def test_decoding_arbitrary_bytes_never_raises(data: bytes) -> None:
 def test_decoding_arbitrary_objects_never_raises(kind: str, fields: dict) -> None:
     for result in decode_message(orjson.dumps({"kind": kind, **fields})):
         assert isinstance(result, (SchemaError, *RECORD_TYPES))
+
+
+def test_a_hold_id_parses_back_into_its_parts_even_when_the_uid_has_a_slash() -> None:
+    assert HoldId.parse(hold_id("ns/pod-1", 3, "node-a")) == HoldId("ns/pod-1", 3, "node-a")
+    assert HoldId.parse(make_claim("u", cpu=100).hold_id).uid == "u"
