@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple
 
 SCHEMA_MAJOR = 1
@@ -647,6 +648,16 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
+
+
+class HoldStatus(StrEnum):
+    """A hold's state at its node's owner, as `NodeStateChange.holds` reports it."""
+
+    HELD = "held"  # capacity held for the claim; the decider will accept or release it
+    COMMITTED = "committed"  # accepted: the pod is bound there
+    RELEASED = "released"  # given back before it was committed
+    REJECTED = "rejected"  # refused (no room, node gone, ...)
+    TERMINATED = "terminated"  # was committed; the pod is gone
 
 
 def hold_id(uid: str, attempt: int, node: str) -> str:

@@ -39,6 +39,7 @@ from schemas.records import (
     GangHold,
     GpuDevice,
     HoldId,
+    HoldStatus,
     Node,
     NodeStateChange,
     Nomination,
@@ -46,7 +47,7 @@ from schemas.records import (
     Taint,
 )
 
-_FREEING = frozenset({"released", "rejected", "terminated"})
+_FREEING = frozenset({HoldStatus.RELEASED, HoldStatus.REJECTED, HoldStatus.TERMINATED})
 
 
 class ClusterEvent(Flag):
@@ -434,11 +435,11 @@ class ClusterState:
             self._count_quota(pod.quota, newly.vector)
         for hid, status in change.holds.items():
             self.forget(hid)
-            if status != "held":
+            if status != HoldStatus.HELD:
                 self.forget_quota(hid)  # committed: the bound pod counts now; otherwise: gone
             if status in _FREEING:
                 event |= ClusterEvent.CAPACITY_FREED
-                if status == "terminated":
+                if status == HoldStatus.TERMINATED:
                     uid = HoldId.parse(hid).uid
                     placed = self.bound.get(uid)
                     if placed is not None and placed.row == row:

@@ -67,6 +67,7 @@ from schemas.records import (
     Claim,
     EvictionCommand,
     HoldId,
+    HoldStatus,
     NodeStateChange,
     NominationCleared,
     Pod,
@@ -299,7 +300,7 @@ class SchedulerCore:
         for change in changes:
             event |= self.state.apply(change)
             for hid, status in change.holds.items():
-                if status in ("committed", "terminated"):
+                if status in (HoldStatus.COMMITTED, HoldStatus.TERMINATED):
                     # Bound, and decisions are final: whatever is still queued for the pod (a
                     # replay of `pods` after a restart, a second claim) is moot. Terminated
                     # too: only a committed hold is, even one terminated at once on its commit

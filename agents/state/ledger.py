@@ -83,6 +83,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from agents.ports import Output, Problem
@@ -106,8 +107,30 @@ from schemas.records import (
     Yield,
 )
 
-PENDING, BOUND, DELETED, TERMINATED = "pending", "bound", "deleted", "terminated"
-ACCEPTED, RELEASED, WAITING, REQUEUED, IGNORED = "accepted", "released", "waiting", "requeued", "ignored"
+
+class PodStatus(StrEnum):
+    """A pod in a decision key's ledger (`PodEntry.status`)."""
+
+    PENDING = "pending"  # not bound yet: its holds are decided as they come
+    BOUND = "bound"  # a Binding went out; final
+    DELETED = "deleted"  # deleted before it was bound
+    TERMINATED = "terminated"  # bound, then gone
+
+
+class Outcome(StrEnum):
+    """What a hold's Held or Rejected got (`LedgerState.decisions`; a requeue is recorded as
+    `requeued:<attempt>`)."""
+
+    ACCEPTED = "accepted"
+    RELEASED = "released"
+    WAITING = "waiting"  # a gang member held, its gang not complete yet
+    REQUEUED = "requeued"
+    IGNORED = "ignored"
+
+
+PENDING, BOUND, DELETED, TERMINATED = PodStatus.PENDING, PodStatus.BOUND, PodStatus.DELETED, PodStatus.TERMINATED
+ACCEPTED, RELEASED, WAITING, REQUEUED, IGNORED = (Outcome.ACCEPTED, Outcome.RELEASED, Outcome.WAITING,
+                                                  Outcome.REQUEUED, Outcome.IGNORED)
 
 REASON_TIMEOUT = "gang waiting time exceeded"
 FELLOW_GRACE_S = 15.0  # after a fellow refusal: how long the round may still wait

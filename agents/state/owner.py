@@ -86,6 +86,7 @@ from schemas.records import (
     Commit,
     GangHold,
     Held,
+    HoldStatus,
     Node,
     NodeDeleted,
     NodeStateChange,
@@ -104,7 +105,8 @@ from schemas.records import (
     Yield,
 )
 
-HELD, COMMITTED, RELEASED, REJECTED, TERMINATED = "held", "committed", "released", "rejected", "terminated"
+HELD, COMMITTED, RELEASED, REJECTED, TERMINATED = (HoldStatus.HELD, HoldStatus.COMMITTED, HoldStatus.RELEASED,
+                                                   HoldStatus.REJECTED, HoldStatus.TERMINATED)
 COUNTED = (HELD, COMMITTED)
 
 REASON_NODE_NOT_FOUND = "node not found"
