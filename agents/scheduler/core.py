@@ -125,7 +125,8 @@ class SchedulerCore:
         # fits), error (Reserve or Permit refused). A claim the owner refuses is a new attempt.
         self.attempts: Counter[tuple[str, str]] = Counter()
         self._arrival = 0
-        self._group_arrival: dict[str, int] = {}  # decision key -> arrival of its first pod
+        self._group_arrival: dict[str, int] = {}  # gang's decision key -> arrival of its first pod
+        self._gang_members: dict[str, int] = {}  # gang's decision key -> its uids in decision_keys
         # Request vectors by request map: pods of one template share one (read-only) vector.
         self._requests: dict[tuple[tuple[str, int], ...], tuple[Vector, npt.NDArray[np.intp], bytes]] = {}
 
@@ -146,7 +147,11 @@ class SchedulerCore:
             if len(self._requests) > 65536:
                 self._requests.clear()
             known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
-        key = self.decision_keys.setdefault(pod.uid, decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid))
+        key = self.decision_keys.get(pod.uid)
+        if key is None:
+            key = self.decision_keys[pod.uid] = decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid)
+            if key != pod.uid:
+                self._gang_members[key] = self._gang_members.get(key, 0) + 1
         qos, priority = koordinator.defaults(pod)
         info = PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
                        priority=priority, qos=qos)
@@ -201,7 +206,8 @@ class SchedulerCore:
             return []
         self._arrival += 1
         info.arrival = self._arrival
-        info.group_arrival = self._group_arrival.setdefault(info.decision_key, self._arrival)
+        info.group_arrival = self._arrival if info.decision_key == pod.uid \
+            else self._group_arrival.setdefault(info.decision_key, self._arrival)
         if tracked is not None:
             info.attempt = tracked.info.attempt
         info.attempt = max(info.attempt, self.requeued.pop(pod.uid, 0))
@@ -215,6 +221,7 @@ class SchedulerCore:
             deleted.namespace, deleted.labels, deleted.annotations, deleted.uid)
         self.bound.discard(deleted.uid)
         self.requeued.pop(deleted.uid, None)
+        self._forget_key(deleted.uid)
         outputs: list[Output] = []
         tracked = self.pods.pop(deleted.uid, None)
         if tracked is not None:
@@ -231,6 +238,19 @@ class SchedulerCore:
             annotations=deleted.annotations, decision_key=key,
         )))
         return outputs
+
+    def _forget_key(self, uid: str) -> None:
+        """A deleted pod leaves the decision keys, and a gang whose every pod was deleted
+        leaves the arrival order (nothing of a deleted pod stays in the replica's maps)."""
+        key = self.decision_keys.pop(uid, None)
+        if key is None or key == uid:
+            return
+        left = self._gang_members.get(key, 1) - 1
+        if left > 0:
+            self._gang_members[key] = left
+        else:
+            self._gang_members.pop(key, None)
+            self._group_arrival.pop(key, None)
 
     def requeue(self, requeue: Requeue) -> None:
         """Retry a claimed pod with the decider's attempt number (always the latest it knows)."""

@@ -121,6 +121,35 @@ def test_deletion_is_forwarded_with_the_first_versions_decision_key() -> None:
     assert (out.topic, out.key) == ("holds", "ns/g")
 
 
+def test_nothing_of_a_deleted_pod_stays_in_the_replicas_maps() -> None:
+    """Issue 12: the replica kept every deleted pod's decision key and arrival for ever."""
+    core, _ = make_core(make_node("a", cpu=64000))
+    gang = {"gang.scheduling.koordinator.sh/name": "g", "gang.scheduling.koordinator.sh/min-available": "2"}
+    pods = [make_pod(f"p{i}", cpu=100) for i in range(5)] + \
+           [make_pod(f"g{i}", cpu=100, namespace="ns", annotations=gang) for i in range(2)]
+    for pod in pods:
+        core.add(pod)
+    core.requeue(Requeue(uid="late", attempt=2, decision_key="late"))  # read before its pod
+    core.schedule()
+    assert core.decision_keys and core._group_arrival == {"ns/g": core.pods["g0"].info.group_arrival}
+    for pod in [*pods, make_pod("late")]:
+        core.delete(PodDeleted(uid=pod.uid))
+    assert (core.pods, core.decision_keys, core._group_arrival, core._gang_members, core.requeued,
+            core.bound) == ({}, {}, {}, {}, {}, set())
+
+
+def test_a_gang_keeps_its_place_in_the_queue_while_some_of_its_pods_are_there() -> None:
+    core, _ = make_core()
+    gang = {"gang.scheduling.koordinator.sh/name": "g"}
+    core.add(make_pod("g0", namespace="ns", annotations=gang))
+    core.add(make_pod("solo"))
+    core.add(make_pod("g1", namespace="ns", annotations=gang))
+    assert core.pods["g1"].info.group_arrival == core.pods["g0"].info.group_arrival < core.pods["solo"].info.arrival
+    core.delete(PodDeleted(uid="g0"))
+    core.add(make_pod("g2", namespace="ns", annotations=gang))
+    assert core.pods["g2"].info.group_arrival == core.pods["g1"].info.group_arrival
+
+
 def test_reports_apply_in_arrival_order_even_when_a_restarted_owner_repeats_seq() -> None:
     core, _ = make_core(make_node("a", cpu=1000))
     core.add(make_pod("p", cpu=600))
