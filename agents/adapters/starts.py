@@ -111,16 +111,25 @@ class ReadFromStart:
                 out += await self._starts_right(key, run)
         return out
 
-    async def _starts_right(self, key: Key, run: Fetched) -> list[RawMessage]:
-        """The first run of the generation: taken if it begins at the first record."""
+    async def _probe(self, key: Key, doing: str) -> tuple[bool, int | None]:
+        """The partition's first record, and whether the answer still counts: not when the probe
+        failed (looked at again later) or a rebalance came meanwhile (the new assignment checks
+        for itself)."""
         generation = self.generation
         try:
             first = await self.probe(*key)
-        except Exception as exc:  # noqa: BLE001 - taken, and the next run is checked instead
-            log.warning("%s/%s: cannot check where generation %s begins (%r)", *key, generation, exc)
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.warning("%s/%s: cannot %s (%r)", *key, doing, exc)
+            return False, None
+        return generation == self.generation and key in self.owned, first
+
+    async def _starts_right(self, key: Key, run: Fetched) -> list[RawMessage]:
+        """The first run of the generation: taken if it begins at the first record (taken too
+        when that cannot be told now: the next run is checked instead)."""
+        generation = self.generation
+        counts, first = await self._probe(key, f"check where generation {generation} begins")
+        if not counts:
             return run.messages
-        if generation != self.generation or key not in self.owned:
-            return run.messages  # a rebalance meanwhile: the new assignment checks for itself
         if key in self.resume_at:  # the watch sought it back meanwhile
             return await self._resumed(key, run)
         if key in self.started or first is None or run.first_offset <= first:
@@ -184,13 +193,8 @@ class ReadFromStart:
                 if key in self.resume_at:
                     await self._seek_again(key)
                     continue
-                try:
-                    first = await self.probe(*key)
-                except Exception as exc:  # noqa: BLE001 - looked at again next time
-                    log.warning("%s/%s: cannot look for unread records (%r)", *key, exc)
-                    continue
-                if (generation != self.generation or key not in self.owned or key in self.started
-                        or key in self.resume_at):
+                counts, first = await self._probe(key, "look for unread records")
+                if not counts or generation != self.generation or key in self.started or key in self.resume_at:
                     continue
                 if first is None:
                     self.started.add(key)  # empty: what comes later is fetched as it comes
