@@ -26,9 +26,10 @@ test: $(STAMP) kafka
 	$(BIN)/python -m pytest -q
 
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
-# broker killed -9 under load, then the independent check) on Apache Kafka and on Tansu.
+# broker killed -9 under load, then the independent check) on Apache Kafka and on Tansu, the
+# state retention on both brokers, and the quick soak (state stays flat) on Tansu.
 e2e: $(STAMP) kafka
-	$(BIN)/python -m pytest -q -m e2e tests/e2e
+	$(BIN)/python -m pytest -q -m e2e tests/e2e tests/integration/test_retention.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

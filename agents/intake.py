@@ -34,6 +34,7 @@ class RawMessage:
     partition: int
     offset: int
     origin: Origin | None = None  # the producer's, from the headers
+    timestamp: float = 0.0  # the record's time in the log (s; 0: unknown)
 
 
 def origin_headers(origin: Origin) -> list[tuple[str, bytes]]:
@@ -90,6 +91,11 @@ class Intake:
         for record in self.records:
             groups.setdefault(key(record), []).append(record)
         return groups
+
+    def log_times(self, records: Iterable[Record]) -> list[float]:
+        """Each record's time in the log (its message's timestamp; 0 when unknown)."""
+        sources = self.sources
+        return [src.timestamp if (src := sources.get(id(r))) is not None else 0.0 for r in records]
 
     def problem_letters(self, problems: Iterable[Problem]) -> list[Output]:
         letters = []

@@ -74,3 +74,4 @@ class AgentConfig:
     batch_size: int = 1000
     batch_within_s: float = 0.01
     table_name: str = ""
+    retention_s: float = 600.0  # owners and deciders: see agents.state.retention

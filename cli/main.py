@@ -194,11 +194,29 @@ def cmd_perf_chaos(args: argparse.Namespace) -> int:
     return 0 if succeeded(result) else 1
 
 
+def cmd_perf_soak(args: argparse.Namespace) -> int:
+    from perf.soak import SoakConfig, run_soak
+
+    cfg = SoakConfig.preset(args.broker, args.quick, args.seed)
+    try:
+        result = asyncio.run(run_soak(cfg, _settings(args)))
+    except (ValueError, TimeoutError, OSError) as exc:
+        console.print(f"[red]perf run soak: {exc}[/red]")
+        return 2
+    console.print_json(json.dumps(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if not result["pods_double_bound"] and not result["nodes_overcommitted"] else 1
+
+
 def cmd_perf_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.scenario == "chaos":
         return cmd_perf_chaos(args)
+    if args.scenario == "soak":
+        return cmd_perf_soak(args)
 
     from perf import scenario
     from perf.run import RunOptions, report, run_scenario
@@ -384,7 +402,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--pods-csv", help="a trace scenario's pod list (alibaba: openb_pod_list_default.csv)")
     r.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                    help="the broker a run starts: the embedded Tansu, or Apache Kafka (`make kafka`)")
-    r.add_argument("--seed", type=int, default=1, help="chaos: the seed of the workload and of the kills")
+    r.add_argument("--seed", type=int, default=1, help="chaos and soak: the seed of the workload (and of the kills)")
     r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")

@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -81,12 +81,15 @@ async def wait_decided(collector: Collector, uids: set[str], stall_s: float) -> 
 
 
 @contextlib.asynccontextmanager
-async def system(settings: Settings, bootstrap: str = "", layout: str = "split", broker_kind: str = "tansu"
+async def system(settings: Settings, bootstrap: str = "", layout: str = "split", broker_kind: str = "tansu",
+                 metrics_ports: Sequence[int] = (), extra_env: Mapping[str, str] | None = None,
                  ) -> AsyncIterator[tuple[Settings, list[Any]]]:
     """The real system for a run: a broker (unless `bootstrap` names one: the embedded Tansu,
     or with `broker_kind="kafka"` Apache Kafka from `make kafka`), the topics, and the workers
-    (`split`: a scheduler process and a state process; `single`: one). Yields the settings
-    pointing at the broker and the worker processes; stops everything after."""
+    (`split`: a state process and a scheduler process, in that order; `single`: one). With
+    `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to every worker.
+    Yields the settings pointing at the broker and the worker processes; stops everything
+    after."""
     broker: Any = None
     if not bootstrap:
         if broker_kind == "kafka":
@@ -101,7 +104,8 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
         bootstrap = broker.bootstrap
     env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
            "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions),
-           **({"KOORDSTREAM_SCHEDULING_PROFILES": settings.scheduling.profiles} if settings.scheduling.profiles else {})}
+           **({"KOORDSTREAM_SCHEDULING_PROFILES": settings.scheduling.profiles} if settings.scheduling.profiles else {}),
+           **(extra_env or {})}
     workers: list[Any] = []
     try:
         await wait_ready(bootstrap, timeout_s=120.0)
@@ -109,7 +113,9 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
         await prepare(settings)
         worker = [sys.executable, "-m", "cli.main", "worker"]
         commands = [worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if layout == "split" else [worker]
-        workers = [spawn_tied(cmd, env=env) for cmd in commands]
+        workers = [spawn_tied(cmd, env={**env, **({"KOORDSTREAM_WORKER_METRICS_PORT": str(metrics_ports[i])}
+                                                   if i < len(metrics_ports) else {})})
+                   for i, cmd in enumerate(commands)]
         yield settings, workers
     finally:
         for proc in workers:

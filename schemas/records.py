@@ -318,6 +318,10 @@ class Claim(Record):
     quota: str = ""  # the elastic quota the pod counts against
     reservation: str = ""  # the uid of the reservation the pod consumes first
     reserving: Reservation | None = None  # set when the claim is for a reservation itself
+    # Wall time (s) when the scheduler began the cycle that placed it; owners and deciders
+    # refuse a claim (and its answer) that reaches them later than half the state retention
+    # (docs/architecture.md, "How long state is kept"). 0: not stamped.
+    scheduled_at: float = 0.0
     kind: str = field(default="Claim", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -342,6 +346,7 @@ class Held(Record):
     gang_strict: bool = True
     nominated_node: str = ""
     devices: tuple[str, ...] = ()  # as claimed; the decider writes them on the Binding
+    scheduled_at: float = 0.0  # the claim's
     kind: str = field(default="Held", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -360,6 +365,7 @@ class Rejected(Record):
     reason: str
     soft: bool = False  # the owner asked a lower-ranked gang to yield: retry, no Strict give-up
     fellow: bool = False  # only fellow members of its own gang hold what it asked for: no Strict give-up
+    scheduled_at: float = 0.0  # the claim's
     kind: str = field(default="Rejected", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import faust
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.registry import CollectorRegistry
 
 from agents.adapters import deciders, owners
 from agents.adapters import scheduler as scheduler_agent
@@ -152,7 +153,8 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
     outbox = PartitionedOutbox(send, p)
 
     def config(table: str = "") -> AgentConfig:
-        return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table)
+        return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table,
+                           retention_s=settings.worker.state_retention_s)
 
     if "state" in settings.worker.roles:
         k = settings.kafka
@@ -164,12 +166,16 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
             make_outbox=lambda send_fn: PartitionedOutbox(send_fn, p))
         # With transactions the input offsets are committed inside each batch's transaction:
         # faust must not commit them too (acks off on the channel).
-        owners.register(app, _channel(app, topics.NODES, partitions=p),
-                        _channel(app, topics.NODE_INBOX, partitions=p, acks=not transactions), outbox,
-                        config(TABLE_NODE_STATE), txns)
-        deciders.register(app, _channel(app, topics.HOLDS, partitions=p, acks=not transactions), outbox,
-                          config(TABLE_POD_LEDGER), txns)
+        loops = [
+            owners.register(app, _channel(app, topics.NODES, partitions=p),
+                            _channel(app, topics.NODE_INBOX, partitions=p, acks=not transactions), outbox,
+                            config(TABLE_NODE_STATE), txns),
+            deciders.register(app, _channel(app, topics.HOLDS, partitions=p, acks=not transactions), outbox,
+                              config(TABLE_POD_LEDGER), txns),
+        ]
     if "scheduler" not in settings.worker.roles:
+        if settings.worker.metrics_port:
+            _serve_metrics(app, registry_for(loops=loops), settings.worker.metrics_port)
         return
 
     service = SchedulerService(build_core(settings), outbox, time.monotonic, s.batch_size)
@@ -186,11 +192,16 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
         await feed_state_changes(settings, service)
 
     if settings.worker.metrics_port:
-        @app.task  # type: ignore[untyped-decorator]
-        async def metrics_endpoint() -> None:
-            server = await serve_metrics(registry_for(service.core), settings.worker.metrics_port)
-            async with server:
-                await server.serve_forever()
+        _serve_metrics(app, registry_for(service.core, loops if "state" in settings.worker.roles else None),
+                       settings.worker.metrics_port)
+
+
+def _serve_metrics(app: faust.App, registry: CollectorRegistry, port: int) -> None:
+    @app.task  # type: ignore[untyped-decorator]
+    async def metrics_endpoint() -> None:
+        server = await serve_metrics(registry, port)
+        async with server:
+            await server.serve_forever()
 
 
 def build_core(settings: Settings) -> SchedulerCore:

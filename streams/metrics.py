@@ -12,14 +12,33 @@ batches). What is exported, read from the scheduler core at each scrape:
   under this name; ours is a summary with its `_sum` and `_count` only: a call here covers a
   whole equivalence class or a whole node axis, so per-call buckets would not compare;
 - `scheduler_framework_extension_point_duration_seconds{extension_point, profile}`: the same
-  summed over the plugins of each extension point.
+  summed over the plugins of each extension point;
+- `koordstream_replica_map_entries{map}`: what the scheduler replica keeps, map by map (pods
+  tracked, decision keys, bound uids, requeues read ahead of their pods, gangs, assumptions,
+  pods held until their partition is read).
+
+A worker with the state role serves, on its own `worker.metrics_port`, what the owners and
+deciders keep and write (the soak benchmark reads them, `perf/soak.py`):
+
+- `koordstream_table_keys{table}`, `koordstream_table_entries{table}` (holds at the owners,
+  pods at the deciders), `koordstream_table_bytes{table}` and `koordstream_table_sized_keys`
+  (the values as last written by this worker, and how many keys that covers);
+- `koordstream_changelog_bytes_total{table}`, `koordstream_changelog_records_total{table}`,
+  `koordstream_table_deleted_keys_total{table}`;
+- `koordstream_batches_total{agent}` and `koordstream_swept_keys_total{agent}` (keys applied
+  with no records because they had something to forget).
+
+Both serve `koordstream_process_cpu_seconds_total` and `koordstream_process_resident_bytes`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import (
@@ -30,7 +49,22 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from agents.adapters.loop import StatefulLoop
 from agents.scheduler.core import SchedulerCore
+
+
+def _process() -> Iterator[Metric]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = CounterMetricFamily("koordstream_process_cpu_seconds", "CPU time of this worker process (user + system).")
+    cpu.add_metric([], usage.ru_utime + usage.ru_stime)
+    yield cpu
+    rss = GaugeMetricFamily("koordstream_process_resident_bytes", "Resident memory of this worker process.")
+    try:
+        with open("/proc/self/statm") as f:
+            rss.add_metric([], int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except OSError:
+        rss.add_metric([], usage.ru_maxrss * 1024)
+    yield rss
 
 
 class SchedulerMetrics(Collector):
@@ -63,11 +97,59 @@ class SchedulerMetrics(Collector):
                 points.add_metric([point, name], count_value=calls, sum_value=ns / 1e9)
         yield plugins
         yield points
+        maps = GaugeMetricFamily("koordstream_replica_map_entries", "Entries the scheduler replica keeps, by map.",
+                                 labels=["map"])
+        for name, count in sorted(self.core.map_sizes().items()):
+            maps.add_metric([name], count)
+        yield maps
+        yield from _process()
 
 
-def registry_for(core: SchedulerCore) -> CollectorRegistry:
+class StateMetrics(Collector):
+    """What the owners' and deciders' loops keep and write (see the module docstring)."""
+
+    def __init__(self, loops: list[StatefulLoop]) -> None:
+        self.loops = loops
+
+    def collect(self) -> Iterator[Metric]:
+        def family(kind: type[Any], name: str, text: str, label: str) -> Any:
+            return kind(name, text, labels=[label])
+
+        keys = family(GaugeMetricFamily, "koordstream_table_keys", "Keys in the table held here.", "table")
+        entries = family(GaugeMetricFamily, "koordstream_table_entries",
+                         "Holds (owners) or pods (deciders) in the table held here.", "table")
+        stored = family(GaugeMetricFamily, "koordstream_table_bytes",
+                        "Bytes of the table's values as last written here.", "table")
+        sized = family(GaugeMetricFamily, "koordstream_table_sized_keys",
+                       "Keys that koordstream_table_bytes covers.", "table")
+        written = family(CounterMetricFamily, "koordstream_changelog_bytes", "Changelog bytes written.", "table")
+        records = family(CounterMetricFamily, "koordstream_changelog_records", "Changelog records written.", "table")
+        deleted = family(CounterMetricFamily, "koordstream_table_deleted_keys", "Keys forgotten (tombstones).", "table")
+        batches = family(CounterMetricFamily, "koordstream_batches", "Micro-batches processed.", "agent")
+        swept = family(CounterMetricFamily, "koordstream_swept_keys", "Keys applied with no records.", "agent")
+        for loop in self.loops:
+            table = loop.table
+            name = table.table.name
+            states = [state for _, state in table.states()]
+            keys.add_metric([name], len(states))
+            entries.add_metric([name], sum(len(st.get("holds") or st.get("pods") or ()) for st in states))
+            stored.add_metric([name], table.stored_bytes())
+            sized.add_metric([name], len(table.sizes))
+            written.add_metric([name], table.written_bytes)
+            records.add_metric([name], table.written_records)
+            deleted.add_metric([name], table.deleted_keys)
+            batches.add_metric([loop.name], loop.batches)
+            swept.add_metric([loop.name], loop.swept)
+        yield from (keys, entries, stored, sized, written, records, deleted, batches, swept)
+        yield from _process()
+
+
+def registry_for(core: SchedulerCore | None = None, loops: list[StatefulLoop] | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SchedulerMetrics(core))
+    if core is not None:
+        registry.register(SchedulerMetrics(core))
+    if loops:
+        registry.register(StateMetrics(loops))
     return registry
 
 

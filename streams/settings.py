@@ -94,6 +94,12 @@ class WorkerSettings:
     started from any directory, several on one host, never share one. The tables live in
     memory and in their changelogs: nothing there is needed after a restart. Give each worker
     of a host its own folder when you set it."""
+    state_retention_s: float = 600.0
+    """How long owners and deciders keep what a finished pod leaves (a released, rejected or
+    terminated hold, a tombstone, a deleted pod's decisions), in log time. Claims older than
+    half of it are refused (docs/architecture.md, "How long state is kept"). It must be far
+    longer than a consumer session, a restore and the producers' delivery timeout, and longer
+    than twice the clock difference between hosts."""
     shutdown_deadline_s: float = 4.0
     """After SIGTERM/SIGINT the worker process exits at the latest after this long.
 
@@ -115,6 +121,9 @@ class Settings:
             raise SettingsError(f"kafka.transactions: must be auto, on or off, got {self.kafka.transactions!r}")
         if self.scheduling.batch_size < 1:
             raise SettingsError(f"scheduling.batch_size: must be at least 1, got {self.scheduling.batch_size}")
+        if not self.worker.state_retention_s > 0:
+            raise SettingsError(f"worker.state_retention_s: must be a positive number of seconds, "
+                                f"got {self.worker.state_retention_s}")
         unknown = set(self.worker.roles) - set(ROLES)
         if unknown or not self.worker.roles:
             raise SettingsError(f"worker.roles: choose from {', '.join(ROLES)}, got {list(self.worker.roles)!r}")

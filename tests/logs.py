@@ -21,6 +21,19 @@ class Actor:
     saved_state: object = None
     saved_pos: int = 0
     outgoing: list[Output] = field(default_factory=list)  # produced, not yet on the broker
+    times: list[float] = field(default_factory=list)  # log times of the records read so far
+    clock: float = 0.0  # the newest log time decided (the loop's partition clock, in the table)
+    saved_clock: float = 0.0
+
+    def take_timed(self, now: float) -> tuple[Record, float] | None:
+        """The next input record with its log time: the time it was first read (`now` then),
+        the same whenever it is read again."""
+        record = self.take()
+        if record is None:
+            return None
+        while len(self.times) < self.pos:
+            self.times.append(now)
+        return record, self.times[self.pos - 1]
 
     def take(self) -> Record | None:
         """The next input record, if any."""
@@ -32,6 +45,7 @@ class Actor:
     def persist_state(self) -> None:
         """The table's changelog caught up; the input offset may still lag behind."""
         self.saved_state = copy.deepcopy(self.state)
+        self.saved_clock = self.clock
 
     def commit(self) -> None:
         """Offset commit: only once every output is acknowledged (and the table flushed)."""
@@ -41,4 +55,5 @@ class Actor:
 
     def crash(self) -> None:
         self.state, self.pos = copy.deepcopy(self.saved_state), self.saved_pos
+        self.clock = self.saved_clock
         self.outgoing.clear()  # whatever was not yet acknowledged is lost

@@ -48,7 +48,8 @@ class Fetched:
 
 def to_raw(event: Any) -> RawMessage:
     m = event.message
-    return RawMessage(event.value, m.topic, m.partition, m.offset, origin_from_headers(m.headers))
+    return RawMessage(event.value, m.topic, m.partition, m.offset, origin_from_headers(m.headers),
+                      float(m.timestamp or 0.0))
 
 
 def split(events: Sequence[Any]) -> list[Fetched]:

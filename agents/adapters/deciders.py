@@ -36,6 +36,7 @@ from agents.adapters.tables import read_state
 from agents.adapters.timers import TimerRequest
 from agents.ports import AgentConfig, Outbox, Output
 from agents.state.ledger import TERMINATED, Decider, Decision, LedgerState
+from agents.state.retention import DEFAULT_RETENTION_S
 from schemas import topics
 from schemas.records import (
     Binding,
@@ -66,17 +67,18 @@ def gang_timer(key: str, round_: int, seconds: float) -> TimerRequest:
 class DeciderCore:
     kinds: tuple[type[Record], ...] = HOLDS_KINDS
 
-    def __init__(self) -> None:
-        self.decider = Decider()
+    def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self.decider = Decider(retention_s)
 
     def key_of(self, record: Record) -> str:
         return key_of(record)
 
-    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], outcome: Outcome) -> dict[str, Any]:
+    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
+              now: float, outcome: Outcome) -> dict[str, Any] | None:
         state = read_state("pod-ledger", key, stored, LedgerState.from_json) if stored else LedgerState(key)
         terminated = {uid for uid, entry in state.pods.items() if entry.status == TERMINATED}
         decision = Decision()
-        self.decider.apply(state, records, decision)
+        self.decider.apply(state, records, decision, times, now)
         bindings = [o for o in decision.after_commit
                     if not (isinstance(o.record, Binding) and o.record.uid in terminated)]
         bound = {o.record.uid for o in bindings if isinstance(o.record, Binding)}
@@ -88,7 +90,7 @@ class DeciderCore:
         outcome.after += bindings
         outcome.problems += decision.problems
         outcome.timers += [gang_timer(k, r, s) for k, r, s in decision.timers]
-        return state.to_json()
+        return None if Decider.empty(state) else state.to_json()
 
     def timers(self, key: str, raw: dict[str, Any]) -> list[TimerRequest]:
         """A full waiting time for a restored gang that is still waiting."""
@@ -96,10 +98,15 @@ class DeciderCore:
             return [gang_timer(key, int(raw.get("round", 0)), float(raw["timer_s"]))]
         return []
 
+    def expires(self, key: str, raw: dict[str, Any]) -> float:
+        """When the key's first deleted pod may be forgotten (log time; 0: none)."""
+        gone = [p["gone"] for p in raw.get("pods", {}).values() if p.get("gone")]
+        return min(gone) + self.decider.retention_s if gone else 0.0
+
     def prune(self, keys: Collection[str]) -> None:
         return None
 
 
 def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig,
              transactions: Transactions | None = None) -> StatefulLoop:
-    return register_stateful(app, "deciders", holds, DeciderCore(), outbox, config, transactions or Transactions())
+    return register_stateful(app, "deciders", holds, DeciderCore(config.retention_s), outbox, config, transactions or Transactions())

@@ -13,8 +13,12 @@ generation (`agents.adapters.batches.Fetched`):
    partition's fence: an older epoch of an origin after a newer one in that partition's log;
    the fence starts afresh whenever the partition is read again from an earlier offset), group
    by the core's key, apply the core to each key's table entry, put the new state in the table
-   (in memory) and stamp the key's outputs with their origin: the input partition and the
-   epoch of the generation the run was fetched in (`VersionedState.epoch`);
+   (in memory; a key the core returns nothing for is deleted, and its changelog gets a
+   tombstone) and stamp the key's outputs with their origin: the input partition and the
+   epoch of the generation the run was fetched in (`VersionedState.epoch`). Each record goes
+   in with its log time, and the run with the newest of them (`now`): then the keys of the
+   partition that `Core.expires` said have something to forget by `now` are applied with no
+   records (docs/architecture.md, "How long state is kept");
 3. ownership is checked once more, then the sink makes the runs durable: outputs (in the
    waves `first`, `after`, `last`), changelog writes and input offsets, as one transaction per
    run on Apache Kafka (`TransactionalSink`), or, without transactions, outputs and changelog
@@ -33,6 +37,7 @@ offsets afterwards).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +54,7 @@ from schemas.records import Record
 log = logging.getLogger("koordstream.loop")
 
 WATCH_EVERY_S = 3.0  # after a restore: how often a partition with nothing read yet is looked at
+SWEEP_LIMIT = 2000  # keys with something to forget that one run applies at most (the rest wait for the next)
 
 
 @dataclass
@@ -75,8 +81,16 @@ class Core(Protocol):
         """The table key (node, decision key) a record belongs to; keyed like the input."""
         ...
 
-    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], outcome: Outcome) -> dict[str, Any]:
-        """Apply `records` to the key's stored state; return the new state (JSON)."""
+    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
+              now: float, outcome: Outcome) -> dict[str, Any] | None:
+        """Apply `records` (each with its time in the log, `times`) to the key's stored state,
+        at `now` (the newest log time of the run: what finished a retention before it may be
+        forgotten); return the new state (JSON), or None when nothing of the key is left."""
+        ...
+
+    def expires(self, key: str, state: dict[str, Any]) -> float:
+        """The log time after which the key has something to forget (0: nothing): the loop
+        then applies it with no records in the next run of its partition that is read later."""
         ...
 
     def timers(self, key: str, state: dict[str, Any]) -> list[TimerRequest]:
@@ -162,6 +176,8 @@ class StatefulLoop:
         self.next_offsets: dict[int, int] = {}  # partition -> the offset after the last one processed
         self.batches = 0
         self.repeated = 0  # messages fetched again after being processed in this assignment
+        self.expiring: dict[int, list[tuple[float, str]]] = {}  # partition -> heap of (log time, key)
+        self.swept = 0  # keys applied with no records because they had something to forget
 
     def attach(self) -> None:
         """Follow the table's rebalances (assignment, then restore)."""
@@ -173,6 +189,7 @@ class StatefulLoop:
         for partition in gone:
             self.next_offsets.pop(partition, None)
             self.fences.pop(partition, None)
+            self.expiring.pop(partition, None)
         if gone:
             log.info("%s: partitions %s revoked", self.name, sorted(gone))
             await self.sink.quiesce(gone)
@@ -192,6 +209,10 @@ class StatefulLoop:
         rearm(self.timers, partitions,
               lambda p: [t for key, state in table.states([p]) for t in core.timers(key, state)])
         core.prune(table.keys())
+        self.expiring = {}
+        for partition in partitions:
+            for key, state in table.states([partition]):
+                self._expiring(partition, key, state)
         if self.probe is not None and partitions:
             task = asyncio.ensure_future(self.watch_starts({p: self.ownership.owned.get(p, -1) for p in partitions}))
             self._watches.add(task)
@@ -292,15 +313,44 @@ class StatefulLoop:
         epoch = self.table.epoch(run.partition, run.generation)
         origin = Origin(f"{run.topic}/{run.partition}", epoch)
         outcome = Outcome()
-        for key, records in got.grouped(self.core.key_of).items():
-            first, after, last = len(outcome.first), len(outcome.after), len(outcome.last)
-            state = self.core.apply(key, self.table.get(key), records, outcome)
-            self.table.put(key, state, run.partition, epoch)
-            stamp(outcome.first, first, origin)
-            stamp(outcome.after, after, origin)
-            stamp(outcome.last, last, origin)
+        # Log times never go back within a partition's decisions: a record read again after a
+        # crash is judged as late as the latest decided before it (the clock is in the table).
+        floor = self.table.clock(run.partition)
+        now = max(floor, max((m.timestamp for m in run.messages), default=0.0))
+        groups = got.grouped(self.core.key_of)
+        for key, records in groups.items():
+            times = [max(t, floor) for t in got.log_times(records)] if floor else got.log_times(records)
+            self._apply(run.partition, epoch, key, records, times, now, outcome, origin)
+        heap = self.expiring.get(run.partition, [])
+        swept = 0
+        while heap and heap[0][0] < now and swept < SWEEP_LIMIT:
+            key = heapq.heappop(heap)[1]
+            state = self.table.get(key) if key not in groups else None
+            if state is not None and 0 < self.core.expires(key, state) < now:  # still due (not a stale entry)
+                self._apply(run.partition, epoch, key, [], [], now, outcome, origin)
+                swept += 1
+        self.swept += swept
+        self.table.advance(run.partition, now, epoch)
         outputs = outcome.first + got.dead_letters + got.problem_letters(outcome.problems)
         return Work(run, epoch, outputs, outcome.after, outcome.timers, outcome.last)
+
+    def _apply(self, partition: int, epoch: int, key: str, records: list[Record], times: list[float], now: float,
+               outcome: Outcome, origin: Origin) -> None:
+        first, after, last = len(outcome.first), len(outcome.after), len(outcome.last)
+        state = self.core.apply(key, self.table.get(key), records, times, now, outcome)
+        if state is not None:
+            self.table.put(key, state, partition, epoch)
+            self._expiring(partition, key, state)
+        elif self.table.raw(key) is not None:
+            self.table.delete(key, partition)
+        stamp(outcome.first, first, origin)
+        stamp(outcome.after, after, origin)
+        stamp(outcome.last, last, origin)
+
+    def _expiring(self, partition: int, key: str, state: dict[str, Any]) -> None:
+        at = self.core.expires(key, state)
+        if at:
+            heapq.heappush(self.expiring.setdefault(partition, []), (at, key))
 
     async def process(self, runs: Sequence[Fetched]) -> Flushed:
         self.batches += 1

@@ -29,6 +29,7 @@ from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.state import reservations as rsv
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from agents.state.retention import DEFAULT_RETENTION_S
 from schemas import topics
 from schemas.records import (
     Claim,
@@ -57,8 +58,8 @@ def node_of(record: Record) -> str:
 class OwnerCore:
     kinds: tuple[type[Record], ...] = INBOX_KINDS
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self.owner = NodeOwner()
+    def __init__(self, clock: Callable[[], float] = time.time, retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self.owner = NodeOwner(retention_s)
         self.clock = clock
         self.decoded: dict[str, tuple[dict[str, Any], NodeState]] = {}  # node -> (state JSON put, decoded)
 
@@ -69,14 +70,15 @@ class OwnerCore:
         return TimerRequest(uid, expires_at - self.clock(),
                             Output(topics.NODE_INBOX, node, ReservationExpired(uid=uid, node=node)))
 
-    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], outcome: Outcome) -> dict[str, Any]:
+    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
+              now: float, outcome: Outcome) -> dict[str, Any] | None:
         cached = self.decoded.get(key)
         if cached is not None and stored is not None and cached[0] is stored:
             state = cached[1]
         else:
             state = read_state("node-state", key, stored, NodeState.from_json) if stored else NodeState(key)
         result = OwnerResult()
-        self.owner.apply(state, records, result)
+        self.owner.apply(state, records, result, times, now)
         outcome.first += result.outputs
         outcome.problems += result.problems
         outcome.timers += [self.expiry(node, uid, at) for node, uid, at in result.timers]
@@ -96,6 +98,11 @@ class OwnerCore:
                 out.append(self.expiry(state.name, uid, expires_at))
         return out
 
+    def expires(self, key: str, state: dict[str, Any]) -> float:
+        """Owners forget in the batches of the node itself (a node with no traffic keeps what
+        it had)."""
+        return 0.0
+
     def prune(self, keys: Collection[str]) -> None:
         for key in [k for k in self.decoded if k not in keys]:
             del self.decoded[key]
@@ -112,4 +119,4 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
             forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
             await deliver(outbox, forwarded + got.dead_letters)
 
-    return register_stateful(app, "owners", inbox, OwnerCore(), outbox, config, transactions or Transactions())
+    return register_stateful(app, "owners", inbox, OwnerCore(retention_s=config.retention_s), outbox, config, transactions or Transactions())

@@ -31,16 +31,43 @@ class CommittedStart:
         self.consumer: Any = None
         self.lock = asyncio.Lock()
 
+    async def _consumer(self) -> Any:
+        if self.consumer is None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
+                                        enable_auto_commit=False,
+                                        isolation_level="read_committed" if self.read_committed
+                                        else "read_uncommitted",
+                                        auto_offset_reset="earliest", fetch_max_wait_ms=20)
+            await consumer.start()
+            self.consumer = consumer
+        return self.consumer
+
+    def _end(self, tp: TopicPartition) -> int | None:
+        end: int | None = self.consumer.last_stable_offset(tp) if self.read_committed else self.consumer.highwater(tp)
+        return end
+
+    async def end(self, topic: str, partition: int) -> int:
+        """Where the partition ends now (its last stable offset when read committed, else its
+        high watermark), as a fetch answers it (Tansu's ListOffsets answers too low, see
+        docs/architecture.md); a fetch that brings no answer raises TimeoutError."""
+        async with self.lock:
+            await self._consumer()
+            tp = TopicPartition(topic, partition)
+            self.consumer.assign([tp])  # a new assignment: no end known until a fetch answers
+            await self.consumer.seek_to_beginning(tp)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.wait_ms / 1000
+            while True:  # short polls: any fetch response carries the end, records or not
+                await self.consumer.getmany(tp, timeout_ms=20, max_records=1)
+                end = self._end(tp)
+                if end is not None:
+                    return int(end)
+                if loop.time() > deadline:
+                    raise TimeoutError(f"{topic}/{partition}: no fetch answered within {self.wait_ms} ms")
+
     async def __call__(self, topic: str, partition: int) -> int | None:
         async with self.lock:
-            if self.consumer is None:
-                consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
-                                            enable_auto_commit=False,
-                                            isolation_level="read_committed" if self.read_committed
-                                            else "read_uncommitted",
-                                            auto_offset_reset="earliest", fetch_max_wait_ms=20)
-                await consumer.start()
-                self.consumer = consumer
+            await self._consumer()
             tp = TopicPartition(topic, partition)
             committed = await self.consumer.committed(tp) if self.group_id is not None else None
             self.consumer.assign([tp])
@@ -55,7 +82,7 @@ class CommittedStart:
             # Nothing fetched: the end of the partition only if the fetch reached it (the position
             # moves past markers and aborted records); a fetch that was slow is no answer.
             position = await self.consumer.position(tp)
-            end = self.consumer.last_stable_offset(tp) if self.read_committed else self.consumer.highwater(tp)
+            end = self._end(tp)
             if end is not None and position >= end:
                 return None
             raise TimeoutError(f"{topic}/{partition}: no record fetched from offset {position} within "

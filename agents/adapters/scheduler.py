@@ -2,7 +2,9 @@
 rebalance signals that tell the service which input partitions it owns.
 
 The agent only decodes and enqueues (`SchedulerService.on_inputs`), once each partition is
-known to be read from its first record in this assignment (`agents.adapters.starts`); the loop
+known to be read from its first record in this assignment (`agents.adapters.starts`). A newly
+assigned `pods` partition is held (`SchedulerService.hold`) until it is read up to where it
+ended when assigned (`catch_up`, the end from a fetch of the probe's consumer); the loop
 (`SchedulerService.run`) places ready pods in micro-batches. The replica feed that calls
 `SchedulerService.on_state_changes` lives in `streams.app`. (Moved here from
 `agents/scheduler/agent.py`, which keeps the service.)
@@ -10,6 +12,8 @@ known to be read from its first record in this assignment (`agents.adapters.star
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +26,9 @@ from agents.adapters.starts import ReadFromStart
 from agents.adapters.stateful import seeker
 from agents.ports import AgentConfig
 from agents.scheduler.agent import SchedulerService
+from schemas import topics
+
+log = logging.getLogger("koordstream.scheduler")
 
 
 def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig,
@@ -43,8 +50,29 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
 
     async def partitions_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         service.on_partitions_assigned(ours(args[0]))  # args: (assigned TPs,)
-        starts.assigned({(tp.topic, tp.partition) for tp in args[0] if tp.topic in names},
-                        app.consumer_generation_id)
+        generation = app.consumer_generation_id
+        starts.assigned({(tp.topic, tp.partition) for tp in args[0] if tp.topic in names}, generation)
+        pods = sorted(tp.partition for tp in args[0] if tp.topic in names and tp.topic == topics.PODS)
+        service.hold(pods)
+        for partition in pods:
+            task = asyncio.ensure_future(catch_up(partition, generation))
+            catching_up.add(task)
+            task.add_done_callback(catching_up.discard)
+
+    catching_up: set[asyncio.Future[None]] = set()
+
+    async def catch_up(partition: int, generation: int) -> None:
+        """Tell the service where `pods` partition ends now: its pods are placed once read
+        that far (`SchedulerService.hold`)."""
+        while generation == app.consumer_generation_id and partition in service.owned:
+            try:
+                end = await probe.end(topics.PODS, partition)
+                if generation == app.consumer_generation_id:  # else the new assignment asks for itself
+                    service.catch_up(partition, end)
+                return
+            except Exception as exc:  # noqa: BLE001 - asked again; the pods wait meanwhile
+                log.warning("pods/%s: cannot find where it ends (%r); asking again", partition, exc)
+                await asyncio.sleep(1.0)
 
     # After every rebalance faust resumes the input partitions, seeks them to their committed
     # offsets, then resumes flow control, which clears every stream queue: messages fetched
@@ -59,6 +87,8 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
 
     async def shutdown(sender: Any, **kwargs: Any) -> None:
         starts.close()
+        for task in catching_up:
+            task.cancel()
         await probe.close()
 
     # mode's SignalHandlerT admits no function under mypy (its NamedArg "signal"), hence the ignores.

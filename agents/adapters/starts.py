@@ -40,11 +40,12 @@ Key = tuple[str, int]  # (topic, partition)
 
 
 class ReadFromStart:
-    def __init__(self, probe: Probe, seek: Seek, reread: Callable[[int], None] = lambda partition: None,
+    def __init__(self, probe: Probe, seek: Seek, reread: Callable[[int, str], None] = lambda partition, topic: None,
                  watch_every_s: float = WATCH_EVERY_S,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        """`reread(partition)` is told before a partition is read again from its first record
-        (the scheduler's input fence for it starts afresh, `SchedulerService.reread`)."""
+        """`reread(partition, topic)` is told before a partition is read again from its first
+        record (the scheduler's input fence for it starts afresh, and a `pods` partition waits
+        until read as far as before: `SchedulerService.reread`)."""
         self.probe = probe
         self.seek = seek
         self.reread = reread
@@ -155,7 +156,7 @@ class ReadFromStart:
         """Seek back to `offset` and await it. A seek that fails (the partition left the
         consumer's assignment in a rebalance) is made again by the watch or the next run."""
         self.resume_at[key] = offset
-        self.reread(key[1])
+        self.reread(key[1], key[0])
         try:
             await self.seek(*key, offset)
         except Exception as exc:  # noqa: BLE001 - never out of the agent: its batch would be lost

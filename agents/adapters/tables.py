@@ -97,9 +97,11 @@ class VersionedTable(Table[bytes, Any]):
                 newest[key] = value
                 kept.append(event)
                 partition = event.message.partition
-                self.partition_of[key] = partition
                 if value is not None:
+                    self.partition_of[key] = partition
                     restored[partition] = max(restored.get(partition, -1), value["epoch"])
+                else:  # forgotten (`VersionedState.delete`)
+                    self.partition_of.pop(key, None)
             elif value["epoch"] == current["epoch"]:  # type: ignore[index]
                 # This worker's own earlier write, read again: faust resumes the restore of a
                 # partition kept across a rebalance from where its last restore ended.
@@ -135,8 +137,16 @@ class VersionedTable(Table[bytes, Any]):
         self.app.flow_control.suspend()
 
 
+CLOCK_PREFIX = b"\x00clock/"  # the key of a partition's log clock (`VersionedState.clock`)
+
+
 class VersionedState:
-    """Read and write one agent's table; values are JSON states (see module docstring)."""
+    """Read and write one agent's table; values are JSON states (see module docstring).
+
+    Besides the cores' keys, each partition has one key of the loop's own, `\x00clock/<p>`:
+    the newest log time decided from that partition (`clock`, `advance`), written with the
+    run's states, so that a record replayed after a crash is judged at least as late as
+    anything that was decided before it (docs/architecture.md, "How long state is kept")."""
 
     def __init__(self, app: faust.App, name: str, partitions: int) -> None:
         self.app = app
@@ -145,7 +155,14 @@ class VersionedState:
         self.table = VersionedTable(app, name=name, default=None, partitions=partitions, use_partitioner=True,
                                     key_type=bytes)
         app.tables.add(self.table)
-        self._dirty: dict[int, dict[bytes, None]] = {}  # partition -> keys put since the last write
+        self._dirty: dict[int, dict[bytes, None]] = {}  # partition -> keys put or deleted since the last write
+        self._deleted: dict[int, set[bytes]] = {}  # partition -> keys deleted since the last write
+        # What this worker wrote to the changelog: per key the size of its last value, and the
+        # totals written (the soak benchmark's figures, `streams.metrics`).
+        self.sizes: dict[bytes, int] = {}
+        self.written_bytes = 0
+        self.written_records = 0
+        self.deleted_keys = 0
 
     def on_assigned(self, hook: AssignedHook) -> None:
         """`hook(assigned, revoked, generation)` runs on every assignment, before the restore."""
@@ -164,13 +181,25 @@ class VersionedState:
         return None if wrapped is None else wrapped["state"]  # type: ignore[no-any-return]
 
     def states(self, partitions: Collection[int] | None = None) -> list[tuple[str, dict[str, Any]]]:
-        """Every (key, state) this worker holds, of `partitions` (default: all it holds)."""
+        """Every (key, state) this worker holds, of `partitions` (default: all it holds); not
+        the partitions' clocks."""
         partition_of = self.table.partition_of
         return [(key.decode(), value["state"]) for key, value in list(self.table.data.items())
-                if value and (partitions is None or partition_of.get(key) in partitions)]
+                if value and not key.startswith(CLOCK_PREFIX)
+                and (partitions is None or partition_of.get(key) in partitions)]
 
     def keys(self) -> set[str]:
-        return {key.decode() for key in self.table.data}
+        return {key.decode() for key in self.table.data if not key.startswith(CLOCK_PREFIX)}
+
+    def clock(self, partition: int) -> float:
+        """The newest log time decided from `partition` (0: none), as restored or advanced."""
+        value = self.table.data.get(CLOCK_PREFIX + str(partition).encode())
+        return float(value["state"]["now"]) if value else 0.0
+
+    def advance(self, partition: int, now: float, epoch: int) -> None:
+        """Move the partition's clock to `now` (never back), written with the run's states."""
+        if now > self.clock(partition):
+            self.put((CLOCK_PREFIX + str(partition).encode()).decode(), {"now": now}, partition, epoch)
 
     def epoch(self, partition: int, generation: int) -> int:
         """The epoch of what is decided from `partition`'s records fetched in `generation`."""
@@ -185,10 +214,30 @@ class VersionedState:
         self.table.partition_of[raw_key] = partition
         self._dirty.setdefault(partition, {})[raw_key] = None
 
+    def delete(self, key: str, partition: int) -> None:
+        """Forget a key in memory; `write_changelog` writes its tombstone (a null value, which
+        compaction removes in the end, and a restore applies as a deletion)."""
+        raw_key = key.encode()
+        self.table.data.pop(raw_key, None)
+        self.table.partition_of.pop(raw_key, None)
+        self.sizes.pop(raw_key, None)
+        self.deleted_keys += 1
+        self._dirty.setdefault(partition, {})[raw_key] = None
+        self._deleted.setdefault(partition, set()).add(raw_key)
+
+    def stored_bytes(self) -> int:
+        """The bytes of the values this worker holds, as last written here (keys restored and
+        not written since are not counted; keys gone with their partition are dropped)."""
+        data = self.table.data
+        for key in [k for k in self.sizes if k not in data]:
+            del self.sizes[key]
+        return sum(self.sizes.values())
+
     def discard(self, partition: int) -> None:
         """Forget the keys put for `partition` since its last write (its batch is dropped; the
         values stay in memory until the next restore, see docs: a replay re-sends them)."""
         self._dirty.pop(partition, None)
+        self._deleted.pop(partition, None)
 
     @property
     def changelog(self) -> str:
@@ -210,12 +259,20 @@ class VersionedState:
         acks: list[Awaitable[object]] = []
         for partition in chosen:
             keys = self._dirty.pop(partition)
+            deleted = self._deleted.pop(partition, set())
             batch = producer.create_batch()
             for key in keys:
                 wrapped = data.get(key)
-                if wrapped is None:  # forgotten by a restore meanwhile (the partition moved)
+                value: bytes | None
+                if wrapped is not None:
+                    value = orjson.dumps(wrapped)
+                    self.sizes[key] = len(value)
+                    self.written_bytes += len(value)
+                elif key in deleted:
+                    value = None  # a tombstone
+                else:  # forgotten by a restore meanwhile (the partition moved)
                     continue
-                value = orjson.dumps(wrapped)
+                self.written_records += 1
                 if batch.append(key=key, value=value, timestamp=None) is None:  # full: send, start another
                     if batch.record_count():
                         acks.append(await producer.send_batch(batch, topic, partition=partition))

@@ -39,7 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import replace
 
 from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import Clock, Outbox, Output, deliver
@@ -53,6 +55,7 @@ from schemas.records import (
     Pod,
     PodDeleted,
     ProfilingSample,
+    Record,
     Requeue,
     Reservation,
 )
@@ -62,12 +65,19 @@ MAX_IN_FLIGHT = 4  # batches sent and not yet acknowledged
 log = logging.getLogger("koordstream.scheduler")
 
 
+def stamped(outputs: list[Output], started: float) -> list[Output]:
+    """The cycle's claims with the wall time it began (`Claim.scheduled_at`)."""
+    return [Output(o.topic, o.key, replace(o.record, scheduled_at=started)) if isinstance(o.record, Claim) else o
+            for o in outputs]
+
+
 class SchedulerService:
     def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Clock, batch_size: int, *,
-                 partitions: int | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
+                 partitions: int | None = None, max_in_flight: int = MAX_IN_FLIGHT, wall: Clock = time.time) -> None:
         self.core = core
         self.outbox = outbox
         self.clock = clock
+        self.wall = wall  # stamps claims (`Claim.scheduled_at`): compared with log times elsewhere
         self.batch_size = batch_size
         # Partitions of `pods` / `requeue`: records read elsewhere than their uid's partition are
         # forwarded home. None (no re-keying) until known: `register` sets it from the config.
@@ -76,6 +86,17 @@ class SchedulerService:
         self.owned: set[int] = set()  # the last assignment reported
         self.revoked: set[int] = set()  # revoked and not assigned again: their messages are stale
         self.input_fences: dict[int, EpochFence] = {}  # per input partition: zombie deciders' requeues
+        # The catch-up gate (`hold`): per held partition of `pods`, the offset it must be read
+        # to (None: not known yet), how far this pass has read it, and the furthest read in
+        # this assignment (a pass read again from the first record must get that far too).
+        self.catch_up_to: dict[int, int | None] = {}
+        self.read_to: dict[int, int] = {}
+        self.seen_to: dict[int, int] = {}
+        self.gated = False  # `hold` was used: a Requeue of a pod not tracked is kept only while held
+        # Pods and reservations read on a held partition that belong elsewhere: forwarded once
+        # the partition is caught up, unless their deletion came meanwhile (then only that).
+        self.pending_forwards: dict[int, dict[str, Record]] = {}
+        self.to_forward: list[Output] = []
         self.forwarded = 0  # records forwarded to their own partition
         self.failed_sends = 0  # destinations whose send the broker did not acknowledge
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -117,6 +138,10 @@ class SchedulerService:
         self.revoked |= gone
         self.owned -= gone
         for partition in gone:
+            self.catch_up_to.pop(partition, None)
+            self.read_to.pop(partition, None)
+            self.seen_to.pop(partition, None)
+            self.pending_forwards.pop(partition, None)
             self.reread(partition)  # from the start if it comes back
         left = self.core.revoke(gone)
         log.info("partitions %s revoked: %d pods left the queue", sorted(gone), left)
@@ -130,10 +155,64 @@ class SchedulerService:
         self.owned = now
         self.revoked -= now
 
-    def reread(self, partition: int) -> None:
+    def reread(self, partition: int, topic: str | None = None) -> None:
         """A partition of `pods` / `requeue` is read again from its first record: its input
-        fence starts afresh (an older epoch read after a newer one is no zombie's then)."""
+        fence starts afresh (an older epoch read after a newer one is no zombie's then). A
+        gated `pods` partition's pods wait again until this pass has read as far as any pass
+        before it, and as far as the end it had when assigned, once that is known."""
         self.input_fences.pop(partition, None)
+        if topic not in (None, topics.PODS):
+            return
+        if partition in self.catch_up_to:  # not caught up yet: its end, if known
+            known = self.catch_up_to[partition]
+        elif partition in self.seen_to:  # caught up before: as far again
+            known = self.seen_to[partition]
+        else:
+            return
+        self.hold([partition])
+        if known is not None:
+            self.catch_up(partition, known)
+
+    def hold(self, partitions: Iterable[int]) -> None:
+        """Place no pod of these `pods` partitions until `catch_up` says how far to read and
+        they are read that far (`SchedulerCore.hold`)."""
+        partitions = list(partitions)
+        self.gated = True
+        for partition in partitions:
+            self.catch_up_to.setdefault(partition, None)
+            self.read_to[partition] = 0
+        self.core.hold(partitions)
+
+    def catch_up(self, partition: int, offset: int) -> None:
+        """A held partition is placed once read up to `offset` (the end it had when assigned)."""
+        if partition not in self.catch_up_to:
+            return  # revoked meanwhile, or released
+        self.catch_up_to[partition] = max(self.catch_up_to[partition] or 0, offset, self.seen_to.get(partition, 0))
+        self._release_caught_up(partition)
+
+    def _forward(self, partition: int, record: Record) -> list[Output]:
+        """A record read on a partition other than its uid's, for its home (murmur2). While the
+        partition is held, a pod is kept back: read again from the first record, the partition
+        still holds pods forwarded long ago and deleted since, and the home replica would place
+        one again (its decider may have forgotten it)."""
+        self.forwarded += 1
+        uid: str = record.uid  # type: ignore[attr-defined]
+        if partition in self.catch_up_to:
+            pending = self.pending_forwards.setdefault(partition, {})
+            if not isinstance(record, PodDeleted):
+                pending[uid] = record
+                return []
+            pending.pop(uid, None)
+        return [Output(topics.PODS, uid, record)]
+
+    def _release_caught_up(self, partition: int) -> None:
+        target = self.catch_up_to.get(partition)
+        if target is not None and self.read_to.get(partition, 0) >= target:
+            del self.catch_up_to[partition]
+            self.to_forward += [Output(topics.PODS, uid, r) for uid, r in self.pending_forwards.pop(partition, {}).items()]
+            released = self.core.release(partition)
+            log.info("pods/%s read up to offset %s: %d pods held until then are placed now", partition, target, released)
+            self.wake.set()
 
     def home(self, uid: str) -> int | None:
         """The partition of `pods` / `requeue` that a uid belongs to (None: not known here)."""
@@ -144,6 +223,7 @@ class SchedulerService:
         for msg in messages:
             if msg.partition not in self.revoked:  # else fetched before its partition was revoked
                 by_partition.setdefault(msg.partition, []).append(msg)
+        caught: list[int] = []
         outputs: list[Output] = []
         for partition, batch in by_partition.items():
             fence = self.input_fences.setdefault(partition, EpochFence())
@@ -151,21 +231,35 @@ class SchedulerService:
             outputs += got.dead_letters
             for record in got.records:
                 if isinstance(record, Requeue):
-                    self.core.requeue(record)
+                    self.core.requeue(record, partition=partition if self.gated else None)
                 elif not isinstance(record, (Pod, Reservation, PodDeleted)):
                     continue
                 elif self.home(record.uid) not in (None, partition):
-                    outputs.append(Output(topics.PODS, record.uid, record))  # home, by murmur2
-                    self.forwarded += 1
+                    outputs += self._forward(partition, record)
                 elif isinstance(record, Pod):
                     outputs += self.core.add(record, partition=partition)
                 elif isinstance(record, Reservation):
                     outputs += self.core.add_reservation(record, partition=partition)
                 else:
                     outputs += self.core.delete(record)
+            read = [m.offset + 1 for m in batch if m.topic == topics.PODS]
+            if read:
+                self.read_to[partition] = max(self.read_to.get(partition, 0), *read)
+                self.seen_to[partition] = max(self.seen_to.get(partition, 0), self.read_to[partition])
+                if partition in self.catch_up_to:
+                    caught.append(partition)
         if outputs:
             await deliver(self.outbox, outputs)  # forwards included: acknowledged before we go on
+        for partition in caught:  # after the deliveries: the deletions read were forwarded
+            self._release_caught_up(partition)
+        await self.flush_forwards()
         self.wake.set()
+
+    async def flush_forwards(self) -> None:
+        """Send the forwards held back until their partitions were caught up."""
+        if self.to_forward:
+            forwards, self.to_forward = self.to_forward, []
+            await deliver(self.outbox, forwards)
 
     def profiling_samples(self) -> list[Output]:
         """What each plugin spent per extension point, and the attempts made, since the last samples."""
@@ -195,8 +289,10 @@ class SchedulerService:
         try:
             while True:
                 await self._room()  # before placing: a revocation meanwhile still counts
+                await self.flush_forwards()
                 self.wake.clear()
-                outputs = self.core.schedule(self.batch_size)
+                started = self.wall()
+                outputs = stamped(self.core.schedule(self.batch_size), started)
                 if outputs and self.clock() - self._profiled_at >= PROFILING_EVERY_S:
                     self._profiled_at = self.clock()
                     outputs += self.profiling_samples()

@@ -120,6 +120,8 @@ class SchedulerCore:
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
         self.requeued: dict[str, int] = {}  # uid -> latest attempt of a Requeue read before its pod
+        # Partitions whose pods are read but not placed yet (`hold`), with those pods' uids.
+        self.held: dict[int, set[str]] = {}
         # Scheduling attempts by (profile, result), results named as kube-scheduler's
         # scheduler_schedule_attempts_total: scheduled (a claim went out), unschedulable (no node
         # fits), error (Reserve or Permit refused). A claim the owner refuses is a new attempt.
@@ -202,7 +204,8 @@ class SchedulerCore:
             info.attempt, info.arrival = tracked.info.attempt, tracked.info.arrival
             info.group_arrival = tracked.info.group_arrival
             tracked.info = info
-            self.queue.update(info)
+            if not self._held(pod.uid, partition):
+                self.queue.update(info)
             return []
         self._arrival += 1
         info.arrival = self._arrival
@@ -212,8 +215,49 @@ class SchedulerCore:
             info.attempt = tracked.info.attempt
         info.attempt = max(info.attempt, self.requeued.pop(pod.uid, 0))
         self.pods[pod.uid] = Tracked(info, partition=partition)
-        self.queue.add(info)
+        if not self._held(pod.uid, partition):
+            self.queue.add(info)
         return []
+
+    def map_sizes(self) -> dict[str, int]:
+        """How many entries each map of the replica keeps (`koordstream_replica_map_entries`):
+        all of them follow the live pods (DESIGN.md, rule 10)."""
+        return {
+            "pods": len(self.pods), "decision_keys": len(self.decision_keys), "bound": len(self.bound),
+            "requeued": len(self.requeued), "gang_members": len(self._gang_members),
+            "group_arrival": len(self._group_arrival), "assumptions": len(self.state.assumptions),
+            "held": sum(len(h) for h in self.held.values()), "queue": len(self.queue),
+        }
+
+    def hold(self, partitions: Iterable[int]) -> None:
+        """Read the pods of these partitions, but place none of them until `release`: a replica
+        that reads a partition from its first record places nothing before it has read up to
+        where the partition stood (a pod and, further on, its deletion: placing the pod in
+        between would claim a pod deleted long ago, which its decider may have forgotten)."""
+        for partition in partitions:
+            held = self.held.setdefault(partition, set())
+            for uid, tracked in self.pods.items():  # a partition read again: its queued pods wait too
+                if tracked.partition == partition and tracked.state == QUEUED and self.queue.remove(uid) is not None:
+                    held.add(uid)
+
+    def release(self, partition: int) -> int:
+        """Place the held pods of `partition` from now on; returns how many were waiting."""
+        held = self.held.pop(partition, set())
+        released = 0
+        for uid in held:
+            tracked = self.pods.get(uid)
+            if tracked is not None and tracked.state == QUEUED and tracked.partition == partition:
+                self.queue.add(tracked.info, failures=tracked.failures)
+                released += 1
+        return released
+
+    def _held(self, uid: str, partition: int | None) -> bool:
+        """The pod's partition is held: note the pod there instead of queueing it."""
+        held = self.held.get(partition) if partition is not None else None
+        if held is None:
+            return False
+        held.add(uid)
+        return True
 
     def delete(self, deleted: PodDeleted) -> list[Output]:
         """Forget the pod, clear its nomination, and forward the deletion to its decider."""
@@ -252,11 +296,14 @@ class SchedulerCore:
             self._gang_members.pop(key, None)
             self._group_arrival.pop(key, None)
 
-    def requeue(self, requeue: Requeue) -> None:
-        """Retry a claimed pod with the decider's attempt number (always the latest it knows)."""
+    def requeue(self, requeue: Requeue, *, partition: int | None = None) -> None:
+        """Retry a claimed pod with the decider's attempt number (always the latest it knows).
+        A Requeue of a pod not tracked is kept for when the pod is read, while its partition
+        (`partition` of `requeue`, the pod's too) is still being read up to where it stood
+        (`hold`); after that the pod is gone or not this replica's, and it is dropped."""
         tracked = self.pods.get(requeue.uid)
         if tracked is None:
-            if requeue.uid not in self.bound:  # its pod not read yet (see the module docstring)
+            if requeue.uid not in self.bound and (partition is None or partition in self.held):
                 self.requeued[requeue.uid] = max(self.requeued.get(requeue.uid, 0), requeue.attempt)
             return
         if requeue.attempt <= tracked.info.attempt:
@@ -304,6 +351,8 @@ class SchedulerCore:
         its hold (any status ends an assumption: `ClusterState.apply`). Returns how many pods
         left."""
         gone = set(partitions)
+        for partition in gone:
+            self.held.pop(partition, None)
         leaving = [uid for uid, t in self.pods.items() if t.partition is not None and t.partition in gone]
         for uid in leaving:
             tracked = self.pods.pop(uid)
@@ -320,12 +369,14 @@ class SchedulerCore:
         for change in changes:
             event |= self.state.apply(change)
             for hid, status in change.holds.items():
-                if status in (HoldStatus.COMMITTED, HoldStatus.TERMINATED):
+                uid = HoldId.parse(hid).uid
+                if status == HoldStatus.COMMITTED or (status == HoldStatus.TERMINATED and uid in self.pods):
                     # Bound, and decisions are final: whatever is still queued for the pod (a
                     # replay of `pods` after a restart, a second claim) is moot. Terminated
                     # too: only a committed hold is, even one terminated at once on its commit
-                    # (its node gone or changed), whose report never says committed.
-                    uid = HoldId.parse(hid).uid
+                    # (its node gone or changed), whose report never says committed; but only
+                    # for a pod tracked here: the termination of a pod already deleted here
+                    # (its deletion read before its owner's report) must not bring it back.
                     self.bound.add(uid)
                     self.requeued.pop(uid, None)
                     if self.pods.pop(uid, None) is not None:

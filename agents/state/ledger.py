@@ -77,6 +77,12 @@ gang holds there) gives the gang up like a timeout if it is still waiting; a sof
 (the owner asked others to yield for this member) requeues the member without Strict mode.
 
 Decisions are final: an accepted hold is never released, a bound pod never requeued.
+
+Retention (`agents.state.retention`, DESIGN.md rule 10): a deleted pod is forgotten a
+retention after its deletion (log time), with every record of its holds; a Held or Rejected
+whose claim is older than half the retention at its log time is refused (a Release, and a
+Requeue with the next attempt), and leaves nothing behind when its pod is not known. A key
+with nothing left is deleted from the table (`Decider.empty`).
 """
 
 from __future__ import annotations
@@ -84,10 +90,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import repeat
 from typing import Any
 
 from agents.ports import Output, Problem
 from agents.state import cpus, devices
+from agents.state.retention import DEFAULT_RETENTION_S, expired, stale
 from schemas import topics
 from schemas.codec import decode_object, to_plain
 from schemas.records import (
@@ -133,6 +141,7 @@ ACCEPTED, RELEASED, WAITING, REQUEUED, IGNORED = (Outcome.ACCEPTED, Outcome.RELE
                                                   Outcome.REQUEUED, Outcome.IGNORED)
 
 REASON_TIMEOUT = "gang waiting time exceeded"
+REASON_STALE = "the claim is older than half the state retention (placed again)"
 FELLOW_GRACE_S = 15.0  # after a fellow refusal: how long the round may still wait
 
 
@@ -144,6 +153,7 @@ class PodEntry:
     namespace: str = ""
     name: str = ""
     nominated: list[str] = field(default_factory=list)  # nodes whose owners nominated it (soft rejections)
+    gone: float = 0.0  # the log time of its deletion: forgotten a retention later
 
     def plain(self) -> dict[str, Any]:
         raw = dict(self.__dict__)
@@ -151,6 +161,8 @@ class PodEntry:
             raw["nominated"] = list(self.nominated)
         else:
             del raw["nominated"]  # most pods have none: keep the table's bytes as they were
+        if not self.gone:
+            del raw["gone"]
         return raw
 
 
@@ -221,15 +233,23 @@ def _output(raw: dict[str, Any]) -> Output:
 
 
 class Decider:
-    def apply(self, state: LedgerState, records: Iterable[Record], out: Decision) -> LedgerState:
+    def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self.retention_s = retention_s
+
+    def apply(self, state: LedgerState, records: Iterable[Record], out: Decision,
+              times: Iterable[float] | None = None, now: float = 0.0) -> LedgerState:
+        """`times`: each record's log time; `now`: the newest log time of the batch (by
+        default unknown: nothing is stale or forgotten). Pods deleted more than the retention
+        before it are forgotten, with every record of their holds."""
         resent: set[str] = set()  # groups re-sent in this batch: once is enough
-        for record in records:
+        for record, t in zip(records, times if times is not None else repeat(0.0), strict=False):
+            now = max(now, t)
             if isinstance(record, Held):
-                self._held(state, record, out, resent)
+                self._held(state, record, out, resent, t)
             elif isinstance(record, Rejected):
-                self._rejected(state, record, out)
+                self._rejected(state, record, out, t)
             elif isinstance(record, PodDeleted):
-                self._deleted(state, record, out)
+                self._deleted(state, record, out, t)
             elif isinstance(record, PodTerminated):
                 self._terminated(state, record, out)
             elif isinstance(record, GangTimeout):
@@ -238,7 +258,20 @@ class Decider:
                 self._yield(state, record, out)
             else:
                 out.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on holds", record))
+        if now:
+            for uid, p in state.pods.items():  # deleted in a state written before `gone` existed: from now
+                if not p.gone and p.status != PENDING and f"deleted:{uid}" in state.sent:
+                    p.gone = now
+        gone = {uid for uid, p in state.pods.items() if expired(p.gone, now, self.retention_s)}
+        if gone:
+            del_pods(state, gone)
         return state
+
+    @staticmethod
+    def empty(state: LedgerState) -> bool:
+        """Nothing left to keep: no pod, no gang round begun (a gang's round counter stays, so
+        that a timer of an old round never ends a new one)."""
+        return not state.pods and not state.waiting and not state.round and not state.timer_s
 
     # -- recorded outputs ---------------------------------------------------------------------
 
@@ -265,22 +298,30 @@ class Decider:
 
     # -- Held ---------------------------------------------------------------------------------
 
-    def _held(self, state: LedgerState, held: Held, out: Decision, resent: set[str]) -> None:
+    def _held(self, state: LedgerState, held: Held, out: Decision, resent: set[str], t: float) -> None:
         hid = held.hold_id
         recorded = state.decisions.get(hid)
         if recorded is not None:
             self._resend_held(state, held, recorded, out, resent)
             return
+        too_old = stale(held.scheduled_at, t, self.retention_s)
         entry = state.pods.get(held.uid)
+        if entry is None and too_old:  # perhaps a pod forgotten: answered, nothing recorded
+            out.first.append(self._release(state.key, held.uid, held.attempt, held.node, REASON_STALE))
+            out.first.append(self._requeue(state.key, held.uid, held.attempt + 1, REASON_STALE))
+            return
         if entry is None:
             entry = state.pods[held.uid] = PodEntry(namespace=held.namespace, name=held.name)
-        refusal = self._refusal(state, entry, held)
+        refusal = self._refusal(state, entry, held) or (REASON_STALE if too_old else "")
         if refusal:
             state.decisions[hid], state.reasons[hid] = RELEASED, refusal
             out.first.append(self._release(state.key, held.uid, held.attempt, held.node, refusal))
-            if entry.status == PENDING and held.attempt < entry.attempt:
+            if entry.status == PENDING and (held.attempt < entry.attempt or too_old):
                 # A scheduler that lost count (a restart) claimed an older attempt: announce the
                 # latest again, as for a stale rejection, or it waits for an answer for ever.
+                # A claim too old to act on: its pod is placed again with the next attempt.
+                if too_old:
+                    entry.attempt = max(entry.attempt, held.attempt + 1)
                 self._send(state, hid, [self._requeue(state.key, held.uid, entry.attempt, refusal)], out)
             return
         if held.gang_min <= 1 or self._satisfied(state):
@@ -393,11 +434,16 @@ class Decider:
             uid, attempt, node = HoldId.parse(hid)
             out.first.append(self._release(state.key, uid, attempt, node, state.reasons.get(hid, "replayed")))
             self._resend(state, hid, out)  # the latest attempt announced to a stale claim
+        elif recorded.startswith(REQUEUED) or recorded == IGNORED:
+            # The same hold id was answered Rejected before: its owner, having forgotten that,
+            # held a replay of the claim. Released (it never waits for ever).
+            uid, attempt, node = HoldId.parse(hid)
+            out.first.append(self._release(state.key, uid, attempt, node, "the claim was rejected before"))
         # WAITING: the Held caused nothing yet.
 
     # -- Rejected -----------------------------------------------------------------------------
 
-    def _rejected(self, state: LedgerState, rejected: Rejected, out: Decision) -> None:
+    def _rejected(self, state: LedgerState, rejected: Rejected, out: Decision, t: float) -> None:
         """Requeue a pending pod with its next attempt, recorded as `requeued:<attempt>`.
 
         A rejection of an attempt older than the pod's latest (a scheduler that restarted and
@@ -417,6 +463,12 @@ class Decider:
             self._resend_give_ups(state, hid, strict_reason, out)
             return
         entry = state.pods.get(rejected.uid)
+        if entry is None and stale(rejected.scheduled_at, t, self.retention_s):
+            # The answer to a claim too old to act on, of a pod not known here (perhaps
+            # forgotten): its scheduler, if it still has the pod, places it again; a scheduler
+            # ignores a Requeue of a pod it does not have. Nothing recorded.
+            out.first.append(self._requeue(state.key, rejected.uid, rejected.attempt + 1, REASON_STALE))
+            return
         if entry is None:
             entry = state.pods[rejected.uid] = PodEntry()
         current = False
@@ -501,7 +553,7 @@ class Decider:
 
     # -- deletions and terminations -----------------------------------------------------------
 
-    def _deleted(self, state: LedgerState, deleted: PodDeleted, out: Decision) -> None:
+    def _deleted(self, state: LedgerState, deleted: PodDeleted, out: Decision, t: float) -> None:
         input_id = f"deleted:{deleted.uid}"
         if input_id in state.sent:
             self._resend(state, input_id, out)
@@ -509,6 +561,7 @@ class Decider:
         entry = state.pods.get(deleted.uid)
         if entry is None:
             entry = state.pods[deleted.uid] = PodEntry(namespace=deleted.namespace, name=deleted.name)
+        entry.gone = t
         outputs: list[Output] = []
         if entry.status == PENDING:
             entry.status = DELETED
@@ -554,3 +607,35 @@ class Decider:
             state.round, state.timer_s = state.round + 1, 0.0
         outputs += [Output(topics.NODE_INBOX, n, NominationCleared(uid=uid, node=n)) for n in clears]
         return outputs
+
+
+def _uid_of(hid: str) -> str | None:
+    try:
+        return HoldId.parse(hid).uid
+    except ValueError:  # an input id ("deleted:<uid>", a give-up trigger)
+        return None
+
+
+def del_pods(state: LedgerState, uids: set[str]) -> None:
+    """Remove every record of these pods (gone for longer than the retention): their entries,
+    their holds' decisions, reasons, acceptances and recorded outputs, their part of gang
+    rounds accepted or given up."""
+    for uid in uids:
+        del state.pods[uid]
+        state.sent.pop(f"deleted:{uid}", None)
+        state.sent.pop(f"terminated:{uid}", None)
+    for table in (state.decisions, state.reasons, state.accepted, state.sent):
+        for hid in [h for h in table if _uid_of(h) in uids]:
+            del table[hid]
+    for group, hids in list(state.groups.items()):
+        kept = [h for h in hids if _uid_of(h) not in uids]
+        if kept:
+            state.groups[group] = kept
+        else:
+            del state.groups[group]
+    for round_, members in list(state.gave_up.items()):
+        kept_members = [m for m in members if m["uid"] not in uids]
+        if kept_members:
+            state.gave_up[round_] = kept_members
+        else:
+            del state.gave_up[round_]

@@ -42,6 +42,12 @@ A Release of a committed hold is ignored (decisions are final); a Commit of a ho
 held is a `Problem` (dead letter and alarm). Terminated pods leave tombstones so that nothing
 late re-allocates them, and a nomination of a pod bound here (or gone) is moot.
 
+Retention (`agents.state.retention`, DESIGN.md rule 10): a hold released, rejected or
+terminated, a tombstone, and the reservation entry of a hold that leaves are forgotten a
+retention after the batch that finished them, measured in the log times of the node's records;
+a claim read more than half the retention after its scheduling cycle began is rejected
+(`REASON_STALE`).
+
 Wound-wait between gangs (DESIGN.md, rule 6): a gang member's claim that does not fit, but
 would once the held, not yet accepted, claims of lower-ranked gangs are gone, is rejected
 softly; each such gang's decider gets a `Yield` naming its holds here, and the claimant is
@@ -57,7 +63,7 @@ owner reports the phase changes as ReservationEvents, asks its agent for an expi
 (`OwnerResult.timers`) and ends the reservation when the `ReservationExpired` record the
 timer appends comes back through the inbox.
 
-`NodeOwner.apply(state, records, result)` is pure: it updates the state and adds to `result`
+`NodeOwner.apply(state, records, result, times, now)` is pure: it updates the state and adds to `result`
 the outputs (Held / Rejected / Yield and PodTerminated to the deciders, feedback,
 ReservationEvents, one `NodeStateChange` per batch for the schedulers' replicas), the problems
 and the timers.
@@ -71,6 +77,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
+from itertools import repeat
 from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
@@ -78,6 +85,7 @@ from agents.state import cpus, devices, gangs
 from agents.state import reservations as rsv
 from agents.state import usage as keys
 from agents.state.resources import DEFAULT_MAX_PODS
+from agents.state.retention import DEFAULT_RETENTION_S, expired, stale
 from schemas import topics
 from schemas.codec import decode_object, to_plain
 from schemas.records import (
@@ -108,6 +116,7 @@ from schemas.records import (
 HELD, COMMITTED, RELEASED, REJECTED, TERMINATED = (HoldStatus.HELD, HoldStatus.COMMITTED, HoldStatus.RELEASED,
                                                    HoldStatus.REJECTED, HoldStatus.TERMINATED)
 COUNTED = (HELD, COMMITTED)
+FINISHED = (RELEASED, REJECTED, TERMINATED)
 
 REASON_NODE_NOT_FOUND = "node not found"
 REASON_NODE_UNSCHEDULABLE = "node is unschedulable"
@@ -115,6 +124,7 @@ REASON_POD_TERMINATED = "pod already terminated"
 REASON_INSUFFICIENT = "Insufficient {}"
 REASON_INSUFFICIENT_PREFIX = "Insufficient "
 REASON_NODE_DELETED = "node deleted"
+REASON_STALE = "the claim is older than half the state retention"
 
 # Which input ended a hold or a reservation, when it was not a record about that pod
 # (`HoldEntry.terminated_by`, a reservation entry's `ended_by`): a redelivery of that input
@@ -149,6 +159,8 @@ class HoldEntry:
     gang_waiting_s: float = 0.0  # as claimed: the Held re-sent on a redelivery carries them
     gang_strict: bool = True
     terminated_by: str = ""  # BY_NODE_DELETED or BY_COMMIT_ON_DELETED_NODE: that input re-sends its PodTerminated
+    scheduled_at: float = 0.0  # as claimed: the Held or Rejected carries it
+    finished: float = 0.0  # the log time it was released, rejected or terminated: forgotten a retention later
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -184,7 +196,7 @@ class NodeState:
     unschedulable: bool = False
     holds: dict[str, HoldEntry] = field(default_factory=dict)
     nominations: dict[str, Nomination] = field(default_factory=dict)
-    tombstones: set[str] = field(default_factory=set)
+    tombstones: dict[str, float] = field(default_factory=dict)  # uid -> the log time it was terminated here
     seq: int = 0
     record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
     # uid -> {hold, phase}; once ended also {reason, allocated, ended_by}: the event its end sent
@@ -271,7 +283,7 @@ class NodeState:
             "unschedulable": self.unschedulable,
             "holds": {hid: h.plain() for hid, h in self.holds.items()},
             "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
-            "tombstones": sorted(self.tombstones),
+            "tombstones": self.tombstones,
             "seq": self.seq,
             "record": self.record,
             "reservations": self.reservations,
@@ -286,7 +298,9 @@ class NodeState:
             unschedulable=raw["unschedulable"],
             holds={hid: HoldEntry(**h) for hid, h in raw["holds"].items()},
             nominations={uid: _decode(n, Nomination) for uid, n in raw["nominations"].items()},
-            tombstones=set(raw["tombstones"]),
+            # A list in states written before tombstones had times: their retention starts now.
+            tombstones=(dict(raw["tombstones"]) if isinstance(raw["tombstones"], dict)
+                        else dict.fromkeys(raw["tombstones"], 0.0)),
             seq=raw["seq"],
             record=raw.get("record"),
             reservations={uid: dict(e) for uid, e in (raw.get("reservations") or {}).items()},
@@ -338,18 +352,57 @@ def _differences(hold: HoldEntry, claim: Claim) -> list[str]:
 class NodeOwner:
     """Applies a batch of one node's inbox records to its state (see module docstring)."""
 
-    def apply(self, state: NodeState, records: Iterable[Record], result: OwnerResult) -> NodeState:
+    def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self.retention_s = retention_s
+
+    def apply(self, state: NodeState, records: Iterable[Record], result: OwnerResult,
+              times: Iterable[float] | None = None, now: float = 0.0) -> NodeState:
+        """`times`: each record's log time; `now`: the newest log time of the batch (by
+        default unknown: no claim is stale, nothing is forgotten)."""
         report: dict[str, None] = {}  # hold ids the batch is about, in order: reported as they are now
         node_changed = False
         seen = False
-        for record in records:
+        for record, t in zip(records, times if times is not None else repeat(0.0), strict=False):
             seen = True
-            self._apply_one(state, record, result, report)
+            now = max(now, t)
+            self._apply_one(state, record, result, report, t)
             node_changed |= isinstance(record, (Node, NodeDeleted))
         if seen:  # every batch reports, so a report lost in a crash is re-sent by the replay
             state.seq += 1
             result.outputs.append(Output(topics.STATE_CHANGES, state.name, self._report(state, report, node_changed)))
+        self._forget(state, report, now)
         return state
+
+    def _forget(self, state: NodeState, report: dict[str, None], now: float) -> None:
+        """Stamp what the batch finished (holds released, rejected or terminated; tombstones)
+        with `now`, and forget what finished more than the retention before it: the node
+        state holds what is live (allocatable, committed and held pods, nominations,
+        reservations) and what a late or redelivered record may still need."""
+        if not now:
+            return
+        for hid in report:
+            hold = state.holds.get(hid)
+            if hold is not None and hold.status in FINISHED and not hold.finished:
+                hold.finished = now
+        retention = self.retention_s
+        gone = []
+        for hid, hold in state.holds.items():
+            if hold.status in FINISHED:
+                if not hold.finished:  # a state written before holds had times: from now
+                    hold.finished = now
+                elif expired(hold.finished, now, retention):
+                    gone.append(hid)
+        for hid in gone:
+            hold = state.holds.pop(hid)
+            entry = state.reservations.get(hold.uid)
+            if entry is not None and entry["hold"] == hid:
+                del state.reservations[hold.uid]
+        tombstones = state.tombstones
+        for uid in [u for u, at in tombstones.items() if not at or expired(at, now, retention)]:
+            if tombstones[uid]:
+                del tombstones[uid]
+            else:
+                tombstones[uid] = now
 
     @staticmethod
     def _report(state: NodeState, report: dict[str, None], node_changed: bool) -> NodeStateChange:
@@ -378,9 +431,10 @@ class NodeOwner:
             ),
         )
 
-    def _apply_one(self, state: NodeState, record: Record, result: OwnerResult, report: dict[str, None]) -> None:
+    def _apply_one(self, state: NodeState, record: Record, result: OwnerResult, report: dict[str, None],
+                   t: float) -> None:
         if isinstance(record, Claim):
-            self._claim(state, record, result, report)
+            self._claim(state, record, result, report, t)
         elif isinstance(record, Commit):
             self._commit(state, record, result, report)
         elif isinstance(record, Release):
@@ -411,11 +465,11 @@ class NodeOwner:
 
     # -- claims -------------------------------------------------------------------------------
 
-    def _claim(self, state: NodeState, claim: Claim, result: OwnerResult, report: dict[str, None]) -> None:
+    def _claim(self, state: NodeState, claim: Claim, result: OwnerResult, report: dict[str, None], t: float) -> None:
         hid = claim.hold_id
         hold = state.holds.get(hid)
         if hold is None:
-            hold = state.holds[hid] = self._decide(state, claim)
+            hold = state.holds[hid] = self._decide(state, claim, stale(claim.scheduled_at, t, self.retention_s))
         else:  # redelivered: the recorded answer again, nothing changes
             differs = _differences(hold, claim)
             if differs:
@@ -427,10 +481,11 @@ class NodeOwner:
         report[hid] = None
         self._answer(state, hold, result)
 
-    def _decide(self, state: NodeState, claim: Claim) -> HoldEntry:
+    def _decide(self, state: NodeState, claim: Claim, too_old: bool) -> HoldEntry:
         """A new claim: hold it, or reject it (asking lower-ranked gangs to yield when that
-        would make it fit); the outcome, recorded."""
-        reason = self._refusal(state, claim)
+        would make it fit; refusing it outright when it is too old to act on); the outcome,
+        recorded."""
+        reason = REASON_STALE if too_old else self._refusal(state, claim)
         yields = self._yields(state, claim) if reason.startswith(REASON_INSUFFICIENT_PREFIX) else {}
         if yields:
             reason = f"waiting for gang(s) {', '.join(sorted(yields))} to yield the capacity (wound-wait)"
@@ -445,7 +500,7 @@ class NodeOwner:
             devices=list(claim.devices), quota=claim.quota,
             reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
             created=claim.creation_timestamp, soft=bool(yields), fellow=fellow, yields=yields,
-            gang_waiting_s=claim.gang_waiting_s, gang_strict=claim.gang_strict,
+            gang_waiting_s=claim.gang_waiting_s, gang_strict=claim.gang_strict, scheduled_at=claim.scheduled_at,
         )
         if yields:  # the winner is promised what the losers free (DESIGN.md, rule 6)
             state.nominations[claim.uid] = Nomination(uid=claim.uid, node=state.name, priority=claim.priority,
@@ -462,6 +517,7 @@ class NodeOwner:
             result.outputs.append(Output(topics.HOLDS, hold.decision_key, Rejected(
                 uid=hold.uid, attempt=hold.attempt, node=state.name,
                 decision_key=hold.decision_key, reason=hold.reason, soft=hold.soft, fellow=hold.fellow,
+                scheduled_at=hold.scheduled_at,
             )))
             for key, holds in sorted(hold.yields.items()):
                 result.outputs.append(Output(topics.HOLDS, key, Yield(
@@ -472,7 +528,7 @@ class NodeOwner:
                 uid=hold.uid, attempt=hold.attempt, node=state.name, decision_key=hold.decision_key,
                 namespace=hold.namespace, name=hold.name, gang_min=hold.gang_min,
                 gang_waiting_s=hold.gang_waiting_s, gang_strict=hold.gang_strict,
-                nominated_node=hold.nominated_node, devices=tuple(hold.devices),
+                nominated_node=hold.nominated_node, devices=tuple(hold.devices), scheduled_at=hold.scheduled_at,
             )))
 
     # -- commit -------------------------------------------------------------------------------
@@ -582,7 +638,7 @@ class NodeOwner:
 
     @staticmethod
     def _terminate(state: NodeState, uid: str) -> None:
-        state.tombstones.add(uid)
+        state.tombstones.setdefault(uid, 0.0)  # its time: the batch's (`_forget`)
         for hold in state.holds.values():
             if hold.uid == uid and hold.status == COMMITTED:
                 hold.status = TERMINATED
@@ -608,7 +664,7 @@ class NodeOwner:
             for hold in state.holds.values():
                 if hold.status == COMMITTED:
                     hold.status, hold.terminated_by = TERMINATED, BY_NODE_DELETED
-                    state.tombstones.add(hold.uid)
+                    state.tombstones.setdefault(hold.uid, 0.0)
         for uid, entry in state.reservations.items():
             if entry.get("ended_by") == BY_NODE_DELETED:
                 result.outputs.append(self._end_event(state, uid))

@@ -22,6 +22,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from agents.adapters.positions import CommittedStart
 from agents.adapters.recovery import last_record_offsets
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas import topics
@@ -73,6 +74,31 @@ async def test_the_last_record_of_a_partition_whose_last_batch_holds_several(boo
         await consumer.stop()
     assert listed in (5, 6)
     assert await last_record_offsets(bootstrap, {(topic, 0): listed}, read_committed) == {(topic, 0): 5}
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("read_committed", [False, True])
+async def test_the_schedulers_end_probe_finds_a_partitions_real_end(bootstrap: str, read_committed: bool) -> None:
+    """`CommittedStart.end` (where a replica must read a `pods` partition to before it places
+    its pods) from a fetch: 6 after batches of 3, 1 and 2 records, on either broker; 0 when
+    empty."""
+    topic = f"pods-end-{uuid.uuid4().hex[:8]}"
+    await wait_ready(bootstrap)
+    await ensure_topics(bootstrap, [TopicSpec(topic, "none", 2)])
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for records in ([(b"a", b"1"), (b"b", b"1"), (b"c", b"1")], [(b"a", b"2")], [(b"b", b"2"), (b"c", b"2")]):
+            await write_batch(producer, topic, 0, records)
+    finally:
+        await producer.stop()
+    probe = CommittedStart(bootstrap, None, read_committed)
+    try:
+        assert await probe.end(topic, 0) == 6
+        assert await probe.end(topic, 1) == 0
+        assert await probe(topic, 0) == 0  # the first record: the probe goes on working after it
+    finally:
+        await probe.close()
 
 
 def nodes_in_partition(partition: int, count: int, run: str) -> list[str]:

@@ -126,7 +126,7 @@ async def test_our_sink_of_a_worker_that_lost_its_partition_writes_nothing(kafka
             sink.table.put(f"key-{who}", {"who": who}, 0, epoch=1)
             record = Binding(uid=f"uid-{who}", namespace="default", name=who, node="n", attempt=0,
                              decision_key=f"uid-{who}")
-            message = SimpleNamespace(topic=topics.HOLDS, partition=0, offset=0, generation_id=1, headers=[],
+            message = SimpleNamespace(topic=topics.HOLDS, partition=0, offset=0, generation_id=1, headers=[], timestamp=0.0,
                                       acked=False)
             [run] = split([SimpleNamespace(message=message, value=encode(record))])
             return Work(run, 1, [Output(topics.BINDINGS, record.uid, record)], [], [])

@@ -31,6 +31,7 @@ from agents.intake import RawMessage
 from agents.ports import Output
 from schemas import topics
 from schemas.codec import encode
+from schemas.partitioner import partition_for
 from schemas.records import GangTimeout, Held, Node, PodDeleted, ReservationExpired, ResourceList
 
 
@@ -174,6 +175,7 @@ class FakeMessage:
     generation_id: int
     value: bytes
     headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp: float = 0.0
     acked: bool = False
 
 
@@ -186,8 +188,9 @@ class FakeEvent:
         return self.message.value
 
 
-def run_of(topic: str, partition: int, generation: int, records: list[Any], first_offset: int = 0) -> Fetched:
-    events = [FakeEvent(FakeMessage(topic, partition, first_offset + i, generation, encode(r)))
+def run_of(topic: str, partition: int, generation: int, records: list[Any], first_offset: int = 0,
+           timestamp: float = 0.0) -> Fetched:
+    events = [FakeEvent(FakeMessage(topic, partition, first_offset + i, generation, encode(r), timestamp=timestamp))
               for i, r in enumerate(records)]
     [run] = split(events)
     return run
@@ -928,3 +931,94 @@ async def test_an_abort_that_finds_the_producer_fenced_loses_the_partition_and_f
     assert flushed.lost and not flushed.failed and r.ownership.partitions == set()
     assert calls.count(("ks-deciders-holds-0", "start")) == 1  # before: restarted, fencing the new owner
     assert r.loop.seeks == []  # type: ignore[attr-defined]
+
+
+async def test_a_key_with_pods_deleted_a_retention_ago_is_forgotten_in_a_later_run_and_its_changelog_gets_a_tombstone() -> None:
+    retention = 600.0
+    r = rig(DeciderCore(retention), plain=True)
+    await assign(r, {0, 1, 2, 3}, generation=1)
+    partition = partition_for("u1", 4)
+    other = next(k for k in (f"v{i}" for i in range(100)) if partition_for(k, 4) == partition)
+    await r.loop.process([run_of(topics.HOLDS, partition, 1, [held("u1", "u1", gang_min=1)], timestamp=1000.0)])
+    await r.loop.process([run_of(topics.HOLDS, partition, 1, [PodDeleted(uid="u1", decision_key="u1")],
+                                 first_offset=1, timestamp=1010.0)])
+    assert r.table.get("u1") is not None  # kept: a late Held of u1 must still find it deleted
+    await r.loop.process([run_of(topics.HOLDS, partition, 1, [held(other, other, gang_min=1)], first_offset=2,
+                                 timestamp=1010.0 + retention / 2)])
+    assert r.table.get("u1") is not None and r.loop.swept == 0
+    await r.loop.process([run_of(topics.HOLDS, partition, 1, [held(other, other + "b", gang_min=1)], first_offset=3,
+                                 timestamp=1011.0 + retention)])
+    assert r.table.get("u1") is None and r.loop.swept == 1
+    assert (b"u1", None) in r.producer.sent[-1][2]  # the changelog's tombstone: a restore forgets it too
+    assert r.table.get(other) is not None  # live: its pod is bound
+
+
+async def test_a_restore_applies_a_tombstone_as_a_deletion() -> None:
+    r = rig()
+    await assign(r, {0, 1, 2, 3}, generation=1)
+    partition = partition_for("k", 4)
+    r.table.put("k", {"key": "k"}, partition, epoch=1)
+    r.table.delete("k", partition)
+    await r.table.write_changelog(r.producer)
+    assert r.producer.sent[-1][2] == [(b"k", None)]
+
+    @dataclass
+    class ChangelogEvent:
+        key: bytes
+        value: Any
+        message: FakeMessage
+
+    def event(value: Any, offset: int) -> ChangelogEvent:
+        return ChangelogEvent(b"k", value, FakeMessage(r.table.changelog, partition, offset, 1, value))
+
+    r.table.table.apply_changelog_batch([event({"epoch": 1, "seq": 1, "state": {"key": "k"}}, 0), event(None, 1)])
+    assert r.table.get("k") is None and b"k" not in r.table.table.partition_of
+
+
+def timed_run(partition: int, generation: int, records: list[tuple[Any, int, float]]) -> Fetched:
+    """A run of (record, offset, log time)."""
+    [run] = split([FakeEvent(FakeMessage(topics.HOLDS, partition, offset, generation, encode(r), timestamp=ts))
+                   for r, offset, ts in records])
+    return run
+
+
+async def test_a_replay_after_a_key_was_forgotten_is_judged_at_the_partitions_clock() -> None:
+    """Adversarial review (R3): catching up a backlog, a decider covers a retention of log time
+    in moments; it forgets a deleted pod and is killed before its offset commit. The replayed
+    Held, old by its own log time but not by its claim's, must not bind the pod again."""
+    retention = 600.0
+    r = rig(DeciderCore(retention), plain=True)
+    await assign(r, {0, 1, 2, 3}, generation=1)
+    p = partition_for("u1", 4)
+    other = next(k for k in (f"v{i}" for i in range(100)) if partition_for(k, 4) == p)
+    log = [(Held(uid="u1", attempt=0, node="n1", decision_key="u1", scheduled_at=999.0), 0, 1000.0),
+           (PodDeleted(uid="u1", decision_key="u1"), 1, 1010.0),
+           (Held(uid=other, attempt=0, node="n1", decision_key=other, scheduled_at=1011.0 + retention), 2,
+            1011.5 + retention)]
+    for record in log:
+        await r.loop.process([timed_run(p, 1, [record])])
+    assert r.table.get("u1") is None and r.table.clock(p) == 1011.5 + retention
+    bound = sum(1 for w in r.sink.flushed for o in w.after if o.record.uid == "u1")
+    await assign(r, {0, 1, 2, 3}, generation=2)  # killed before its offset commit: read again from 0
+    await r.loop.process([timed_run(p, 2, log[:1])])
+    assert sum(1 for w in r.sink.flushed for o in w.after if o.record.uid == "u1") == bound
+    assert r.table.get("u1") is None  # answered (released and requeued), nothing recorded
+
+
+async def test_a_key_is_swept_once_however_often_it_was_written() -> None:
+    """Adversarial review (R7): the loop swept a key once per write it had."""
+    r = rig(DeciderCore(600.0), plain=True)
+    await assign(r, {0, 1, 2, 3}, generation=1)
+    key = "ns/gang"
+    p = partition_for(key, 4)
+    other = next(k for k in (f"v{i}" for i in range(100)) if partition_for(k, 4) == p)
+    records = [(Held(uid=u, attempt=0, node="n1", decision_key=key, gang_min=2, scheduled_at=99.0), 100.0)
+               for u in ("a", "b")]
+    records += [(PodDeleted(uid="a", decision_key=key), 110.0)]
+    records += [(Held(uid=f"c{i}", attempt=0, node="n1", decision_key=key, gang_min=2, scheduled_at=119.0 + i),
+                 120.0 + i) for i in range(20)]
+    for offset, (record, ts) in enumerate(records):
+        await r.loop.process([timed_run(p, 1, [(record, offset, ts)])])
+    await r.loop.process([timed_run(p, 1, [(Held(uid=other, attempt=0, node="n1", decision_key=other,
+                                                   scheduled_at=800.0), len(records), 800.0)])])
+    assert r.loop.swept == 1

@@ -47,7 +47,7 @@ from agents.ports import Output
 from agents.scheduler.cluster import ClusterState
 from agents.state import devices
 from agents.state import reservations as rsv
-from agents.state.ledger import BOUND, DELETED, Decider, Decision, LedgerState
+from agents.state.ledger import BOUND, DELETED, TERMINATED, Decider, Decision, LedgerState
 from agents.state.owner import (
     BY_COMMIT_ON_DELETED_NODE,
     COMMITTED,
@@ -89,6 +89,7 @@ from schemas.records import (
 from tests.logs import Actor
 
 NODES = ["n0", "n1", "n2"]
+RETENTION_S = 600.0
 CPU_PER_NODE = 1000
 QUOTA = "q"  # every pod counts against one elastic quota
 
@@ -156,6 +157,9 @@ class World:
         self.violations: list[str] = []
         self.problems: list[str] = []
         self.clock = 0
+        self.now = 1000.0  # wall and log time (s): claims are stamped with it, records read at it
+        self.deleted_at: dict[str, float] = {}
+        self.deleted_durably: dict[str, set[str]] = {}  # decision key -> pods whose deletion its decider persisted
         for n in NODES:  # every node registered and reported before the run
             self.step_owner(n)
             self.flush(self.owners[n], 99)
@@ -214,15 +218,17 @@ class World:
 
     def step_owner(self, node: str) -> None:
         actor = self.owners[node]
-        record = actor.take()
-        if record is None:
+        taken = actor.take_timed(self.now)
+        if taken is None:
             return
+        record, t = taken
+        t = actor.clock = max(t, actor.clock)  # as the loop judges it: never before what was decided
         state = actor.state
         assert isinstance(state, NodeState)
         status_before = {hid: h.status for hid, h in state.holds.items()}
         used_before = state.used()
         result = OwnerResult()
-        NodeOwner().apply(state, [record], result)
+        NodeOwner(RETENTION_S).apply(state, [record], result, [t], t)
         self.problems += [p.error for p in result.problems if "Commit" in p.error]
         now = self.tick()
         for hid, h in state.holds.items():
@@ -249,14 +255,41 @@ class World:
 
     def step_decider(self, key: str) -> None:
         actor = self.deciders[key]
-        record = actor.take()
-        if record is None:
+        taken = actor.take_timed(self.now)
+        if taken is None:
             return
+        record, t = taken
+        t = actor.clock = max(t, actor.clock)  # as the loop judges it: never before what was decided
         state = actor.state
         assert isinstance(state, LedgerState)
+        terminated = {u for u, e in state.pods.items() if e.status == TERMINATED}
         decision = Decision()
-        Decider().apply(state, [record], decision)
-        actor.outgoing += decision.first + decision.after_commit
+        Decider(RETENTION_S).apply(state, [record], decision, [t], t)
+        # As `DeciderCore` does: no Binding of a pod terminated before the batch.
+        after = [o for o in decision.after_commit if not (isinstance(o.record, Binding) and o.record.uid in terminated)]
+        durable = self.deleted_durably.get(key, set())
+        self.violations += [f"{o.record.uid}: bound after its deletion was decided and persisted"
+                            for o in after if isinstance(o.record, Binding) and o.record.uid in durable]
+        actor.outgoing += decision.first + after
+
+    def note_durable(self, actor: Actor) -> None:
+        """The deletions a decider has persisted: none of those pods may be bound from then on."""
+        for key, d in self.deciders.items():
+            if d is actor and isinstance(d.saved_state, LedgerState):
+                sent = d.saved_state.sent
+                self.deleted_durably.setdefault(key, set()).update(
+                    u for u in UIDS if f"deleted:{u}" in sent)
+
+    def sweep(self) -> None:
+        """The deciders' loop applies a key with something to forget, with no records, at the
+        log time of the newest record read (here: now)."""
+        for actor in self.deciders.values():
+            state = actor.state
+            assert isinstance(state, LedgerState)
+            decision = Decision()
+            actor.clock = max(actor.clock, self.now)
+            Decider(RETENTION_S).apply(state, [], decision, [], actor.clock)
+            actor.outgoing += decision.first + decision.after_commit
 
     # -- the outside world -----------------------------------------------------------------------
 
@@ -269,7 +302,7 @@ class World:
         return {b.uid for _, b in self.bindings}
 
     def claim(self, uid: str, node: str, minor: int, *, replica: int = 0, attempt: int | None = None,
-              consume: str = "") -> None:
+              consume: str = "", scheduled_at: float | None = None) -> None:
         """A scheduler replica claims (and assumes) `uid` on `node` with its current attempt (or
         `attempt`: a scheduler that lost count); a claim of the same hold id again may name
         another GPU. `consume`: the reservation the pod consumes."""
@@ -284,7 +317,7 @@ class World:
                       requests=requests, priority=p.priority, name=uid, creation_timestamp=p.created, devices=claimed,
                       gang_min=p.gang_min, gang_waiting_s=30.0, gang_strict=p.strict, quota="" if reserving else QUOTA,
                       nominated_node=self.nominated.get(uid, ""), reservation=consume,
-                      reserving=reserving)
+                      reserving=reserving, scheduled_at=self.now if scheduled_at is None else scheduled_at)
         self.claims.append((uid, claim.attempt))
         self.owners[node].log.append(claim)
         state = self.replicas[replica]
@@ -319,6 +352,7 @@ class World:
 
     def delete(self, uid: str) -> None:
         self.deleted.add(uid)
+        self.deleted_at[uid] = self.now
         old = self.nominated.pop(uid, None)
         if old is not None:  # the scheduler clears the pod's nomination and forwards the deletion
             self.owners[old].log.append(NominationCleared(uid=uid, node=old))
@@ -363,7 +397,8 @@ class World:
 ACTIONS = st.tuples(
     st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
                      "delete", "terminate", "node-delete", "node-add", "timer",
-                     "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small"]),
+                     "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small", "wait", "late-claim",
+                     "sweep"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -401,8 +436,10 @@ def run(actions: list[tuple[str, int, int]]) -> World:
             world.nominate(uid, node, i % 2)
         elif action == "persist":
             actor.persist_state()
+            world.note_durable(actor)
         elif action == "commit":
             actor.commit()
+            world.note_durable(actor)
         elif action == "crash":
             actor.crash()
         elif action == "duplicate":  # a record delivered again, late
@@ -424,6 +461,13 @@ def run(actions: list[tuple[str, int, int]]) -> World:
             world.owners[node].log.append(node_record(node, small=action == "node-add-small"))
         elif action == "timer":
             world.fire_timers()
+        elif action == "wait":  # time passes: a quarter of the retention to all of it
+            world.now += RETENTION_S * ((i % 4) + 1) / 4
+        elif action == "late-claim":  # a replica that had not read the pod's deletion claims it
+            if uid in world.deleted and uid not in RESERVATIONS:
+                world.claim(uid, node, i % 2, replica=i % 2, scheduled_at=world.deleted_at[uid] - 1.0)
+        elif action == "sweep":
+            world.sweep()
     world.drain()
     return world
 
@@ -473,6 +517,8 @@ def verify(world: World) -> None:
         state = actor.state
         assert isinstance(state, NodeState)
         assert [h for h, e in state.holds.items() if e.status == HELD] == [], f"{node}: holds never decided"
+        running_deleted = sorted({e.uid for e in state.holds.values() if e.status == COMMITTED} & world.deleted)
+        assert running_deleted == [], f"{node}: deleted pods still run there: {running_deleted}"
         if not state.exists:
             ghosts_left = [e.uid for e in state.holds.values() if e.status == COMMITTED]
             assert ghosts_left == [], f"{node} is deleted but still runs {ghosts_left}"
@@ -577,6 +623,25 @@ NONSTRICT_SECOND_CLAIM = [
 ]
 
 
+# Retention: a's claim is held, its Held not yet delivered when a is deleted; a retention later
+# the decider has forgotten a, and the Held arrives: too old to act on, it binds nothing.
+HELD_AFTER_FORGETTING = [
+    ("claim", 0, 0), ("owner", 0, 0), ("delete", 0, 0), ("decider", 1, KEYS.index("a")), ("wait", 3, 0),
+    ("wait", 0, 0), ("sweep", 0, 0), ("flush", 1, 8), ("decider", 0, KEYS.index("a")),
+]
+
+
+# Retention, found by an adversarial review: a decider that catches up a backlog covers more than
+# a retention of log time in moments; it forgets a deleted pod, persists, and crashes before its
+# offset commit. The replayed Held (its own log time old) must be judged at the decider's clock.
+_A = 3 + KEYS.index("a")  # the actor index of a's decider in "persist" / "crash"
+REPLAY_AFTER_FORGETTING = [
+    ("claim", 0, 0), ("owner", 0, 1), ("owner", 0, 1), ("delete", 0, 0), ("decider", 1, KEYS.index("a")),
+    ("decider", 1, KEYS.index("a")), ("persist", _A, 0), ("wait", 3, 0), ("wait", 0, 0), ("sweep", 0, 0),
+    ("persist", _A, 0), ("crash", _A, 0), ("decider", 1, KEYS.index("a")),
+]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
 @example(GANG_COMPLETION)
@@ -589,5 +654,43 @@ NONSTRICT_SECOND_CLAIM = [
 @example(NOMINATION_LEAK)
 @example(COMMIT_AFTER_SHRINK)
 @example(NONSTRICT_SECOND_CLAIM)
+@example(HELD_AFTER_FORGETTING)
+@example(REPLAY_AFTER_FORGETTING)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
-    verify(run(actions))
+    world = run(actions)
+    verify(world)
+    verify_forgotten(world)
+
+
+def verify_forgotten(world: World) -> None:
+    """A retention later, what finished is forgotten (owners keep what is live, deciders forget
+    deleted pods); and the late claims the retention must still stop (each deleted pod claimed
+    again by a replica that had not read its deletion, then redelivered to its owners and
+    deciders) bind nothing."""
+    world.now += RETENTION_S + 1.0
+    for node, actor in world.owners.items():  # any record of the node's: owners forget in its batches
+        actor.log.append(NominationCleared(uid="nobody", node=node))
+    world.sweep()
+    world.drain()
+    world.sweep()
+    for node, actor in world.owners.items():
+        state = actor.state
+        assert isinstance(state, NodeState)
+        finished = sorted(h for h, e in state.holds.items() if e.status not in (HELD, COMMITTED))
+        assert finished == [], f"{node}: finished holds kept past the retention: {finished}"
+        assert state.tombstones == {}, f"{node}: tombstones kept past the retention: {state.tombstones}"
+    for key, actor in world.deciders.items():
+        state = actor.state
+        assert isinstance(state, LedgerState)
+        kept = sorted(set(state.pods) & world.deleted)
+        assert kept == [], f"{key}: deleted pods kept past the retention: {kept}"
+        left = [k for table in (state.decisions, state.accepted, state.reasons, state.sent) for k in table
+                if k.split("/")[0].split(":")[-1] in world.deleted]
+        assert left == [], f"{key}: records of deleted pods kept past the retention: {left}"
+    bound_before = len(world.bindings)
+    for uid in sorted(world.deleted - set(RESERVATIONS)):
+        for node in NODES:
+            world.claim(uid, node, 0, scheduled_at=world.deleted_at[uid] - 1.0)
+    world.drain()
+    late = [b.uid for _, b in world.bindings[bound_before:]]
+    assert late == [], f"deleted pods bound by claims older than the retention: {late}"

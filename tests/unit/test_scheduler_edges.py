@@ -204,6 +204,113 @@ async def test_faust_rebalance_signals_reach_the_service() -> None:
     assert set(core.pods) == {uid_at(0)}
 
 
+# -- 1b. a partition read from its first record is placed once read to where it stood -----------
+
+
+async def test_a_held_partition_places_nothing_until_read_to_its_end_and_a_pod_deleted_further_on_never() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    service.hold([0])
+    old, live = uid_at(0, "old"), uid_at(0, "live")
+    await service.on_inputs([raw(make_pod(old), 0, offset=0), raw(make_pod(live), 0, offset=1)])
+    service.catch_up(0, 3)  # where the partition ended when assigned
+    assert claims(core.schedule()) == []  # read to offset 2 of 3: held
+    await service.on_inputs([raw(PodDeleted(uid=old), 0, offset=2)])  # the deletion, further on
+    assert [c.uid for c in claims(core.schedule())] == [live]
+
+
+async def test_a_held_partition_is_released_when_its_end_is_learned_after_it_was_read() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    service.hold([0])
+    await service.on_inputs([raw(make_pod(uid_at(0)), 0, offset=4)])
+    assert claims(core.schedule()) == []
+    service.catch_up(0, 5)
+    assert [c.uid for c in claims(core.schedule())] == [uid_at(0)]
+
+
+async def test_a_partition_read_again_from_its_first_record_waits_until_read_as_far_as_before() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    service.hold([0])
+    service.catch_up(0, 0)  # empty when assigned: placed as pods come
+    pod, gone = uid_at(0, "p"), uid_at(0, "gone")
+    await service.on_inputs([raw(make_pod(gone), 0, offset=0), raw(make_pod(pod), 0, offset=1),
+                             raw(PodDeleted(uid=gone), 0, offset=2)])
+    service.reread(0)  # the start check sought it back to its first record
+    await service.on_inputs([raw(make_pod(gone), 0, offset=0), raw(make_pod(pod), 0, offset=1)])
+    assert claims(core.schedule()) == []  # `gone` is queued again until its deletion is read again
+    await service.on_inputs([raw(PodDeleted(uid=gone), 0, offset=2)])
+    assert [c.uid for c in claims(core.schedule())] == [pod]
+
+
+async def test_a_reread_before_the_end_is_known_keeps_the_partition_held() -> None:
+    """Adversarial review (R1): a re-read from the first record while the end was not known
+    yet released the partition at once."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    service.hold([0])
+    service.reread(0, topics.PODS)
+    assert 0 in service.catch_up_to
+    old = uid_at(0, "old")
+    await service.on_inputs([raw(make_pod(old), 0, offset=0)])
+    service.catch_up(0, 100)
+    assert claims(core.schedule()) == []
+    service.reread(0, topics.REQUEUE)  # a requeue partition read again: the pods partition is not
+    await service.on_inputs([raw(PodDeleted(uid=old), 0, offset=99)])
+    assert 0 not in service.catch_up_to and old not in core.pods
+
+
+async def test_a_held_partition_forwards_its_strays_only_once_caught_up_and_not_those_deleted_meanwhile() -> None:
+    """Adversarial review (R2): a replica that took a partition over forwarded, on its re-read
+    from the first record, pods forwarded and deleted long ago; their home replica placed them
+    again."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FakeOutbox()
+    service = service_with(core, outbox, clock)
+    service.on_partitions_assigned({0})
+    service.hold([0])
+    gone, live = uid_at(1, "gone"), uid_at(1, "live")
+    await service.on_inputs([raw(make_pod(gone), 0, offset=0), raw(make_pod(live), 0, offset=1),
+                             raw(PodDeleted(uid=gone), 0, offset=2)])
+    forwarded = [(type(o.record).__name__, o.record.uid) for o in outbox.outputs() if o.topic == topics.PODS]
+    assert forwarded == [("PodDeleted", gone)]  # the deletion at once; the pods wait
+    service.catch_up(0, 3)
+    await service.flush_forwards()
+    forwarded = [(type(o.record).__name__, o.record.uid) for o in outbox.outputs() if o.topic == topics.PODS]
+    assert forwarded == [("PodDeleted", gone), ("Pod", live)]
+
+
+async def test_a_requeue_of_a_pod_not_tracked_is_kept_only_while_its_partition_is_held() -> None:
+    """Adversarial review (R9): a Requeue of a pod deleted long ago stayed in the replica for
+    ever."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    service.hold([0])
+    early, late = uid_at(0, "early"), uid_at(0, "late")
+    await service.on_inputs([raw(Requeue(uid=early, attempt=2, decision_key=early, reason="x"), 0,
+                                 topic=topics.REQUEUE)])
+    service.catch_up(0, 0)
+    await service.on_inputs([raw(Requeue(uid=late, attempt=2, decision_key=late, reason="x"), 0,
+                                 topic=topics.REQUEUE)])
+    assert set(core.requeued) == {early}
+
+
+def test_pods_of_other_partitions_are_placed_while_one_is_held() -> None:
+    core, _ = make_core(make_node("a", cpu=4000))
+    core.hold([1])
+    core.add(make_pod(uid_at(0)), partition=0)
+    core.add(make_pod(uid_at(1)), partition=1)
+    assert [c.uid for c in claims(core.schedule())] == [uid_at(0)]
+    assert core.release(1) == 1
+    assert [c.uid for c in claims(core.schedule())] == [uid_at(1)]
+
+
 # -- 2. claims wait for the broker's acknowledgement ----------------------------------------------
 
 

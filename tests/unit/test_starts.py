@@ -33,7 +33,7 @@ class Rig:
         self.ticks: asyncio.Queue[None] = asyncio.Queue()
         self.slept = asyncio.Event()
         self.reread: list[int] = []
-        self.guard = ReadFromStart(self.probe, self.seek, reread=self.reread.append, watch_every_s=3.0,
+        self.guard = ReadFromStart(self.probe, self.seek, reread=lambda partition, topic: self.reread.append(partition), watch_every_s=3.0,
                                    sleep=self.sleep)
 
     async def probe(self, topic: str, partition: int) -> int | None:
