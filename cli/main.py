@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +199,8 @@ def cmd_perf_soak(args: argparse.Namespace) -> int:
     from perf.soak import SoakConfig, run_soak
 
     cfg = SoakConfig.preset(args.broker, args.quick, args.seed)
+    if args.pods:
+        cfg = replace(cfg, pods=args.pods)
     try:
         result = asyncio.run(run_soak(cfg, _settings(args)))
     except (ValueError, TimeoutError, OSError) as exc:
@@ -404,6 +407,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the broker a run starts: the embedded Tansu, or Apache Kafka (`make kafka`)")
     r.add_argument("--seed", type=int, default=1, help="chaos and soak: the seed of the workload (and of the kills)")
     r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go")
+    r.add_argument("--pods", type=int, default=0, help="soak: measured pods (default 500,000; --quick 9,000)")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
     c.add_argument("baseline")
