@@ -201,6 +201,8 @@ def cmd_perf_soak(args: argparse.Namespace) -> int:
     cfg = SoakConfig.preset(args.broker, args.quick, args.seed)
     if args.pods:
         cfg = replace(cfg, pods=args.pods)
+    if args.rate:
+        cfg = replace(cfg, rate=args.rate)
     try:
         result = asyncio.run(run_soak(cfg, _settings(args)))
     except (ValueError, TimeoutError, OSError) as exc:
@@ -408,6 +410,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=1, help="chaos and soak: the seed of the workload (and of the kills)")
     r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go")
     r.add_argument("--pods", type=int, default=0, help="soak: measured pods (default 500,000; --quick 9,000)")
+    r.add_argument("--rate", type=float, default=0.0, help="soak: offered pods per second (default 1,000; --quick 200)")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
     c.add_argument("baseline")

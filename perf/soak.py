@@ -23,8 +23,8 @@ replica's maps, each process's CPU and memory) and from the records read back:
   and `state-changes` records a restarted scheduler reads before it places pods again);
 - beside them: `queue_p99_ms` (publish to Binding, pods published in the window),
   `replica_rss_mb`, and `restart_state_s` / `restart_scheduler_s`: how long a fresh consumer
-  takes to read those records (no worker is restarted during the run: that would disturb
-  the windows; what a restart reads is what it costs).
+  takes to read those records, with the publishing paused meanwhile (no worker is restarted
+  during the run: that would disturb the windows; what a restart reads is what it costs).
 
 `growth` is each figure at 100% over its value at 10%. The consistency check
 (`perf.checker`) covers every pod of the run.
@@ -171,6 +171,9 @@ class Churn:
         self.sent = 0
         self._read = 0
         self.measured_from = cfg.long_running + self.warmup
+        self.running = asyncio.Event()  # cleared while a restart's reads are measured: no publishing
+        self.running.set()
+        self.paused_s = 0.0
 
     def pod(self, i: int) -> Pod:
         uid = f"soak-{i}"
@@ -193,7 +196,11 @@ class Churn:
         base = self.sent
         pending: list[Any] = []
         while self.sent < self.total:
-            due = min(self.total, base + int((time.time() - t0) * self.cfg.rate))
+            if not self.running.is_set():
+                paused = time.time()
+                await self.running.wait()
+                self.paused_s += time.time() - paused
+            due = min(self.total, base + int((time.time() - t0 - self.paused_s) * self.cfg.rate))
             if due > self.sent:
                 chunk = [self.pod(i) for i in range(self.sent, due)]
                 pending += await self._send(chunk)
@@ -282,11 +289,15 @@ async def sample(cfg: SoakConfig, churn: Churn, ports: list[int], publisher: asy
         state, scheduler = await asyncio.gather(scrape(ports[0]), scrape(ports[1]))
         out[name] = Snapshot(time.time(), churn.measured_published, state, scheduler)
         if "-" not in name:
+            # What a restart reads, read now with the publishing paused (reading competes for
+            # the same two cores; the next window starts after it).
+            churn.running.clear()
             state_n, state_s = await read_all(
                 bootstrap, [f"koordstream-{t}-changelog" for t in (TABLE_NODE_STATE, TABLE_POD_LEDGER)],
                 partitions)
             sched_n, sched_s = await read_all(bootstrap, [topics.PODS, topics.REQUEUE, topics.STATE_CHANGES],
                                               partitions)
+            churn.running.set()
             restores[name] = {"restore_records_state": state_n, "restart_state_s": round(state_s, 2),
                               "restore_records_scheduler": sched_n, "restart_scheduler_s": round(sched_s, 2)}
     out["restores"] = restores
@@ -316,7 +327,10 @@ def figures(cfg: SoakConfig, churn: Churn, collector: Collector, start: Snapshot
         "changelog_bytes_per_pod": round(written / pods, 1),
         "owner_cpu_ms_per_batch": round(cpu * 1000 / max(batches, 1), 3),
         **restore,
-        "queue_p99_ms": round(percentiles(queue).get("p99", 0.0), 1) if queue else 0.0,
+        "queue_p99_ms": round(percentiles(queue).get("p99", 0.0), 1) if queue else None,  # None: none bound
+        "pods_bound_of_window": len(queue),
+        "bound_per_s": round(sum(1 for ts in first_binding.values() if start.at <= ts < end.at)
+                             / max(end.at - start.at, 1e-9), 1),
         "replica_rss_mb": round(metric(sc, "koordstream_process_resident_bytes") / 2**20, 1),
         "replica_maps": by_map,
         "decider_keys": metric(st, "koordstream_table_keys", table=TABLE_POD_LEDGER),
@@ -342,7 +356,7 @@ def result(cfg: SoakConfig, churn: Churn, collector: Collector, nodes: list[Node
         samples.append({"progress_pct": p, **fig})
     by_pct = {s["progress_pct"]: s for s in samples}
     lo, hi = by_pct[min(cfg.points)], by_pct[max(cfg.points)]
-    growth = {k: round(hi[k] / lo[k], 3) if lo[k] else None for k in FIGURES}
+    growth = {k: round(hi[k] / lo[k], 3) if lo[k] and hi[k] is not None else None for k in FIGURES}
     long_running = [f"soak-{i}" for i in range(cfg.long_running)]
     return {
         "scenario": "soak" + (" (quick)" if cfg.quick else ""),
