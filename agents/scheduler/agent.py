@@ -31,7 +31,13 @@ The edges (DESIGN.md, safety rules 4 and 11):
   its uid's murmur2 partition (librdkafka's default partitioner is not murmur2) is forwarded
   to its own partition of `pods` and not scheduled here: the replica that owns that partition
   schedules it and gets its Requeues. The forward is acknowledged before the batch counts as
-  handled; forwarding again on a re-read is harmless (adds are idempotent by uid).
+  handled. While the partition is held (below), a Pod or Reservation is forwarded only once the
+  partition is caught up, and not when its deletion came meanwhile: a re-read from the first
+  record would otherwise send home pods deleted long ago.
+- The catch-up gate (`hold`, `catch_up`, `reread`): a `pods` partition read from its first
+  record places none of its pods until read to where it ended when assigned, and as far as
+  any earlier pass (docs/architecture.md, "How long state is kept").
+- Claims are stamped with the wall time their cycle began (`Claim.scheduled_at`).
 """
 
 from __future__ import annotations
