@@ -23,13 +23,14 @@ demo: $(STAMP)
 	$(BIN)/koordstream demo --nodes 1000 --pods 10000 --rate 2000 --json out/demo.json
 
 test: $(STAMP) kafka
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
 # broker killed -9 under load, then the independent check) on Apache Kafka and on Tansu, the
-# state retention on both brokers, and the quick soak (state stays flat) on Tansu.
+# state retention on both brokers, the quick soak (state stays flat) on Tansu, and the quick
+# variants of the shipped perf scenarios.
 e2e: $(STAMP) kafka
-	$(BIN)/python -m pytest -q -m e2e tests/e2e tests/integration/test_retention.py
+	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -89,6 +89,9 @@ def test_a_trace_scenario_without_its_files_is_refused_before_the_run() -> None:
     assert "needs --nodes-csv and --pods-csv" in done.stdout
 
 
+# In `make e2e`: three whole perf runs (broker, workers, lifecycle), about two minutes, beyond
+# `make test`'s ten.
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["basic", "mixed-100k", "sandbox-burst"])
 def test_the_quick_variants_of_the_shipped_scenarios_run_whole_and_consistent(name: str, tmp_path: Path) -> None:
     out = tmp_path / f"{name}.json"
