@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -183,15 +184,22 @@ def cmd_perf_chaos(args: argparse.Namespace) -> int:
     from perf.chaos import ChaosConfig, run_chaos, succeeded
 
     cfg = ChaosConfig.preset(args.broker, args.quick, args.seed, run_dir=args.run_dir or "")
+    return _run_and_print("chaos", lambda: run_chaos(cfg, _settings(args)), succeeded, args.json)
+
+
+def _run_and_print(name: str, run: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+                   succeeded: Callable[[dict[str, Any]], bool], json_out: str | None) -> int:
+    """Run a perf run that returns a JSON result: print it, write it to `json_out`; exit 0 when
+    it `succeeded`, 1 when not, 2 when it could not run."""
     try:
-        result = asyncio.run(run_chaos(cfg, _settings(args)))
+        result = asyncio.run(run())
     except (ValueError, TimeoutError, OSError) as exc:
-        console.print(f"[red]perf run chaos: {exc}[/red]")
+        console.print(f"[red]perf run {name}: {exc}[/red]")
         return 2
     console.print_json(json.dumps(result))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
     return 0 if succeeded(result) else 1
 
 
@@ -203,16 +211,8 @@ def cmd_perf_soak(args: argparse.Namespace) -> int:
         cfg = replace(cfg, pods=args.pods)
     if args.rate:
         cfg = replace(cfg, rate=args.rate)
-    try:
-        result = asyncio.run(run_soak(cfg, _settings(args)))
-    except (ValueError, TimeoutError, OSError) as exc:
-        console.print(f"[red]perf run soak: {exc}[/red]")
-        return 2
-    console.print_json(json.dumps(result))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0 if not result["pods_double_bound"] and not result["nodes_overcommitted"] else 1
+    return _run_and_print("soak", lambda: run_soak(cfg, _settings(args)),
+                          lambda r: not r["pods_double_bound"] and not r["nodes_overcommitted"], args.json)
 
 
 def cmd_perf_run(args: argparse.Namespace) -> int:

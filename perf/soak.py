@@ -308,9 +308,9 @@ def figures(cfg: SoakConfig, churn: Churn, collector: Collector, start: Snapshot
             restore: dict[str, float], first_binding: dict[str, float]) -> dict[str, Any]:
     st, sc = end.state, end.scheduler
     nodes = metric(st, "koordstream_table_sized_keys", table=TABLE_NODE_STATE) or 1.0
-    written = sum(metric(s.state, "koordstream_changelog_bytes_total", table=t)
-                  for s in (end,) for t in (TABLE_NODE_STATE, TABLE_POD_LEDGER)) - sum(
-        metric(start.state, "koordstream_changelog_bytes_total", table=t) for t in (TABLE_NODE_STATE, TABLE_POD_LEDGER))
+    written = sum(metric(end.state, "koordstream_changelog_bytes_total", table=t)
+                  - metric(start.state, "koordstream_changelog_bytes_total", table=t)
+                  for t in (TABLE_NODE_STATE, TABLE_POD_LEDGER))
     pods = max(end.published - start.published, 1)
     batches = sum(metric(end.state, "koordstream_batches_total", agent=a) - metric(start.state, "koordstream_batches_total",
                                                                                    agent=a) for a in ("owners", "deciders"))

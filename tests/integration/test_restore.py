@@ -50,6 +50,18 @@ async def write_batch(producer: AIOKafkaProducer, topic: str, partition: int, re
     return int(metadata.offset)
 
 
+async def write_three_batches(bootstrap: str, topic: str) -> list[int]:
+    """Batches of 3, 1 and 2 records to partition 0 (the last batch holds several); their base
+    offsets."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        return [await write_batch(producer, topic, 0, records)
+                for records in ([(b"a", b"1"), (b"b", b"1"), (b"c", b"1")], [(b"a", b"2")], [(b"b", b"2"), (b"c", b"2")])]
+    finally:
+        await producer.stop()
+
+
 @pytest.mark.kafka
 @pytest.mark.parametrize("read_committed", [False, True])
 async def test_the_last_record_of_a_partition_whose_last_batch_holds_several(bootstrap: str,
@@ -57,14 +69,7 @@ async def test_the_last_record_of_a_partition_whose_last_batch_holds_several(boo
     topic = f"restore-end-{uuid.uuid4().hex[:8]}"
     await wait_ready(bootstrap)
     await ensure_topics(bootstrap, [TopicSpec(topic, "none", 1)])
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        assert await write_batch(producer, topic, 0, [(b"a", b"1"), (b"b", b"1"), (b"c", b"1")]) == 0
-        assert await write_batch(producer, topic, 0, [(b"a", b"2")]) == 3
-        assert await write_batch(producer, topic, 0, [(b"b", b"2"), (b"c", b"2")]) == 4
-    finally:
-        await producer.stop()
+    assert await write_three_batches(bootstrap, topic) == [0, 3, 4]
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
     await consumer.start()
     try:
@@ -85,13 +90,7 @@ async def test_the_schedulers_end_probe_finds_a_partitions_real_end(bootstrap: s
     topic = f"pods-end-{uuid.uuid4().hex[:8]}"
     await wait_ready(bootstrap)
     await ensure_topics(bootstrap, [TopicSpec(topic, "none", 2)])
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for records in ([(b"a", b"1"), (b"b", b"1"), (b"c", b"1")], [(b"a", b"2")], [(b"b", b"2"), (b"c", b"2")]):
-            await write_batch(producer, topic, 0, records)
-    finally:
-        await producer.stop()
+    await write_three_batches(bootstrap, topic)
     probe = CommittedStart(bootstrap, None, read_committed)
     try:
         assert await probe.end(topic, 0) == 6
