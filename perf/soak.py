@@ -38,6 +38,7 @@ import heapq
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -115,9 +116,10 @@ def metric(m: dict[str, float], name: str, **labels: str) -> float:
     return m.get(key, 0.0)
 
 
-async def read_all(bootstrap: str, names: list[str], partitions: int) -> tuple[int, float]:
+async def read_all(bootstrap: str, names: list[str], partitions: int,
+                   seen: Callable[[Any], None] | None = None) -> tuple[int, float]:
     """How many records `names` hold (read committed, from the beginning to the end a fetch
-    reports), and how long reading them took."""
+    reports), and how long reading them took; `seen` gets each record."""
     started = time.perf_counter()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 isolation_level="read_committed", fetch_max_wait_ms=20, max_partition_fetch_bytes=8 * 2**20)
@@ -131,6 +133,10 @@ async def read_all(bootstrap: str, names: list[str], partitions: int) -> tuple[i
         while True:
             batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
             count += sum(len(ms) for ms in batches.values())
+            if seen is not None:
+                for ms in batches.values():
+                    for m in ms:
+                        seen(m)
             for tp in tps:
                 if tp not in ends:
                     end = consumer.last_stable_offset(tp)

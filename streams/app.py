@@ -100,9 +100,8 @@ def build_app(settings: Settings, transactions: bool = False, datadir: Path | No
         broker_commit_interval=1.0,
         consumer_auto_offset_reset="earliest",
         producer_linger_ms=2,
-        # Owners write each touched node's whole state to their changelog (every hold it ever
-        # had): compressed, those batches are a fraction of their size (zstd, level 3; lz4 at
-        # aiokafka's fixed level 9 took a seventh of the state worker's CPU in mixed-100k).
+        # Changelog and output batches compress to a fraction of their size (zstd, level 3;
+        # lz4 at aiokafka's fixed level 9 took a seventh of the state worker's CPU in mixed-100k).
         producer_compression_type=transport.COMPRESSION,
         producer_max_request_size=4 * 1024 * 1024,
         # A produce request carries one batch per partition: at aiokafka's default 16 KiB, an

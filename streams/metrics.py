@@ -134,7 +134,7 @@ class StateMetrics(Collector):
             keys.add_metric([name], len(states))
             entries.add_metric([name], sum(len(st.get("holds") or st.get("pods") or ()) for st in states))
             stored.add_metric([name], table.stored_bytes())
-            sized.add_metric([name], len(table.sizes))
+            sized.add_metric([name], table.sized_keys())
             written.add_metric([name], table.written_bytes)
             records.add_metric([name], table.written_records)
             deleted.add_metric([name], table.deleted_keys)

@@ -66,6 +66,7 @@ def gang_timer(key: str, round_: int, seconds: float) -> TimerRequest:
 
 class DeciderCore:
     kinds: tuple[type[Record], ...] = HOLDS_KINDS
+    split: tuple[str, ...] = ()  # a decision key's state is small: written whole
 
     def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.decider = Decider(retention_s)

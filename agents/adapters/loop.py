@@ -76,6 +76,7 @@ class Core(Protocol):
     """A decision core as the loop drives it (see `agents.adapters.owners`, `.deciders`)."""
 
     kinds: tuple[type[Record], ...]
+    split: tuple[str, ...]  # fields of its states that are maps written entry by entry (`tables`)
 
     def key_of(self, record: Record) -> str:
         """The table key (node, decision key) a record belongs to; keyed like the input."""

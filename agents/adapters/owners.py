@@ -57,6 +57,8 @@ def node_of(record: Record) -> str:
 
 class OwnerCore:
     kinds: tuple[type[Record], ...] = INBOX_KINDS
+    # A node's holds and tombstones are its changelog's bulk, and a batch changes few of them.
+    split: tuple[str, ...] = ("holds", "tombstones")
 
     def __init__(self, clock: Callable[[], float] = time.time, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.owner = NodeOwner(retention_s)

@@ -68,7 +68,7 @@ def seeker(app: faust.App) -> Seek:
 def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Core, outbox: Outbox,
                       config: AgentConfig, transactions: Transactions) -> StatefulLoop:
     """Declare the table and the faust agent `koordstream.<name>` that runs `core`."""
-    table = VersionedState(app, config.table_name, config.partitions)
+    table = VersionedState(app, config.table_name, config.partitions, split=core.split)
     topics = list(channel.topics)
     if len(topics) != 1:
         raise ValueError(f"{name}: a stateful agent reads one topic, got {topics}")

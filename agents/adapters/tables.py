@@ -4,8 +4,9 @@ Every value the agents write is wrapped as `{"epoch": E, "seq": S, "state": ...}
 writer's epoch for the key's partition in the assignment the batch was *fetched* in: the larger
 of that consumer-group generation and one more than the highest epoch restored for the
 partition, so epochs grow with every new owner even if the group's generations start over.
-S counts the writes of the key. The same epoch stamps the batch's outputs, so readers can drop
-a zombie's records (`agents.intake.EpochFence`).
+S grows with every write of the worker (so with every write of a key, and a key written again
+after its deletion goes on past its older writes). The same epoch stamps the batch's outputs,
+so readers can drop a zombie's records (`agents.intake.EpochFence`).
 
 Restore. `supersedes` is the rule a restore applies per key: keep the value with the highest
 (E, S). What it protects against depends on the broker (docs/architecture.md, "What is
@@ -26,6 +27,19 @@ sandbox-burst profile). `put` changes the table in memory and remembers the key;
 partition of its input (orjson, raw key: what faust's restore reads back; record batches per
 partition) with the producer it is given (faust's, or a partition's transactional one).
 
+Split values. A table may name fields of its values that are maps (`split`: the owners'
+`holds` and `tombstones`): each entry of such a map is a changelog record of its own, keyed
+`<key>\x1f<field>\x1f<entry>`, and the key's own record carries the rest (its head). A write
+then produces the head and only the entries that changed since the key was last written (by
+identity, else equality, with what the changelog holds: `ChangelogImage.parts`), and a
+tombstone for each entry that left, so that a batch writes in proportion to what it changed,
+not to what the node holds; compaction keeps one record per entry. The entry records of one
+write follow its head in the same partition's batch. A restore applies `supersedes` per
+record (entries have their own epoch and seq) and assembles each key from its head and its
+entries. A head that carries a split field (written before values were split) replaces
+that field's entries. What the changelog holds of the entries is changed when a write is
+produced and given back if its batch does not become durable (`settle`).
+
 Rebalances: the table tells its listeners when partitions are assigned (before any restore
 starts, so a transactional producer can fence its predecessor first) and when a restore
 completed (after every rebalance, not only the first: faust sets its own recovery-completed
@@ -38,7 +52,7 @@ keys), and suspends faust's flow control until faust has seeked the input partit
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import faust
@@ -78,40 +92,130 @@ def read_state(table: str, key: str, raw: dict[str, Any], decode: Callable[[dict
         ) from exc
 
 
-class VersionedTable(Table[bytes, Any]):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+Record = tuple[bytes, Any, int]  # a changelog record as a restore reads it: key, value (decoded JSON), partition
+
+
+class ChangelogImage:
+    """What a changelog holds, as a restore reads it: the rule `supersedes` per key and per
+    entry of a split field, and each key assembled from its head and entries (module
+    docstring), over a key -> wrapped value map. Pure: faust's restore of a table
+    (`VersionedTable`) and a scheduler replica's start (`streams.app`) both read through it."""
+
+    def __init__(self, name: str, split: tuple[str, ...] = (), data: Any = None) -> None:
+        self.name = name
+        self.split = split  # the fields written entry by entry
+        self.data: Any = {} if data is None else data  # key -> wrapped value (faust's store, for a table)
         self.restored_epochs: dict[int, int] = {}  # partition -> the highest epoch a restore applied
         self.partition_of: dict[bytes, int] = {}  # key -> its partition (restored or written)
-        self.assigned_hooks: list[AssignedHook] = []
-        self.restored_hooks: list[RestoredHook] = []
-        super().__init__(*args, **kwargs)
+        # key -> split field -> entry -> (epoch, seq, value): what the changelog holds of them,
+        # as restored and as written by this worker since.
+        self.parts: dict[bytes, dict[str, dict[str, tuple[int, int, Any]]]] = {}
 
-    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+    def read(self, records: Sequence[Record]) -> tuple[list[int], set[bytes]]:
+        """Judge records in log order: the positions of the keys' own records that apply (the
+        caller stores them in `data`, in order), and the keys to `assemble` after that."""
         restored = self.restored_epochs
-        newest: dict[Any, Any] = {}
+        newest: dict[bytes, Any] = {}
         kept = []
-        for event in batch:
-            key, value = event.key, event.value
+        assemble: set[bytes] = set()
+        for i, (key, value, partition) in enumerate(records):
+            if self.split and PART in key:
+                self._apply_entry(key, value, partition, assemble)
+                continue
             current = newest[key] if key in newest else self.data.get(key)
             if supersedes(value, current):
                 newest[key] = value
-                kept.append(event)
-                partition = event.message.partition
+                kept.append(i)
                 if value is not None:
                     self.partition_of[key] = partition
                     restored[partition] = max(restored.get(partition, -1), value["epoch"])
+                    if self.split:
+                        self._apply_whole(key, value)
+                        assemble.add(key)
                 else:  # forgotten (`VersionedState.delete`)
                     self.partition_of.pop(key, None)
-            elif value["epoch"] == current["epoch"]:  # type: ignore[index]
+                    self.parts.pop(key, None)
+            elif value["epoch"] == current["epoch"]:
                 # This worker's own earlier write, read again: faust resumes the restore of a
                 # partition kept across a rebalance from where its last restore ended.
                 log.debug("restore of %s skipped an earlier write of %r (epoch %s, seq %s < %s)", self.name, key,
-                          value["epoch"], value["seq"], current["seq"])  # type: ignore[index]
+                          value["epoch"], value["seq"], current["seq"])
             else:
                 log.warning("restore of %s dropped a stale write of %r (epoch %s, seq %s; kept epoch %s, seq %s)",
-                            self.name, key, value["epoch"], value["seq"], current["epoch"],  # type: ignore[index]
-                            current["seq"])  # type: ignore[index]
-        super().apply_changelog_batch(kept)
+                            self.name, key, value["epoch"], value["seq"], current["epoch"], current["seq"])
+        return kept, assemble
+
+    def apply(self, records: Sequence[Record]) -> None:
+        """`read`, store and assemble: a restore into `data` without faust."""
+        kept, assemble = self.read(records)
+        for i in kept:
+            key, value, _ = records[i]
+            if value is None:
+                self.data.pop(key, None)
+            else:
+                self.data[key] = value
+        self.assemble(assemble)
+
+    def _apply_entry(self, raw_key: bytes, value: dict[str, Any] | None, partition: int, assemble: set[bytes]) -> None:
+        """One entry of a split field, restored (the same rule as for keys, per entry)."""
+        key, field_, entry_ = raw_key.split(PART, 2)
+        name, entry = field_.decode(), entry_.decode()
+        assemble.add(key)
+        if value is None:
+            self.parts.get(key, {}).get(name, {}).pop(entry, None)
+            return
+        entries = self.parts.setdefault(key, {}).setdefault(name, {})
+        current = entries.get(entry)
+        if current is None or (value["epoch"], value["seq"]) >= current[:2]:
+            entries[entry] = (value["epoch"], value["seq"], value["state"])
+            self.restored_epochs[partition] = max(self.restored_epochs.get(partition, -1), value["epoch"])
+        elif value["epoch"] != current[0]:
+            log.warning("restore of %s dropped a stale write of %r (epoch %s, seq %s; kept epoch %s, seq %s)",
+                        self.name, raw_key, value["epoch"], value["seq"], current[0], current[1])
+
+    def _apply_whole(self, key: bytes, value: dict[str, Any]) -> None:
+        """A head that carries split fields whole (written before values were split): they are
+        what the changelog holds of those fields."""
+        state = value["state"]
+        for name in self.split:
+            if name in state:
+                self.parts.setdefault(key, {})[name] = {
+                    entry: (value["epoch"], value["seq"], v) for entry, v in state[name].items()}
+
+    def assemble(self, keys: Iterable[bytes]) -> None:
+        """Each key's value as the restore has it: its head with its entries."""
+        for key in keys:
+            wrapped = self.data.get(key)
+            if wrapped is None:
+                continue  # entries whose head was deleted (their tombstones follow it)
+            entries = self.parts.get(key, {})
+            state = {k: v for k, v in wrapped["state"].items() if k not in self.split}
+            for name in self.split:
+                state[name] = {entry: v for entry, (_, _, v) in entries.get(name, {}).items()}
+            self.data[key] = {**wrapped, "state": state}
+
+    def forget(self, key: bytes) -> None:
+        """The key left with its partition."""
+        self.data.pop(key, None)
+        self.parts.pop(key, None)
+        self.partition_of.pop(key, None)
+
+
+class VersionedTable(Table[bytes, Any]):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.assigned_hooks: list[AssignedHook] = []
+        self.restored_hooks: list[RestoredHook] = []
+        super().__init__(*args, **kwargs)
+        self.image = ChangelogImage(self.name, data=self.data)
+        self.restored_epochs = self.image.restored_epochs
+        self.partition_of = self.image.partition_of
+        self.parts = self.image.parts
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        events = list(batch)
+        kept, assemble = self.image.read([(e.key, e.value, e.message.partition) for e in events])
+        super().apply_changelog_batch([events[i] for i in kept])
+        self.image.assemble(assemble)
 
     async def on_rebalance(self, assigned: set[Any], revoked: set[Any], newly_assigned: set[Any],
                            generation_id: int = 0) -> None:
@@ -122,10 +226,8 @@ class VersionedTable(Table[bytes, Any]):
     async def on_recovery_completed(self, active_tps: set[Any], standby_tps: set[Any]) -> None:
         await super().on_recovery_completed(active_tps, standby_tps)
         active = {tp.partition for tp in active_tps}
-        stale = [key for key, partition in self.partition_of.items() if partition not in active]
-        for key in stale:
-            self.data.pop(key, None)
-            del self.partition_of[key]
+        for key in [key for key, partition in self.partition_of.items() if partition not in active]:
+            self.image.forget(key)
         for hook in self.restored_hooks:
             await hook(active)
         # faust now resumes the stream partitions, then seeks them to their committed offsets,
@@ -137,6 +239,7 @@ class VersionedTable(Table[bytes, Any]):
         self.app.flow_control.suspend()
 
 
+PART = b"\x1f"  # between a key, a split field and an entry: the changelog key of one entry
 CLOCK_PREFIX = b"\x00clock/"  # the key of a partition's log clock (`VersionedState.clock`)
 
 
@@ -148,15 +251,19 @@ class VersionedState:
     run's states, so that a record replayed after a crash is judged at least as late as
     anything that was decided before it (docs/architecture.md, "How long state is kept")."""
 
-    def __init__(self, app: faust.App, name: str, partitions: int) -> None:
+    def __init__(self, app: faust.App, name: str, partitions: int, split: tuple[str, ...] = ()) -> None:
         self.app = app
         # Raw UTF-8 keys (not JSON-quoted ones), so the partitioner puts a key's changelog record
         # in the same partition number as its input records: they move together on a rebalance.
         self.table = VersionedTable(app, name=name, default=None, partitions=partitions, use_partitioner=True,
                                     key_type=bytes)
+        self.table.image.split = split
         app.tables.add(self.table)
         self._dirty: dict[int, dict[bytes, None]] = {}  # partition -> keys put or deleted since the last write
         self._deleted: dict[int, set[bytes]] = {}  # partition -> keys deleted since the last write
+        # partition -> how to give back what its last write changed in `ChangelogImage.parts` (`settle`)
+        self._undo: dict[int, list[tuple[bytes, str | None, str, Any]]] = {}
+        self._seq = 0  # the seq of the last write (`put`)
         # What this worker wrote to the changelog: per key the size of its last value, and the
         # totals written (the soak benchmark's figures, `streams.metrics`).
         self.sizes: dict[bytes, int] = {}
@@ -210,7 +317,10 @@ class VersionedState:
         """Change the table in memory; `write_changelog` makes it durable."""
         previous = self.raw(key)
         raw_key = key.encode()
-        self.table.data[raw_key] = {"epoch": epoch, "seq": previous["seq"] + 1 if previous else 1, "state": state}
+        # One counter for every key: a key written again after its deletion still goes past
+        # its older writes in a restore (a deletion whose batch was lost leaves them in the log).
+        self._seq = max(self._seq, previous["seq"] if previous else 0) + 1
+        self.table.data[raw_key] = {"epoch": epoch, "seq": self._seq, "state": state}
         self.table.partition_of[raw_key] = partition
         self._dirty.setdefault(partition, {})[raw_key] = None
 
@@ -229,15 +339,36 @@ class VersionedState:
         """The bytes of the values this worker holds, as last written here (keys restored and
         not written since are not counted; keys gone with their partition are dropped)."""
         data = self.table.data
-        for key in [k for k in self.sizes if k not in data]:
+        for key in [k for k in self.sizes if k.split(PART, 1)[0] not in data]:
             del self.sizes[key]
         return sum(self.sizes.values())
+
+    def sized_keys(self) -> int:
+        """How many keys `stored_bytes` covers (a split key's entries count with it)."""
+        return len({k.split(PART, 1)[0] for k in self.sizes})
 
     def discard(self, partition: int) -> None:
         """Forget the keys put for `partition` since its last write (its batch is dropped; the
         values stay in memory until the next restore, see docs: a replay re-sends them)."""
         self._dirty.pop(partition, None)
         self._deleted.pop(partition, None)
+
+    def settle(self, partition: int, durable: bool) -> None:
+        """The batch last written for `partition` became durable, or did not: then what its
+        write changed in `table.parts` is given back, so that the replay writes it again."""
+        undo = self._undo.pop(partition, [])
+        if durable:
+            return
+        parts = self.table.parts
+        for key, name, entry, previous in reversed(undo):
+            if name is None:  # the key was deleted: all of its entries come back
+                parts[key] = previous
+                continue
+            entries = parts.setdefault(key, {}).setdefault(name, {})
+            if previous is None:
+                entries.pop(entry, None)
+            else:
+                entries[entry] = previous
 
     @property
     def changelog(self) -> str:
@@ -260,25 +391,57 @@ class VersionedState:
         for partition in chosen:
             keys = self._dirty.pop(partition)
             deleted = self._deleted.pop(partition, set())
+            undo = self._undo[partition] = []
             batch = producer.create_batch()
             for key in keys:
                 wrapped = data.get(key)
-                value: bytes | None
-                if wrapped is not None:
-                    value = orjson.dumps(wrapped)
-                    self.sizes[key] = len(value)
-                    self.written_bytes += len(value)
-                elif key in deleted:
-                    value = None  # a tombstone
-                else:  # forgotten by a restore meanwhile (the partition moved)
-                    continue
-                self.written_records += 1
-                if batch.append(key=key, value=value, timestamp=None) is None:  # full: send, start another
-                    if batch.record_count():
-                        acks.append(await producer.send_batch(batch, topic, partition=partition))
-                        batch = producer.create_batch()
-                    if batch.append(key=key, value=value, timestamp=None) is None:  # larger than a batch
-                        acks.append(await producer.send(topic, value, key=key, partition=partition))
+                if wrapped is None and key not in deleted:
+                    continue  # forgotten by a restore meanwhile (the partition moved)
+                for record_key, value in self._records(key, wrapped, undo):
+                    if value is not None:
+                        self.sizes[record_key] = len(value)
+                        self.written_bytes += len(value)
+                    self.written_records += 1
+                    if batch.append(key=record_key, value=value, timestamp=None) is None:  # full: send, start another
+                        if batch.record_count():
+                            acks.append(await producer.send_batch(batch, topic, partition=partition))
+                            batch = producer.create_batch()
+                        if batch.append(key=record_key, value=value, timestamp=None) is None:  # larger than a batch
+                            acks.append(await producer.send(topic, value, key=record_key, partition=partition))
             if batch.record_count():
                 acks.append(await producer.send_batch(batch, topic, partition=partition))
         return acks
+
+    def _records(self, key: bytes, wrapped: dict[str, Any] | None,
+                 undo: list[tuple[bytes, str | None, str, Any]]) -> list[tuple[bytes, bytes | None]]:
+        """The changelog records of one key's write: its value, or its head and the entries of
+        its split fields that changed (module docstring); a deletion's tombstones."""
+        split = self.table.image.split
+        if not split:
+            return [(key, None if wrapped is None else orjson.dumps(wrapped))]
+        parts = self.table.parts
+        if wrapped is None:  # deleted: the head's tombstone and every entry's
+            fields = parts.pop(key, {})
+            undo.append((key, None, "", fields))
+            gone: list[tuple[bytes, bytes | None]] = [(key, None)]
+            return gone + [(key + PART + name.encode() + PART + entry.encode(), None)
+                           for name, entries in fields.items() for entry in entries]
+        epoch, seq, state = wrapped["epoch"], wrapped["seq"], wrapped["state"]
+        out: list[tuple[bytes, bytes | None]] = [
+            (key, orjson.dumps({"epoch": epoch, "seq": seq, "state": {k: v for k, v in state.items() if k not in split}}))]
+        fields = parts.setdefault(key, {})
+        for name in split:
+            entries = fields.setdefault(name, {})
+            current: dict[str, Any] = state.get(name) or {}
+            prefix = key + PART + name.encode() + PART
+            for entry, value in current.items():
+                held = entries.get(entry)
+                if held is not None and (held[2] is value or held[2] == value):
+                    continue
+                undo.append((key, name, entry, held))
+                entries[entry] = (epoch, seq, value)
+                out.append((prefix + entry.encode(), orjson.dumps({"epoch": epoch, "seq": seq, "state": value})))
+            for entry in [e for e in entries if e not in current]:
+                undo.append((key, name, entry, entries.pop(entry)))
+                out.append((prefix + entry.encode(), None))
+        return out

@@ -88,6 +88,8 @@ class PlainSink:
         await deliver(self.outbox, [o for w in work for o in w.first])
         for ack in changelog:
             await ack
+        for w in work:
+            self.table.settle(w.partition, durable=True)
         for wave in ([o for w in work for o in w.after], [o for w in work for o in w.last]):
             if wave:
                 await deliver(self.outbox, wave)
@@ -206,6 +208,7 @@ class TransactionalSink:
                 await asyncio.wait_for(producer.send_offsets_to_transaction(
                     {TopicPartition(self.topic, partition): w.fetched.next_offset}, self.group_id), self.timeout_s)
                 await asyncio.wait_for(producer.commit_transaction(), self.timeout_s)
+                self.table.settle(partition, durable=True)
                 self.committed += 1
                 return "durable"
             except FENCED as exc:
@@ -229,6 +232,7 @@ class TransactionalSink:
                 return "failed" if await self._abort(partition, producer) else "lost"
             finally:
                 self.table.discard(partition)
+                self.table.settle(partition, durable=False)  # given back unless it committed
                 for ack in acks:  # the commit judged them; retrieve their outcome all the same
                     if isinstance(ack, asyncio.Future):
                         ack.add_done_callback(_retrieve)

@@ -168,10 +168,9 @@ class HoldEntry:
 
     def plain(self) -> dict[str, Any]:
         """As JSON, without the fields that hold their defaults (`HoldEntry(**plain)` restores
-        them): a node's table value carries every hold it ever had, so this is most of the
-        bytes the owners write to their changelog. Kept until a field is assigned (the cores
-        assign fields, never change their contents in place), since a node's state is written
-        whole for every batch that touches it."""
+        them). Kept until a field is assigned (the cores assign fields, never change their
+        contents in place): the same object means an unchanged hold, which the owners' table
+        does not write again (`agents.adapters.tables`, "Split values")."""
         cached: dict[str, Any] | None = self.__dict__.get("_plain")
         if cached is None:
             cached = {k: v for k, v in self.__dict__.items()

@@ -23,8 +23,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from agents.adapters.tables import PART
 from agents.adapters.transactions import transactional_id
 from perf.checker import Placement, check
+from perf.soak import read_all
 from schemas import topics
 from schemas.records import (
     Binding,
@@ -141,6 +143,15 @@ async def test_replacement_worker_recovers_committed_capacity(broker_factory: Ca
                                [Placement(i, b.uid, b.node) for i, b in enumerate(bindings)])
                 assert result.pods_double_bound == 0 and result.nodes_overcommitted == 0, result.overcommitted
                 assert result.pods_bound == 16  # 12 before the crash, and the 4 that still fit
+
+                # Both owners wrote a node's holds one record each (the head carries none), so
+                # what the replacement restored was assembled from them.
+                records: list[tuple[bytes, dict | None]] = []
+                await read_all(broker.bootstrap, [changelog], PARTITIONS,
+                               lambda m: records.append((m.key, None if m.value is None else orjson.loads(m.value))))
+                holds = {k.split(PART)[2].decode() for k, v in records if PART + b"holds" + PART in k and v}
+                assert {f"{p.uid}/0/" for p in before} <= {h[:h.rindex("/") + 1] for h in holds}
+                assert not [k for k, v in records if PART not in k and v and v["epoch"] >= 0 and "holds" in v["state"]]
         finally:
             for proc in (first, second):
                 if proc is not None:
