@@ -19,8 +19,9 @@ replica's maps, each process's CPU and memory) and from the records read back:
   scheduler replica's maps hold), `changelog_bytes_per_pod` (changelog bytes written in the
   window per pod published in it), `owner_cpu_ms_per_batch` (the state worker's CPU over its
   owner and decider batches in the window), `restore_records_state` (the changelog records a
-  restarted state worker restores) and `restore_records_scheduler` (the `pods`, `requeue`
-  and `state-changes` records a restarted scheduler reads before it places pods again);
+  restarted state worker restores) and `restore_records_scheduler` (what a restarted
+  scheduler reads before it places pods again: the owners' changelog, for its replica, and
+  `pods` and `requeue`; `state-changes` only from where it ended);
 - beside them: `queue_p99_ms` (publish to Binding, pods published in the window),
   `replica_rss_mb`, and `restart_state_s` / `restart_scheduler_s`: how long a fresh consumer
   takes to read those records, with the publishing paused meanwhile (no worker is restarted
@@ -38,11 +39,8 @@ import heapq
 import random
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from perf.checker import Placement, check
 from perf.collector import Collector
@@ -51,6 +49,7 @@ from schemas import topics
 from schemas.records import Binding, Node, Pod, PodDeleted, PodTerminated, ResourceList
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
 from streams.producer import RecordProducer
+from streams.reader import read_to_end
 from streams.settings import Settings
 
 GI = 2**30
@@ -114,39 +113,6 @@ async def scrape(port: int) -> dict[str, float]:
 def metric(m: dict[str, float], name: str, **labels: str) -> float:
     key = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
     return m.get(key, 0.0)
-
-
-async def read_all(bootstrap: str, names: list[str], partitions: int,
-                   seen: Callable[[Any], None] | None = None) -> tuple[int, float]:
-    """How many records `names` hold (read committed, from the beginning to the end a fetch
-    reports), and how long reading them took; `seen` gets each record."""
-    started = time.perf_counter()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                isolation_level="read_committed", fetch_max_wait_ms=20, max_partition_fetch_bytes=8 * 2**20)
-    await consumer.start()
-    count = 0
-    try:
-        tps = [TopicPartition(t, p) for t in names for p in range(partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning()
-        ends: dict[TopicPartition, int] = {}
-        while True:
-            batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
-            count += sum(len(ms) for ms in batches.values())
-            if seen is not None:
-                for ms in batches.values():
-                    for m in ms:
-                        seen(m)
-            for tp in tps:
-                if tp not in ends:
-                    end = consumer.last_stable_offset(tp)
-                    if end is not None:
-                        ends[tp] = end
-            if len(ends) == len(tps) and all([await consumer.position(tp) >= ends[tp] for tp in tps]):
-                break
-    finally:
-        await consumer.stop()
-    return count, time.perf_counter() - started
 
 
 @dataclass
@@ -298,11 +264,11 @@ async def sample(cfg: SoakConfig, churn: Churn, ports: list[int], publisher: asy
             # What a restart reads, read now with the publishing paused (reading competes for
             # the same two cores; the next window starts after it).
             churn.running.clear()
-            state_n, state_s = await read_all(
+            state_n, state_s = await read_to_end(
                 bootstrap, [f"koordstream-{t}-changelog" for t in (TABLE_NODE_STATE, TABLE_POD_LEDGER)],
                 partitions)
-            sched_n, sched_s = await read_all(bootstrap, [topics.PODS, topics.REQUEUE, topics.STATE_CHANGES],
-                                              partitions)
+            sched_n, sched_s = await read_to_end(
+                bootstrap, [f"koordstream-{TABLE_NODE_STATE}-changelog", topics.PODS, topics.REQUEUE], partitions)
             churn.running.set()
             restores[name] = {"restore_records_state": state_n, "restart_state_s": round(state_s, 2),
                               "restore_records_scheduler": sched_n, "restart_scheduler_s": round(sched_s, 2)}

@@ -12,6 +12,7 @@ Decoders are built once per record class from its type hints and cached.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -34,6 +35,10 @@ def _default(obj: Any) -> Any:
 
 
 _OPTS = orjson.OPT_PASSTHROUGH_SUBCLASS
+# Fields that name a table key or part of one (a node, a decision key, a pod): the tables keep
+# control characters for their own keys (`agents.adapters.tables`: entries, partition clocks).
+KEY_FIELDS = frozenset({"node", "decision_key", "uid"})
+_CONTROL = re.compile(r"[\x00-\x1f]")
 
 
 def encode(record: Record) -> bytes:
@@ -149,6 +154,8 @@ def _dataclass_decoder(cls: type) -> Decoder:
     hints = typing.get_type_hints(cls)
     specs: list[tuple[str, Decoder, bool]] = []
 
+    keyed = KEY_FIELDS | ({"name"} if cls.__name__ in ("Node", "NodeDeleted") else set())
+
     def decode_obj(value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise SchemaError(path or cls.__name__, value, f"must be an object ({cls.__name__})")
@@ -156,7 +163,9 @@ def _dataclass_decoder(cls: type) -> Decoder:
         for name, dec, required in specs:
             if name in value:
                 sub = f"{path}.{name}" if path else name
-                kwargs[name] = dec(value[name], sub)
+                kwargs[name] = decoded = dec(value[name], sub)
+                if name in keyed and isinstance(decoded, str) and _CONTROL.search(decoded):
+                    raise SchemaError(sub, decoded, "must not contain control characters (it keys a table)")
             elif required:
                 raise SchemaError(f"{path}.{name}" if path else name, None, "is required")
         return cls(**kwargs)

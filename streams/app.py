@@ -4,7 +4,8 @@
 tables, our own topic creation, no web server), declares the channels with raw serializers
 (the agents decode themselves, so bad input reaches the dead-letter topic), and registers the
 agents (`agents.adapters`): node forwarder and owners, deciders, scheduler (agent, loop, and the
-replica feed that reads every `state-changes` partition with an aiokafka consumer outside any
+replica feed, which starts from the nodes as the owners' changelog has them and then reads every
+`state-changes` partition from where it stood before that, with aiokafka consumers outside any
 group), and the scheduler's Prometheus endpoint when `worker.metrics_port` is set.
 
 Transactions (`kafka.transactions`, resolved by `resolve_transactions` before the app is
@@ -23,8 +24,10 @@ import logging
 import time
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
 import faust
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.registry import CollectorRegistry
 
@@ -33,6 +36,7 @@ from agents.adapters import scheduler as scheduler_agent
 from agents.adapters.positions import CommittedStart
 from agents.adapters.recovery import table_manager
 from agents.adapters.stateful import Transactions
+from agents.adapters.tables import ChangelogRecord, UnreadableState
 from agents.intake import RawMessage, origin_from_headers
 from agents.ports import AgentConfig
 from agents.scheduler.agent import SchedulerService
@@ -41,10 +45,12 @@ from agents.scheduler.core import SchedulerCore
 from agents.scheduler.framework import profiles
 from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas import topics
+from schemas.records import NodeStateChange
 from streams import transport
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
 from streams.metrics import registry_for, serve_metrics
 from streams.outbox import PartitionedOutbox
+from streams.reader import read_to_end
 from streams.settings import Settings
 
 CHANGELOG_BUFFER = 10_000
@@ -214,9 +220,31 @@ def build_core(settings: Settings) -> SchedulerCore:
                          gather=s.gather_classes)
 
 
+async def current_state(settings: Settings) -> list[NodeStateChange] | None:
+    """The owners' changelog read whole (committed records), as one report per node as it is
+    now; None when a value cannot be read."""
+    k = settings.kafka
+    records: list[ChangelogRecord] = []
+
+    def seen(m: Any) -> None:
+        records.append((m.key, None if m.value is None else orjson.loads(m.value), m.partition))
+
+    count, seconds = await read_to_end(k.bootstrap, [f"{k.app_id}-{TABLE_NODE_STATE}-changelog"], k.partitions, seen)
+    try:
+        reports = owners.current_reports(records)
+    except UnreadableState as exc:
+        log.error("replica: the owners' changelog cannot be read (%s): reading the state-changes history instead", exc)
+        return None
+    log.info("replica: %d nodes as they are now, from %d changelog records read in %.1f s", len(reports), count,
+             seconds)
+    return reports
+
+
 async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:
-    """Read every `state-changes` partition from the start (no group, committed records only)
-    into the replica."""
+    """Start the replica from the nodes as they are now (the owners' changelog), then read
+    every `state-changes` partition from where it ended before that (no group, committed
+    records only): every change the changelog may lack is reported after that point, and a
+    report read again only sets what a later one sets anew."""
     k = settings.kafka
     # read_committed: an aborted transaction's NodeStateChange never reaches the replica.
     consumer = AIOKafkaConsumer(bootstrap_servers=k.bootstrap, enable_auto_commit=False,
@@ -226,7 +254,15 @@ async def feed_state_changes(settings: Settings, service: SchedulerService) -> N
     try:
         partitions = [TopicPartition(topics.STATE_CHANGES, i) for i in range(k.partitions)]
         consumer.assign(partitions)
-        await consumer.seek_to_beginning()
+        # Tansu answers ListOffsets short of the end (below): an earlier start is safe.
+        start = await consumer.end_offsets(partitions)
+        reports = await current_state(settings)
+        if reports is None:
+            await consumer.seek_to_beginning()
+        else:
+            service.on_current_state(reports)
+            for tp in partitions:
+                consumer.seek(tp, start[tp])
         history = await consumer.end_offsets(partitions)
         # Tansu answers ListOffsets with the base offset of the last record batch plus one: the
         # history ends where the first fetch response of each partition says it does.

@@ -1,12 +1,14 @@
 """`koordstream read TOPIC`: print a topic's records as JSON lines (explicit partition
-assignment, no consumer group), from the beginning or only new ones."""
+assignment, no consumer group), from the beginning or only new ones; and `read_to_end`, which
+reads topics whole (a soak's restart reads, a scheduler replica's start)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -45,6 +47,41 @@ async def read_topic(settings: Settings, topic: str, *, from_beginning: bool, li
     finally:
         await consumer.stop()
     return printed
+
+
+async def read_to_end(bootstrap: str, names: list[str], partitions: int,
+                   seen: Callable[[Any], None] | None = None) -> tuple[int, float]:
+    """How many records `names` hold (read committed, from the beginning to the end a fetch
+    reports), and how long reading them took; `seen` gets each record."""
+    started = time.perf_counter()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                isolation_level="read_committed", fetch_max_wait_ms=20, max_partition_fetch_bytes=8 * 2**20)
+    await consumer.start()
+    count = 0
+    try:
+        tps = [TopicPartition(t, p) for t in names for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning()
+        ends: dict[TopicPartition, int] = {}
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            count += sum(len(ms) for ms in batches.values())
+            if seen is not None:
+                for ms in batches.values():
+                    for m in ms:
+                        seen(m)
+            for tp in tps:
+                if tp not in ends:
+                    end = consumer.last_stable_offset(tp)
+                    if end is None or end < 0:  # Tansu reports none
+                        end = consumer.highwater(tp)
+                    if end is not None:
+                        ends[tp] = end
+            if len(ends) == len(tps) and all([await consumer.position(tp) >= ends[tp] for tp in tps]):
+                break
+    finally:
+        await consumer.stop()
+    return count, time.perf_counter() - started
 
 
 def run_read(settings: Settings, topic: str, from_beginning: bool, limit: int | None, idle_s: float) -> int:

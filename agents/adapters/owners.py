@@ -10,12 +10,16 @@ Reservation expiry: the owner asks for a timer when a reservation becomes availa
 clock lives here, at the edge) and appends `ReservationExpired` to the node's inbox
 partition, where the owner reads it like any other record. After every restore, one is armed
 for every available reservation of the partitions owned.
+
+`current_reports` turns the owners' changelog, read whole, into one NodeStateChange per node
+as it is now: a scheduler replica starts from those instead of the history of `state-changes`
+(`streams.app.feed_state_changes`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import faust
@@ -23,7 +27,7 @@ import faust
 from agents.adapters.batches import micro_batches
 from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
-from agents.adapters.tables import read_state
+from agents.adapters.tables import CLOCK_PREFIX, ChangelogImage, ChangelogRecord, read_state
 from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
@@ -36,6 +40,7 @@ from schemas.records import (
     Commit,
     Node,
     NodeDeleted,
+    NodeStateChange,
     Nomination,
     NominationCleared,
     PodTerminated,
@@ -53,6 +58,15 @@ def node_of(record: Record) -> str:
         return record.name
     node: str = record.node  # type: ignore[attr-defined]
     return node
+
+
+def current_reports(records: Sequence[ChangelogRecord]) -> list[NodeStateChange]:
+    """One report per node of the owners' changelog records (log order), as the owners' restore
+    would assemble the node; raises `UnreadableState` for a value this version cannot read."""
+    image = ChangelogImage("node-state", OwnerCore.split)
+    image.apply(records)
+    return [NodeOwner.current(read_state("node-state", key.decode(), wrapped["state"], NodeState.from_json))
+            for key, wrapped in image.data.items() if not key.startswith(CLOCK_PREFIX)]
 
 
 class OwnerCore:

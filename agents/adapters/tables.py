@@ -33,12 +33,14 @@ Split values. A table may name fields of its values that are maps (`split`: the 
 then produces the head and only the entries that changed since the key was last written (by
 identity, else equality, with what the changelog holds: `ChangelogImage.parts`), and a
 tombstone for each entry that left, so that a batch writes in proportion to what it changed,
-not to what the node holds; compaction keeps one record per entry. The entry records of one
-write follow its head in the same partition's batch. A restore applies `supersedes` per
-record (entries have their own epoch and seq) and assembles each key from its head and its
-entries. A head that carries a split field (written before values were split) replaces
-that field's entries. What the changelog holds of the entries is changed when a write is
-produced and given back if its batch does not become durable (`settle`).
+not to what the node holds; compaction keeps one record per entry. The records of one key's
+write (its head, then its entries) go in one producer batch. A restore (`ChangelogImage`)
+applies `supersedes` per head; an entry takes the verdict of the head read before it (a
+zombie's entries fall with its stale head), else the rule per entry; then each key is
+assembled from its head and entries, unless this worker wrote it since. A head that carries
+a split field (written before values were split) replaces that field's entries, and the next
+write writes them all anew (`Unwritten`). What the changelog holds of the entries is changed
+when a write is produced, and given back if its batch does not become durable (`settle`).
 
 Rebalances: the table tells its listeners when partitions are assigned (before any restore
 starts, so a transactional producer can fence its predecessor first) and when a restore
@@ -92,7 +94,10 @@ def read_state(table: str, key: str, raw: dict[str, Any], decode: Callable[[dict
         ) from exc
 
 
-Record = tuple[bytes, Any, int]  # a changelog record as a restore reads it: key, value (decoded JSON), partition
+PART = b"\x1f"  # between a key, a split field and an entry: the changelog key of one entry
+RECORD_OVERHEAD = 64  # bytes a record adds to a batch beyond its key and value, at most (about)
+CLOCK_PREFIX = b"\x00clock/"  # the key of a partition's log clock (`VersionedState.clock`)
+ChangelogRecord = tuple[bytes, Any, int]  # a changelog record as a restore reads it: key, value (decoded JSON), partition
 
 
 class ChangelogImage:
@@ -110,8 +115,19 @@ class ChangelogImage:
         # key -> split field -> entry -> (epoch, seq, value): what the changelog holds of them,
         # as restored and as written by this worker since.
         self.parts: dict[bytes, dict[str, dict[str, tuple[int, int, Any]]]] = {}
+        self.restored: set[bytes] = set()  # keys whose value in `data` a restore set (not a write since)
+        self.verdicts: dict[bytes, bool] = {}  # key -> whether the last head read of it applied
 
-    def read(self, records: Sequence[Record]) -> tuple[list[int], set[bytes]]:
+    def entry_of(self, raw_key: bytes) -> tuple[bytes, str, str] | None:
+        """(key, field, entry) when `raw_key` is an entry's changelog key, else None."""
+        if not self.split or PART not in raw_key:
+            return None
+        parts = raw_key.split(PART, 2)
+        if len(parts) != 3 or parts[1].decode() not in self.split:
+            return None
+        return parts[0], parts[1].decode(), parts[2].decode()
+
+    def read(self, records: Sequence[ChangelogRecord]) -> tuple[list[int], set[bytes]]:
         """Judge records in log order: the positions of the keys' own records that apply (the
         caller stores them in `data`, in order), and the keys to `assemble` after that."""
         restored = self.restored_epochs
@@ -119,11 +135,15 @@ class ChangelogImage:
         kept = []
         assemble: set[bytes] = set()
         for i, (key, value, partition) in enumerate(records):
-            if self.split and PART in key:
-                self._apply_entry(key, value, partition, assemble)
+            entry = self.entry_of(key)
+            if entry is not None:
+                self._apply_entry(key, entry, value, partition, assemble)
                 continue
             current = newest[key] if key in newest else self.data.get(key)
-            if supersedes(value, current):
+            applies = supersedes(value, current)
+            if self.split:
+                self.verdicts[key] = applies
+            if applies:
                 newest[key] = value
                 kept.append(i)
                 if value is not None:
@@ -131,10 +151,12 @@ class ChangelogImage:
                     restored[partition] = max(restored.get(partition, -1), value["epoch"])
                     if self.split:
                         self._apply_whole(key, value)
+                        self.restored.add(key)
                         assemble.add(key)
                 else:  # forgotten (`VersionedState.delete`)
                     self.partition_of.pop(key, None)
                     self.parts.pop(key, None)
+                    self.restored.discard(key)
             elif value["epoch"] == current["epoch"]:
                 # This worker's own earlier write, read again: faust resumes the restore of a
                 # partition kept across a rebalance from where its last restore ended.
@@ -145,7 +167,7 @@ class ChangelogImage:
                             self.name, key, value["epoch"], value["seq"], current["epoch"], current["seq"])
         return kept, assemble
 
-    def apply(self, records: Sequence[Record]) -> None:
+    def apply(self, records: Sequence[ChangelogRecord]) -> None:
         """`read`, store and assemble: a restore into `data` without faust."""
         kept, assemble = self.read(records)
         for i in kept:
@@ -156,10 +178,16 @@ class ChangelogImage:
                 self.data[key] = value
         self.assemble(assemble)
 
-    def _apply_entry(self, raw_key: bytes, value: dict[str, Any] | None, partition: int, assemble: set[bytes]) -> None:
-        """One entry of a split field, restored (the same rule as for keys, per entry)."""
-        key, field_, entry_ = raw_key.split(PART, 2)
-        name, entry = field_.decode(), entry_.decode()
+    def _apply_entry(self, raw_key: bytes, entry_of: tuple[bytes, str, str], value: dict[str, Any] | None,
+                     partition: int, assemble: set[bytes]) -> None:
+        """One entry of a split field, restored. An entry is written right after its key's head,
+        so it takes that head's verdict: dropped with a stale head (a zombie's write, or this
+        worker's own earlier one read again). Otherwise the rule per entry (a tombstone carries
+        no epoch: it applies)."""
+        key, name, entry = entry_of
+        if self.verdicts.get(key) is False:
+            log.debug("restore of %s skipped %r: its head did not apply", self.name, raw_key)
+            return
         assemble.add(key)
         if value is None:
             self.parts.get(key, {}).get(name, {}).pop(entry, None)
@@ -175,23 +203,28 @@ class ChangelogImage:
 
     def _apply_whole(self, key: bytes, value: dict[str, Any]) -> None:
         """A head that carries split fields whole (written before values were split): they are
-        what the changelog holds of those fields."""
+        what the changelog holds of those fields, inside a head that compaction removes once a
+        split write replaced it, so the first split write writes every entry anew (`Unwritten`)."""
         state = value["state"]
         for name in self.split:
             if name in state:
                 self.parts.setdefault(key, {})[name] = {
-                    entry: (value["epoch"], value["seq"], v) for entry, v in state[name].items()}
+                    entry: (value["epoch"], value["seq"], Unwritten(v)) for entry, v in state[name].items()}
 
     def assemble(self, keys: Iterable[bytes]) -> None:
-        """Each key's value as the restore has it: its head with its entries."""
+        """Each key's value as the restore has it: its head with its entries. Only keys whose
+        value a restore set: a value written since (a partition kept across a rebalance, its
+        last batch not durable) stays whole in memory, ahead of the log, and its replay re-sends
+        what that batch decided; the entries read go to `parts` alone."""
         for key in keys:
             wrapped = self.data.get(key)
-            if wrapped is None:
-                continue  # entries whose head was deleted (their tombstones follow it)
+            if wrapped is None or key not in self.restored:
+                continue  # deleted (its entries' tombstones follow the head's), or written since
             entries = self.parts.get(key, {})
             state = {k: v for k, v in wrapped["state"].items() if k not in self.split}
             for name in self.split:
-                state[name] = {entry: v for entry, (_, _, v) in entries.get(name, {}).items()}
+                state[name] = {entry: v.value if isinstance(v, Unwritten) else v
+                               for entry, (_, _, v) in entries.get(name, {}).items()}
             self.data[key] = {**wrapped, "state": state}
 
     def forget(self, key: bytes) -> None:
@@ -199,6 +232,22 @@ class ChangelogImage:
         self.data.pop(key, None)
         self.parts.pop(key, None)
         self.partition_of.pop(key, None)
+        self.restored.discard(key)
+        self.verdicts.pop(key, None)
+
+
+class Unwritten:
+    """An entry restored from a whole-state head: equal to nothing, so written at the next write."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class VersionedTable(Table[bytes, Any]):
@@ -239,8 +288,6 @@ class VersionedTable(Table[bytes, Any]):
         self.app.flow_control.suspend()
 
 
-PART = b"\x1f"  # between a key, a split field and an entry: the changelog key of one entry
-CLOCK_PREFIX = b"\x00clock/"  # the key of a partition's log clock (`VersionedState.clock`)
 
 
 class VersionedState:
@@ -251,8 +298,10 @@ class VersionedState:
     run's states, so that a record replayed after a crash is judged at least as late as
     anything that was decided before it (docs/architecture.md, "How long state is kept")."""
 
-    def __init__(self, app: faust.App, name: str, partitions: int, split: tuple[str, ...] = ()) -> None:
+    def __init__(self, app: faust.App, name: str, partitions: int, split: tuple[str, ...] = (),
+                 batch_bytes: int = 3 * 2**18) -> None:
         self.app = app
+        self.batch_bytes = batch_bytes  # a changelog batch is closed before it would pass this (estimated)
         # Raw UTF-8 keys (not JSON-quoted ones), so the partitioner puts a key's changelog record
         # in the same partition number as its input records: they move together on a rebalance.
         self.table = VersionedTable(app, name=name, default=None, partitions=partitions, use_partitioner=True,
@@ -321,6 +370,7 @@ class VersionedState:
         # its older writes in a restore (a deletion whose batch was lost leaves them in the log).
         self._seq = max(self._seq, previous["seq"] if previous else 0) + 1
         self.table.data[raw_key] = {"epoch": epoch, "seq": self._seq, "state": state}
+        self.table.image.restored.discard(raw_key)
         self.table.partition_of[raw_key] = partition
         self._dirty.setdefault(partition, {})[raw_key] = None
 
@@ -392,20 +442,30 @@ class VersionedState:
             keys = self._dirty.pop(partition)
             deleted = self._deleted.pop(partition, set())
             undo = self._undo[partition] = []
-            batch = producer.create_batch()
+            batch, filled = producer.create_batch(), 0  # `filled`: the batch's bytes, as estimated
             for key in keys:
                 wrapped = data.get(key)
                 if wrapped is None and key not in deleted:
                     continue  # forgotten by a restore meanwhile (the partition moved)
-                for record_key, value in self._records(key, wrapped, undo):
+                records = self._records(key, wrapped, undo)
+                size = sum(len(k) + len(v or b"") + RECORD_OVERHEAD for k, v in records)
+                if filled and filled + size > self.batch_bytes:
+                    # A key's records go in one batch (a broker appends a batch whole), so a
+                    # crash cannot leave its new head beside its old entries.
+                    acks.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch, filled = producer.create_batch(), 0
+                filled += size
+                for record_key, value in records:
                     if value is not None:
                         self.sizes[record_key] = len(value)
                         self.written_bytes += len(value)
+                    else:
+                        self.sizes.pop(record_key, None)
                     self.written_records += 1
                     if batch.append(key=record_key, value=value, timestamp=None) is None:  # full: send, start another
                         if batch.record_count():
                             acks.append(await producer.send_batch(batch, topic, partition=partition))
-                            batch = producer.create_batch()
+                            batch, filled = producer.create_batch(), 0
                         if batch.append(key=record_key, value=value, timestamp=None) is None:  # larger than a batch
                             acks.append(await producer.send(topic, value, key=record_key, partition=partition))
             if batch.record_count():

@@ -15,8 +15,8 @@ owns it); any other failure aborts the transaction and the partition is read aga
 run's first offset (its in-memory table entries are ahead of the changelog then, which the
 cores answer by re-sending their recorded outputs, DESIGN.md rule 1).
 
-`PlainSink` is the path for brokers that refuse InitProducerId: changelog writes and `first`
-outputs are produced, acknowledged, then the `after` outputs (deciders: Bindings only once
+`PlainSink` is the path for brokers that refuse InitProducerId: the changelog writes are
+produced and acknowledged, then the `first` outputs, acknowledged, then the `after` outputs (deciders: Bindings only once
 their Commits are on the broker), acknowledged, then the `last` ones (a PodTerminated after
 its pod's Binding); faust commits the offsets after the batch.
 
@@ -84,12 +84,13 @@ class PlainSink:
         return None
 
     async def flush(self, work: Sequence[Work]) -> Flushed:
-        changelog = await self.table.write_changelog(partitions=[w.partition for w in work])
-        await deliver(self.outbox, [o for w in work for o in w.first])
-        for ack in changelog:
+        # The table first: an output (a report on `state-changes`) is never visible before the
+        # state it follows from, which a starting scheduler replica reads (`streams.app`).
+        for ack in await self.table.write_changelog(partitions=[w.partition for w in work]):
             await ack
         for w in work:
             self.table.settle(w.partition, durable=True)
+        await deliver(self.outbox, [o for w in work for o in w.first])
         for wave in ([o for w in work for o in w.after], [o for w in work for o in w.last]):
             if wave:
                 await deliver(self.outbox, wave)

@@ -122,6 +122,12 @@ class SchedulerService:
         self.replica_ready.set()
         self.wake.set()
 
+    def on_current_state(self, reports: Iterable[NodeStateChange]) -> None:
+        """The nodes as they are now (one report each, from the owners' changelog), read before
+        the reports that follow them."""
+        self.core.apply_state_changes(reports)
+        self.wake.set()
+
     async def on_state_changes(self, messages: Iterable[RawMessage]) -> None:
         by_partition: dict[int, list[RawMessage]] = {}
         for m in messages:

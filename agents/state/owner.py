@@ -404,6 +404,12 @@ class NodeOwner:
                 tombstones[uid] = now
 
     @staticmethod
+    def current(state: NodeState) -> NodeStateChange:
+        """The node as it is now, in one report: every hold it keeps, with the Node record (what
+        a starting scheduler replica reads instead of the reports' history)."""
+        return NodeOwner._report(state, dict.fromkeys(state.holds), node_changed=True)
+
+    @staticmethod
     def _report(state: NodeState, report: dict[str, None], node_changed: bool) -> NodeStateChange:
         reported = [(hid, state.holds[hid]) for hid in report]
         return NodeStateChange(

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.errors import KafkaError
 
 from agents.adapters.tables import PART
 from agents.adapters.transactions import transactional_id
 from perf.checker import Placement, check
-from perf.soak import read_all
 from schemas import topics
 from schemas.records import (
     Binding,
@@ -35,6 +35,7 @@ from schemas.records import (
     Node,
     NodeStateChange,
     Pod,
+    Rejected,
     Release,
     ResourceList,
     SchedulingFeedback,
@@ -43,6 +44,7 @@ from streams.broker import EmbeddedBroker
 from streams.catalogue import TABLE_NODE_STATE, partition_for
 from streams.kafka_broker import KafkaBroker
 from streams.process import spawn_tied, stop
+from streams.reader import read_to_end
 from streams.settings import load_settings
 from streams.worker import prepare
 from tests.integration.harness import PARTITIONS, Harness
@@ -147,7 +149,7 @@ async def test_replacement_worker_recovers_committed_capacity(broker_factory: Ca
                 # Both owners wrote a node's holds one record each (the head carries none), so
                 # what the replacement restored was assembled from them.
                 records: list[tuple[bytes, dict | None]] = []
-                await read_all(broker.bootstrap, [changelog], PARTITIONS,
+                await read_to_end(broker.bootstrap, [changelog], PARTITIONS,
                                lambda m: records.append((m.key, None if m.value is None else orjson.loads(m.value))))
                 holds = {k.split(PART)[2].decode() for k, v in records if PART + b"holds" + PART in k and v}
                 assert {f"{p.uid}/0/" for p in before} <= {h[:h.rindex("/") + 1] for h in holds}
@@ -186,6 +188,61 @@ async def test_pending_pods_survive_a_scheduler_restart(broker_factory: Callable
                 assert binding.node == "large"
                 await asyncio.sleep(1.0)
                 assert len(h.seen(Binding, lambda b: b.uid == "fits")) == 1  # not bound again
+        finally:
+            for proc in (first, second):
+                if proc is not None:
+                    stop(proc, 5)
+
+
+async def test_a_restarted_scheduler_knows_the_running_pods_after_their_reports_expired(tmp_path: Path) -> None:
+    """Pods bound long ago run on; the worker is killed, and every report of `state-changes`
+    is deleted (as retention would in time). The replacement's replica starts from the
+    owners' changelog: it knows the nodes and what runs there, so it leaves the bound pods
+    alone and places new ones only where they fit, none refused by an owner. (Read from
+    `state-changes` alone, it would know no node at all.) Apache Kafka: DeleteRecords."""
+    async with KafkaBroker(log_dir=tmp_path / "kafka") as broker:
+        env = await worker_env(broker)
+        first = spawn_tied(WORKER, env=env)
+        second = None
+        try:
+            async with Harness(broker.bootstrap) as h:
+                nodes = [Node(name=f"r{i}", allocatable=ResourceList(cpu=4000, memory=2**34)) for i in range(2)]
+                await h.publish(topics.NODES, nodes)
+                await h.wait_for(NodeStateChange, lambda c: True, count=2, timeout=90)
+                before = [Pod(uid=f"before-{i}", name=f"b{i}", requests=ResourceList(cpu=1000)) for i in range(6)]
+                await h.publish(topics.PODS, before)
+                await h.wait_for(Binding, lambda b: b.uid.startswith("before-"), count=6)
+                await asyncio.sleep(2.5)  # the last reports are written
+                first.send_signal(signal.SIGKILL)
+                first.wait()
+
+                admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+                await admin.start()
+                try:
+                    tps = [TopicPartition(topics.STATE_CHANGES, p) for p in range(PARTITIONS)]
+                    consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
+                    await consumer.start()
+                    try:
+                        ends = await consumer.end_offsets(tps)
+                    finally:
+                        await consumer.stop()
+                    await admin.delete_records({tp: RecordsToDelete(before_offset=ends[tp]) for tp in tps})
+                finally:
+                    await admin.close()
+                h.collector.records.clear()
+
+                second = spawn_tied(WORKER, env=env)
+                after = [Pod(uid=f"after-{i}", name=f"a{i}", requests=ResourceList(cpu=1000)) for i in range(4)]
+                await h.publish(topics.PODS, after)
+                try:
+                    await h.wait_for(Binding, lambda b: b.uid.startswith("after-"), count=2, timeout=90)
+                    await h.wait_for(SchedulingFeedback, lambda f: f.uid.startswith("after-"), count=2, timeout=30)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; what reached the topics: {progress(h)}") from None
+                await asyncio.sleep(2.0)
+                assert len(h.seen(Binding, lambda b: b.uid.startswith("after-"))) == 2
+                assert not h.seen(Binding, lambda b: b.uid.startswith("before-"))  # not bound again
+                assert not h.seen(Rejected)  # it claimed nothing an owner had to refuse
         finally:
             for proc in (first, second):
                 if proc is not None:

@@ -14,7 +14,13 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.adapters.loop import Outcome
+from agents.adapters.owners import OwnerCore
 from agents.adapters.tables import PART, VersionedState
+from schemas.codec import decode_message, encode
+from schemas.errors import SchemaError
+from schemas.records import Commit, NodeDeleted, PodTerminated, Record
+from tests.builders import make_claim, make_node
 from tests.unit.test_adapter_loop import FakeMessage, FakeProducer
 
 SPLIT = ("holds", "tombstones")
@@ -125,10 +131,13 @@ def test_a_zombies_stale_entry_does_not_win_the_restore_and_a_whole_state_head_s
     legacy = [(b"n1", orjson.dumps({"epoch": 1, "seq": 4, "state": whole}))]
     restored = restore(legacy)
     assert restored.get("n1") == whole
-    # Its next write tombstones what left, as if it had been written entry by entry.
+    # Its next write tombstones what left and writes every entry that stays (compaction will
+    # remove the whole head once this write replaced it).
     restored.put("n1", node({"b/0/n1": {"uid": "b"}}, {"z": 2.0}), PARTITION, epoch=2)
     after = write(restored)
-    assert [(k, v is None) for k, v in after] == [(b"n1", False), (b"n1\x1fholds\x1fa/0/n1", True)]
+    assert sorted((k, v is None) for k, v in after) == [
+        (b"n1", False), (b"n1\x1fholds\x1fa/0/n1", True), (b"n1\x1fholds\x1fb/0/n1", False),
+        (b"n1\x1ftombstones\x1fz", False)]
     assert restore(legacy + after).get("n1") == node({"b/0/n1": {"uid": "b"}}, {"z": 2.0})
 
 
@@ -167,3 +176,91 @@ def test_a_restore_assembles_exactly_what_the_durable_writes_left(
     restored = restore(log, chunk)
     for key, state in durable.items():
         assert restored.get(key) == state
+
+
+# -- found by an adversarial review (each failed before its fix) ------------------------------------
+
+def reread(t: VersionedState, log: list[tuple[bytes, bytes | None]]) -> None:
+    """faust's restore of a partition this worker kept across a rebalance: it reads the worker's
+    own writes again, into the same table."""
+    t.table.apply_changelog_batch([ChangelogEvent(k, None if v is None else orjson.loads(v),
+                                                  FakeMessage(t.changelog, PARTITION, i, 1, v))  # type: ignore[arg-type]
+                                   for i, (k, v) in enumerate(log)])
+
+
+def test_a_kept_partition_keeps_the_state_of_its_dropped_batch_whole_and_its_replay_terminates() -> None:
+    """The last batch (NodeDeleted) was dropped by a rebalance that kept the partition; the
+    restore reads the worker's own earlier writes again. The node in memory stays as the
+    dropped batch left it, whole (not its head beside the log's older holds), and the replay
+    of the batch re-sends what it decided: the pod's termination."""
+    core = OwnerCore()
+    t, _ = table()
+
+    def decide(records: list[Record], epoch: int) -> Outcome:
+        out = Outcome()
+        state = core.apply("n1", t.get("n1"), records, [0.0] * len(records), 0.0, out)
+        assert state is not None
+        t.put("n1", state, PARTITION, epoch)
+        return out
+
+    decide([make_node("n1"), make_claim("p1"), Commit(uid="p1", attempt=0, node="n1", decision_key="p1")], 1)
+    log = write(t)
+    t.settle(PARTITION, durable=True)
+    decide([NodeDeleted(name="n1")], 1)
+    t.discard(PARTITION)  # revoked before it left
+    reread(t, log)
+    core.prune(t.keys())
+    out = decide([NodeDeleted(name="n1")], 2)
+    assert any(isinstance(o.record, PodTerminated) for o in out.first)
+    assert t.get("n1")["holds"]["p1/0/n1"]["status"] == "terminated"  # type: ignore[index]
+
+
+def test_a_whole_state_head_is_written_entry_by_entry_before_compaction_can_remove_it() -> None:
+    legacy = [(b"n1", orjson.dumps({"epoch": 1, "seq": 4, "state": node({"a": {"uid": "a"}, "b": {"uid": "b"}},
+                                                                          {"z": 1.0})}))]
+    t = restore(legacy)
+    t.put("n1", node({"a": {"uid": "a", "status": "x"}, "b": {"uid": "b"}}, {"z": 1.0}), PARTITION, epoch=2)
+    log = legacy + write(t)
+    compacted = list({k: (k, v) for k, v in log}.values())  # the last record per key
+    compacted = [r for r in compacted if r != legacy[0]]
+    assert restore(compacted).get("n1") == t.get("n1")
+
+
+def test_a_zombies_entries_and_entry_tombstones_lose_to_the_new_owners_head() -> None:
+    state = node({"a": {"uid": "a", "status": "committed"}}, {"u": 50.0})
+    old, _ = table()
+    old.put("n1", state, PARTITION, epoch=1)
+    log = write(old)
+    old.settle(PARTITION, durable=True)
+    new = restore(log)
+    new.put("n1", {**state, "allocatable": {"cpu": 1}}, PARTITION, epoch=3)  # a and u unchanged: not written
+    log += write(new)
+    new.settle(PARTITION, durable=True)
+    # The old owner, a zombie now, writes late: a changed, u forgotten.
+    old.put("n1", node({"a": {"uid": "a", "status": "released"}}), PARTITION, epoch=1)
+    log += write(old)
+    assert restore(log).get("n1") == new.get("n1")
+
+
+def test_what_a_table_counts_as_written_follows_its_entries() -> None:
+    t, _ = table()
+    for i in range(50):
+        t.put("n1", node({f"h{i}": {"uid": f"h{i}"}}), PARTITION, epoch=1)
+        write(t)
+        t.settle(PARTITION, durable=True)
+    assert len(t.sizes) == 2 and t.sized_keys() == 1  # the head and the one hold there is
+
+
+def test_a_keys_records_stay_in_one_changelog_batch() -> None:
+    t, producer = table()
+    t.batch_bytes = 600
+    t.put("n1", node({f"h{i}": {"uid": f"h{i}"} for i in range(3)}), PARTITION, epoch=1)
+    t.put("n2", node({f"h{i}": {"uid": f"h{i}"} for i in range(3)}), PARTITION, epoch=1)
+    write(t)
+    batches = [[k.split(PART)[0] for k, _ in records] for _, _, records in producer.sent]
+    assert batches == [[b"n1"] * 4, [b"n2"] * 4]
+
+
+def test_a_node_name_with_a_control_character_is_refused_at_intake() -> None:
+    [error] = decode_message(encode(make_claim("p1", "n1\x1fholds\x1fzz")))
+    assert isinstance(error, SchemaError) and error.field == "node" and "control characters" in str(error)
