@@ -42,10 +42,14 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import orjson
+
 from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.demo import percentiles, start_up, system, wait_decided
 from schemas import topics
+from schemas.codec import decode_message, encode
+from schemas.errors import SchemaError
 from schemas.records import Binding, Node, Pod, PodDeleted, PodTerminated, ResourceList
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
 from streams.producer import RecordProducer
@@ -233,6 +237,9 @@ async def run_soak(cfg: SoakConfig, settings: Settings) -> dict[str, Any]:
                     snapshots = await sample(cfg, churn, ports, publisher, partitions)
                     restores = snapshots.pop("restores")
                     await wait_decided(collector, set(churn.published), 30.0)  # the last window's bindings
+                    bound = {b.uid for _, b in collector.of(Binding)}
+                    unbound = sorted(u for u in churn.published if u not in bound)
+                    traced = await trace_pods(bootstrap, partitions, unbound[:3]) if unbound else []
                 finally:
                     for task in (publisher, lives):
                         task.cancel()
@@ -240,7 +247,8 @@ async def run_soak(cfg: SoakConfig, settings: Settings) -> dict[str, Any]:
                             await task
         finally:
             await collector.stop()
-        return result(cfg, churn, collector, nodes, snapshots, restores)  # type: ignore[arg-type]
+        return {**result(cfg, churn, collector, nodes, snapshots, restores),  # type: ignore[arg-type]
+                "unbound": {"uids": unbound[:20], "trace": traced}}
 
 
 async def sample(cfg: SoakConfig, churn: Churn, ports: list[int], publisher: asyncio.Task[None],
@@ -308,6 +316,30 @@ def figures(cfg: SoakConfig, churn: Churn, collector: Collector, start: Snapshot
         "decider_keys": metric(st, "koordstream_table_keys", table=TABLE_POD_LEDGER),
         "owner_holds": metric(st, "koordstream_table_entries", table=TABLE_NODE_STATE),
     }
+
+
+async def trace_pods(bootstrap: str, partitions: int, uids: list[str]) -> list[dict[str, Any]]:
+    """Every record about `uids` on the protocol's topics, in each partition's order: what a
+    pod left unbound went through (the soak reports it)."""
+    wanted = set(uids)
+    found: list[dict[str, Any]] = []
+
+    def seen(m: Any) -> None:
+        for r in decode_message(m.value) if m.value else ():
+            if isinstance(r, SchemaError):
+                continue
+            about = {getattr(r, "uid", "")} | {h.split("/")[0] for h in getattr(r, "holds", {}) or {}}
+            if about & wanted:
+                plain = {k: v for k, v in orjson.loads(encode(r)).items() if k in TRACED}
+                found.append({"topic": m.topic, "partition": m.partition, "offset": m.offset, "at": m.timestamp,
+                              **plain})
+
+    await read_to_end(bootstrap, [topics.PODS, topics.REQUEUE, topics.NODE_INBOX, topics.HOLDS, topics.FEEDBACK,
+                                  topics.BINDINGS], partitions, seen)
+    return found
+
+
+TRACED = ("kind", "uid", "attempt", "node", "reason", "message", "final", "holds", "scheduled_at")
 
 
 def result(cfg: SoakConfig, churn: Churn, collector: Collector, nodes: list[Node],

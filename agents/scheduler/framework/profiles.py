@@ -1,6 +1,6 @@
 """Scheduler profiles from YAML, modeled on kube-scheduler's KubeSchedulerConfiguration.
 
-    percentageOfNodesToScore: 100        # default; per profile too
+    percentageOfNodesToScore: 0          # default: adaptive (kube-scheduler's); per profile too
     profiles:
       - schedulerName: default-scheduler
         plugins:
@@ -31,7 +31,7 @@ import yaml
 
 from agents.scheduler.framework import interface as api
 from agents.scheduler.framework.registry import DEFAULT_PLUGINS, REGISTRY, args_from_mapping
-from agents.scheduler.framework.runtime import ProfilePlugins
+from agents.scheduler.framework.runtime import ADAPTIVE, ProfilePlugins
 from agents.scheduler.plugins.args import ArgsError
 from schemas.records import DEFAULT_SCHEDULER
 
@@ -78,8 +78,10 @@ def load(text: str) -> SchedulerConfig:
     return from_mapping(raw)
 
 
-def default_config(scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,)) -> SchedulerConfig:
-    return from_mapping({"profiles": [{"schedulerName": name} for name in scheduler_names]})
+def default_config(scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER,),
+                   percentage_of_nodes_to_score: int = ADAPTIVE) -> SchedulerConfig:
+    return from_mapping({"percentageOfNodesToScore": percentage_of_nodes_to_score,
+                         "profiles": [{"schedulerName": name} for name in scheduler_names]})
 
 
 def from_mapping(raw: Any) -> SchedulerConfig:
@@ -88,7 +90,7 @@ def from_mapping(raw: Any) -> SchedulerConfig:
     for key in raw:
         if key not in TOP_LEVEL:
             raise ProfileError("", "", key, raw[key], "unknown field")
-    pct = _percentage(raw.get("percentageOfNodesToScore", 100), "", "percentageOfNodesToScore")
+    pct = _percentage(raw.get("percentageOfNodesToScore", ADAPTIVE), "", "percentageOfNodesToScore")
     profiles = raw.get("profiles")
     if not isinstance(profiles, list) or not profiles:
         raise ProfileError("", "", "profiles", profiles, "must be a non-empty list")
@@ -107,8 +109,8 @@ def from_mapping(raw: Any) -> SchedulerConfig:
 
 
 def _percentage(value: Any, profile: str, field: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100:
-        raise ProfileError(profile, "", field, value, "must be an integer from 1 to 100")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+        raise ProfileError(profile, "", field, value, "must be an integer from 0 (adaptive) to 100")
     return value
 
 

@@ -56,6 +56,7 @@ from agents.scheduler.framework.interface import (
     PreFilterPlugin,
     PreScorePlugin,
     ReservePlugin,
+    Rows,
     ScorePlugin,
     Scores,
     SignPlugin,
@@ -65,7 +66,20 @@ from schemas.records import hold_id
 
 T = TypeVar("T")
 MIN_FEASIBLE_NODES_TO_FIND = 100  # kube-scheduler's floor when percentageOfNodesToScore < 100
+MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND = 5  # and the adaptive share's
+ADAPTIVE = 0  # percentageOfNodesToScore: kube-scheduler's adaptive share (its default)
 _NO_SCORE = np.iinfo(np.int64).min
+
+
+def nodes_to_find(nodes: int, percentage: int) -> int:
+    """How many feasible nodes one pod's search keeps (kube-scheduler's numFeasibleNodesToFind):
+    every node below 100; else `percentage` of them, or when it is 0 (adaptive) 50% less one
+    point per 125 nodes, at least 5%; at least 100 nodes."""
+    if nodes < MIN_FEASIBLE_NODES_TO_FIND or percentage >= 100:
+        return nodes
+    if percentage == ADAPTIVE:
+        percentage = max(50 - nodes // 125, MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND)
+    return max(nodes * percentage // 100, MIN_FEASIBLE_NODES_TO_FIND)
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ class ProfilePlugins:
     reserve: tuple[ReservePlugin, ...] = ()
     permit: tuple[PermitPlugin, ...] = ()
     bind: tuple[BindPlugin, ...] = ()
-    percentage_of_nodes_to_score: int = 100
+    percentage_of_nodes_to_score: int = 100  # 0: adaptive (`nodes_to_find`)
 
     def all(self) -> list[object]:
         seen: dict[int, object] = {}
@@ -115,6 +129,7 @@ class Evaluation:
 
     cycle: CycleState
     feasible: Mask
+    searched: bool = False  # the feasible nodes were cut to a share (percentageOfNodesToScore)
     masks: dict[str, Mask] = field(default_factory=dict)
     scores: dict[str, Scores] = field(default_factory=dict)  # normalized, before weights
     total: Scores | None = None
@@ -220,7 +235,7 @@ class Framework:
         self._signers = [p for p in plugins.all() if isinstance(p, SignPlugin)]
         unsigned = [p for p in plugins.all() if not isinstance(p, SignPlugin) and not getattr(p, "SIGNATURE_FREE", False)
                     and isinstance(p, (FilterPlugin, ScorePlugin, PreFilterPlugin))]
-        self.batching = (plugins.percentage_of_nodes_to_score == 100 and not unsigned
+        self.batching = (not unsigned
                          and not any(p.DYNAMIC and (p.NORMALIZES or not isinstance(p, DynamicScorePlugin))
                                      for p, _ in plugins.score)
                          and not any(p.DYNAMIC and not isinstance(p, DynamicFilterPlugin) for p in plugins.filter))
@@ -280,26 +295,33 @@ class Framework:
             ev.masks[flt.NAME] = mask
             feasible &= mask
         if partial and self.profile.percentage_of_nodes_to_score < 100:
-            self._limit(feasible)
+            ev.searched = self._limit(feasible, pod)
         if not feasible.any():
             ev.diagnosis = self._diagnose(pod, ev)
             return ev
         self._score(pod, ev)
         return ev
 
-    def _limit(self, feasible: Mask) -> None:
-        """Keep the first k feasible nodes from a rotating start (kube-scheduler's search)."""
+    def _limit(self, feasible: Mask, pod: PodInfo) -> bool:
+        """Keep the first k feasible nodes from a rotating start (kube-scheduler's search), and
+        the node the pod is nominated to (kube-scheduler evaluates it first); True if any was
+        cut."""
+        state = self.state
         n = len(feasible)
-        k = max(n * self.profile.percentage_of_nodes_to_score // 100, MIN_FEASIBLE_NODES_TO_FIND)
-        if k >= n:
-            return
+        k = nodes_to_find(int(state.schedulable_rows().sum()), self.profile.percentage_of_nodes_to_score)
         order = np.roll(np.arange(n), -self._next_start)
         hits = order[feasible[order]]
-        if len(hits) > k:
-            feasible[hits[k:]] = False
-            self._next_start = int(hits[k - 1] + 1) % n
-        else:
+        if len(hits) <= k:
             self._next_start = 0
+            return False
+        nomination = state.nominator.of(pod.uid)
+        row = state.index.get(nomination.node, -1) if nomination is not None else -1
+        nominated = row >= 0 and bool(feasible[row])
+        feasible[hits[k:]] = False
+        if nominated:
+            feasible[row] = True
+        self._next_start = int(hits[k - 1] + 1) % n
+        return True
 
     def _diagnose(self, pod: PodInfo, ev: Evaluation) -> Diagnosis:
         """Count each node against the first filter that rejected it, as kube-scheduler does."""
@@ -327,12 +349,19 @@ class Framework:
                 cycle.skip_score.add(plugin.NAME)
 
     def _score(self, pod: PodInfo, ev: Evaluation) -> None:
+        """Score the feasible nodes: every node at once (numpy over whole columns), or only the
+        share a search kept."""
         self._pre_score(pod, ev.cycle, ev.feasible)
         total = np.zeros(self.state.size, dtype=np.int64)
+        rows: Rows = np.flatnonzero(ev.feasible) if ev.searched else ALL
         for plugin, weight in self.profile.score:
             if plugin.NAME in ev.cycle.skip_score:
                 continue
-            raw = self._timed(plugin, "Score", plugin.score, ev.cycle, pod, self.state, ALL)
+            raw = self._timed(plugin, "Score", plugin.score, ev.cycle, pod, self.state, rows)
+            if rows is not ALL:
+                full = np.zeros(self.state.size, dtype=np.int64)
+                full[rows] = raw
+                raw = full
             if plugin.NORMALIZES:
                 raw = self._timed(plugin, "NormalizeScore", plugin.normalize, ev.cycle, raw, ev.feasible)
             ev.scores[plugin.NAME] = raw
@@ -393,7 +422,7 @@ class Framework:
     def _schedule_class(self, pods: Sequence[PodInfo]) -> list[Placement]:
         state = self.state
         first = pods[0]
-        ev = self.evaluate(first)
+        ev = self.evaluate(first, partial=False)  # a class is scored over every feasible node, once
         if not ev.feasible.any():
             return [self._unschedulable(first, ev)] + [self.schedule_one(p) for p in pods[1:]]
         cycle, feasible = ev.cycle, ev.feasible

@@ -15,7 +15,7 @@ def names(plugins: tuple[object, ...]) -> list[str]:
 
 def test_default_profile_has_kube_schedulers_defaults() -> None:
     [p] = default_config().profiles
-    assert p.name == "default-scheduler" and p.percentage_of_nodes_to_score == 100
+    assert p.name == "default-scheduler" and p.percentage_of_nodes_to_score == 0  # adaptive
     assert names(p.filter) == ["NodeUnschedulable", "NodeAffinity", "TaintToleration", "NodeResourcesFit", "DeviceShare",
                                "NodeNUMAResource"]
     assert names(p.reserve) == ["DeviceShare", "ElasticQuota", "NodeNUMAResource", "Reservation"]
@@ -81,7 +81,7 @@ profiles:
      "profiles[0].pluginConfig[0].args.addedAffinity"),
     ("profiles: [{schedulerName: a, plugins: {bind: {disabled: [{name: '*'}]}}}]", "a", "",
      "profiles[0].plugins.bind"),
-    ("profiles: [{schedulerName: a, percentageOfNodesToScore: 0}]", "a", "", "profiles[0].percentageOfNodesToScore"),
+    ("profiles: [{schedulerName: a, percentageOfNodesToScore: 101}]", "a", "", "profiles[0].percentageOfNodesToScore"),
     ("profiles: [{schedulerName: a, plugins: {multiPoint: {disabled: [{name: DefaultPreemption}]}}, "
      "pluginConfig: [{name: DefaultPreemption, args: {}}]}]", "a", "DefaultPreemption", "profiles[0].pluginConfig"),
 ], ids=["no-profiles", "duplicate-name", "unknown-profile-field", "unknown-plugin", "wrong-point", "weight",

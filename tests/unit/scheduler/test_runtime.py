@@ -5,19 +5,22 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework import status
-from agents.scheduler.framework.interface import CycleState, PodInfo
+from agents.scheduler.framework.interface import CycleState, Mask, PodInfo, Rows, Scores
 from agents.scheduler.framework.profiles import default_config
 from agents.scheduler.framework.runtime import (
     Framework,
     ProfilePlugins,
+    nodes_to_find,
     rejections_table,
     scores_table,
 )
 from agents.scheduler.framework.status import Code, Status
+from schemas.records import Nomination, ResourceList
 from tests.builders import make_node, make_pod
 from tests.unit.scheduler.conftest import info, state_of
 
@@ -123,6 +126,68 @@ def test_percentage_of_nodes_to_score_limits_the_search_from_a_rotating_start() 
     assert int(first.feasible.sum()) == 100
     second = fw.evaluate(info(make_pod("q", cpu=1, memory=0)))
     assert int(second.feasible.sum()) == 100 and not (first.feasible & second.feasible).any()
+
+
+@pytest.mark.parametrize(("nodes", "percentage", "expected"), [
+    (50, 0, 50), (100, 0, 100), (1000, 0, 420), (5000, 0, 500), (6000, 0, 300), (20000, 0, 1000),
+    (1000, 30, 300), (1000, 100, 1000), (150, 10, 100)])
+def test_nodes_to_find_is_kube_schedulers(nodes: int, percentage: int, expected: int) -> None:
+    """numFeasibleNodesToFind: adaptive is 50% less a point per 125 nodes, at least 5%; at
+    least 100 nodes."""
+    assert nodes_to_find(nodes, percentage) == expected
+
+
+class RowsSeen:
+    """A score plugin that records how many rows it was asked to score."""
+
+    NAME: ClassVar[str] = "RowsSeen"
+    DYNAMIC: ClassVar[bool] = False
+    NORMALIZES: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def score(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Scores:
+        self.seen.append(len(np.arange(state.size)[rows]))
+        out: Scores = np.zeros(state.size, dtype=np.int64)[rows]
+        return out
+
+    def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
+        return raw
+
+
+def test_the_default_search_scores_only_its_share_as_every_node_would_be_scored() -> None:
+    nodes = [make_node(f"n{i:03d}", cpu=4000 + 7 * (i % 13)) for i in range(400)]
+    state = state_of(*nodes)
+    seen = RowsSeen()
+    fw = framework(state, score=default_config().profiles[0].score + ((seen, 1),))  # adaptive: 47% of 400
+    ev = fw.evaluate(info(make_pod("p", cpu=100, memory=0)))
+    assert ev.searched and int(ev.feasible.sum()) == 188 and seen.seen == [188]
+    every = framework(state, percentage_of_nodes_to_score=100).evaluate(info(make_pod("p", cpu=100, memory=0)))
+    assert not every.searched and ev.total is not None and every.total is not None
+    assert np.array_equal(ev.total[ev.feasible], every.total[ev.feasible])
+
+
+def test_a_search_keeps_the_node_the_pod_is_nominated_to() -> None:
+    state = state_of(*[make_node(f"n{i:03d}") for i in range(300)])
+    state.nominator.nominate(Nomination(uid="p", node="n299", priority=0, requests=ResourceList(cpu=100)))
+    ev = framework(state).evaluate(info(make_pod("p", cpu=100, memory=0)))
+    assert ev.searched and ev.feasible[state.index["n299"]] and int(ev.feasible.sum()) == 144 + 1
+
+
+def test_a_class_is_scored_over_every_node_and_a_single_pod_over_its_share() -> None:
+    """Equivalent pods are evaluated once, over every feasible node (cheaper per pod than a
+    search each, and no worse); a pod alone searches a rotating share."""
+    nodes = [make_node(f"n{i:03d}", cpu=1000 + 10 * i) for i in range(300)]  # later nodes score higher
+    state = state_of(*nodes)
+    best = state.names[framework(state, percentage_of_nodes_to_score=100).evaluate(
+        info(make_pod("x", cpu=100, memory=0))).best()]
+    assert best > "n143"  # outside the first search's share (48% of 300: 144 nodes)
+    fw = framework(state)
+    placed = fw.schedule([info(make_pod(f"c{i}", cpu=100, memory=0)) for i in range(3)])
+    assert placed[0].node == best
+    [alone] = fw.schedule([info(make_pod("s", cpu=100, memory=0))])
+    assert alone.node <= "n143"
 
 
 def test_explain_shows_scores_per_plugin_and_rejections() -> None:
