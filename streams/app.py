@@ -184,13 +184,13 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
         return
 
     service = SchedulerService(build_core(settings), outbox, time.monotonic, s.batch_size)
-    # The scheduler never commits its input offsets (acks=False): a restarted worker reads
-    # `pods` and `requeue` from the start and rebuilds its queue, skipping the pods the
-    # state-changes history shows bound (DESIGN.md, "Queue").
+    # faust never commits the scheduler's input offsets (acks=False): the scheduler commits
+    # those before which it needs no record (`SchedulerService.commit_points`), and a restarted
+    # worker rebuilds its queue from there (DESIGN.md, "Queue").
     inputs = app.topic(topics.PODS, topics.REQUEUE, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=p, acks=False)
     scheduler_agent.register(app, inputs, service, config(),
-                             CommittedStart(settings.kafka.bootstrap, None, read_committed=transactions))
+                             CommittedStart(settings.kafka.bootstrap, group_id(settings), read_committed=transactions))
 
     @app.task  # type: ignore[untyped-decorator]
     async def replica_feed() -> None:

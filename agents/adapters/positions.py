@@ -4,8 +4,8 @@ first run against it).
 
 One aiokafka consumer per agent, started on first use, with the agents' group id but no
 subscription (it never joins the group): `committed()` reads the group's offset, and a fetch
-from there finds the first record. Without a group id (the scheduler, which commits nothing:
-`agents.adapters.starts`) the fetch starts at the partition's beginning. `read_committed`
+from there finds the first record (the scheduler's too, `agents.adapters.starts`: it commits
+what it no longer needs). Without a group id the fetch starts at the partition's beginning. `read_committed`
 when the topics carry transactions (their records sit between commit and abort markers, and
 the partition ends at its last stable offset); otherwise every record counts and it ends at
 the high watermark. Fetches wait 20 ms at most, `wait_ms` in all when nothing is there. The

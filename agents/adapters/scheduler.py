@@ -8,6 +8,11 @@ ended when assigned (`catch_up`, the end from a fetch of the probe's consumer); 
 (`SchedulerService.run`) places ready pods in micro-batches. The replica feed that calls
 `SchedulerService.on_state_changes` lives in `streams.app`. (Moved here from
 `agents/scheduler/agent.py`, which keeps the service.)
+
+Every second the input offsets the service no longer needs (`SchedulerService.commit_points`)
+are committed to the worker's consumer group (faust's consumer, explicit offsets: the channel
+has faust's acks off), so that whoever reads a partition next starts there; the start check
+(`agents.adapters.starts`) then probes the first record at or after the committed offset.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.types import TP
@@ -29,6 +34,7 @@ from agents.scheduler.agent import SchedulerService
 from schemas import topics
 
 log = logging.getLogger("koordstream.scheduler")
+COMMIT_EVERY_S = 1.0
 
 
 def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, config: AgentConfig,
@@ -49,6 +55,7 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
         starts.revoked((tp.topic, tp.partition) for tp in args[0] if tp.topic in names)
 
     async def partitions_assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        committed.clear()  # another replica may have committed since
         service.on_partitions_assigned(ours(args[0]))  # args: (assigned TPs,)
         generation = app.consumer_generation_id
         starts.assigned({(tp.topic, tp.partition) for tp in args[0] if tp.topic in names}, generation)
@@ -107,3 +114,12 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
     @app.task  # type: ignore[untyped-decorator]
     async def scheduling_loop() -> None:
         await service.run()
+
+    committed: dict[TP, int] = {}
+
+    @app.timer(interval=COMMIT_EVERY_S)  # type: ignore[untyped-decorator]
+    async def commit_inputs() -> None:
+        offsets = {TP(topic, partition): offset for (topic, partition), offset in service.commit_points().items()
+                   if committed.get(TP(topic, partition)) != offset}
+        if offsets and await cast(Any, app.consumer)._commit(offsets):  # only partitions still assigned
+            committed.update(offsets)

@@ -17,9 +17,9 @@ The edges (DESIGN.md, safety rules 4 and 11):
   a pod's Requeue is keyed by its uid, like the pod). `on_partitions_revoked` stops placing
   the pods of a partition at once (`SchedulerCore.revoke`) and drops messages of it that were
   fetched before; `on_partitions_assigned` takes the whole new assignment (and revokes what it
-  no longer names). The scheduler commits no input offsets, so a partition (re)assigned is
-  read from its start, like after a restart. `agents.adapters.scheduler.register` connects
-  both to faust's rebalance signals.
+  no longer names). A partition (re)assigned is read from the offset committed for it
+  ("Input offsets" below), like after a restart. `agents.adapters.scheduler.register`
+  connects both to faust's rebalance signals.
 - Acknowledgements. The loop does not wait for a batch's acks before placing the next one,
   but at most `max_in_flight` batches are unacknowledged at once; each batch is sent per
   destination partition, and the claims of a destination whose send failed go back to the
@@ -38,6 +38,13 @@ The edges (DESIGN.md, safety rules 4 and 11):
   record places none of its pods until read to where it ended when assigned, and as far as
   any earlier pass (docs/architecture.md, "How long state is kept").
 - Claims are stamped with the wall time their cycle began (`Claim.scheduled_at`).
+- Input offsets (`commit_points`). Per partition of `pods` / `requeue`, the replica commits
+  the offset before which no record is needed any more: the first record of every pod it
+  still tracks (queued, claimed and not yet bound, waiting), else how far it read and handled
+  (forwards acknowledged). A replica that takes the partition over, or a restarted one, reads
+  from there: what is live, not the partition's history. Nothing is committed for a held
+  partition, or while forwards wait. Bound pods come from the replica's state, deleted and
+  finally refused ones are gone.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from dataclasses import replace
 
 from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import Clock, Outbox, Output, deliver
-from agents.scheduler.core import SchedulerCore
+from agents.scheduler.core import FAILED, SchedulerCore
 from schemas import topics
 from schemas.partitioner import partition_for
 from schemas.records import (
@@ -116,6 +123,10 @@ class SchedulerService:
         # node), so across partitions a report of an older epoch read after a newer one is no
         # zombie's.
         self.fences: dict[int, EpochFence] = {}
+        # Per (topic, partition) of the inputs (`commit_points`): the offset of the first
+        # record of each pod read there, and how far the records read were handled.
+        self.needed: dict[tuple[str, int], dict[str, int]] = {}
+        self.handled_to: dict[tuple[str, int], int] = {}
 
     def mark_replica_ready(self) -> None:
         """The feed has read `state-changes` up to where it stood at start-up."""
@@ -150,6 +161,9 @@ class SchedulerService:
         self.revoked |= gone
         self.owned -= gone
         for partition in gone:
+            for topic in (topics.PODS, topics.REQUEUE):
+                self.needed.pop((topic, partition), None)
+                self.handled_to.pop((topic, partition), None)
             self.catch_up_to.pop(partition, None)
             self.read_to.pop(partition, None)
             self.seen_to.pop(partition, None)
@@ -242,6 +256,10 @@ class SchedulerService:
             got = intake(batch, expect=(Pod, PodDeleted, Requeue, Reservation), fence=fence)
             outputs += got.dead_letters
             for record in got.records:
+                src = got.sources[id(record)]
+                if isinstance(record, (Requeue, Pod, Reservation)) and self.home(record.uid) in (None, partition):
+                    needed = self.needed.setdefault((src.topic, partition), {})
+                    needed[record.uid] = min(needed.get(record.uid, src.offset), src.offset)
                 if isinstance(record, Requeue):
                     self.core.requeue(record, partition=partition if self.gated else None)
                 elif not isinstance(record, (Pod, Reservation, PodDeleted)):
@@ -265,7 +283,29 @@ class SchedulerService:
         for partition in caught:  # after the deliveries: the deletions read were forwarded
             self._release_caught_up(partition)
         await self.flush_forwards()
+        for partition, batch in by_partition.items():  # handled: decoded, tracked, forwarded
+            for m in batch:
+                key = (m.topic, partition)
+                self.handled_to[key] = max(self.handled_to.get(key, 0), m.offset + 1)
         self.wake.set()
+
+    def commit_points(self) -> dict[tuple[str, int], int]:
+        """Per (topic, partition) owned and not held: the offset before which this replica needs
+        no record any more (module docstring, "Input offsets"). Empty while forwards wait."""
+        if self.to_forward:
+            return {}
+        pods = self.core.pods
+        live = {uid for uid, t in pods.items() if t.state != FAILED} | self.core.requeued.keys()
+        out = {}
+        for key, handled in self.handled_to.items():
+            partition = key[1]
+            if partition not in self.owned or partition in self.revoked or partition in self.catch_up_to:
+                continue
+            needed = self.needed.get(key, {})
+            for uid in [u for u in needed if u not in live]:
+                del needed[uid]
+            out[key] = min(min(needed.values(), default=handled), handled)
+        return out
 
     async def flush_forwards(self) -> None:
         """Send the forwards held back until their partitions were caught up."""

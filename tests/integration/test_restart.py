@@ -177,6 +177,20 @@ async def test_pending_pods_survive_a_scheduler_restart(broker_factory: Callable
                 await h.wait_for(Binding, lambda b: b.uid == "fits")
                 await h.wait_for(SchedulingFeedback, lambda f: f.uid == "waits")
                 await asyncio.sleep(2.5)  # past the worker's offset commit interval
+                # The scheduler committed what it no longer needs: all of the partitions of
+                # `pods` but that of the pod still waiting, whose record it needs again.
+                consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="koordstream",
+                                            enable_auto_commit=False)
+                await consumer.start()
+                try:
+                    tps = [TopicPartition(topics.PODS, p) for p in range(PARTITIONS)]
+                    ends = await consumer.end_offsets(tps)
+                    committed = {tp: await consumer.committed(tp) for tp in tps if ends[tp]}
+                finally:
+                    await consumer.stop()
+                waiting = TopicPartition(topics.PODS, partition_for("waits", PARTITIONS))
+                assert committed[waiting] is not None and committed[waiting] < ends[waiting]
+                assert all(committed[tp] == ends[tp] for tp in committed if tp != waiting), (committed, ends)
                 first.send_signal(signal.SIGKILL)
                 first.wait()
                 second = spawn_tied(WORKER, env=env)

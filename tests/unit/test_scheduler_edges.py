@@ -22,6 +22,7 @@ from schemas.codec import encode_batch
 from schemas.records import (
     RECORD_TYPES,
     Claim,
+    Commit,
     NodeStateChange,
     PodDeleted,
     Record,
@@ -581,3 +582,63 @@ def test_the_readme_tells_producers_topics_keys_partitioner_batches_and_headers(
     for needed in ("murmur2_random", "consistent_random", "koordstream-origin", "koordstream-epoch",
                    "decode_message", "uid", "x-koordstream-topic"):
         assert needed in body, needed
+
+
+# -- input offsets: what a replica no longer needs of pods / requeue ----------------------------------
+
+
+async def test_the_commit_point_stays_at_the_first_record_of_a_pod_still_tracked_and_moves_once_it_is_bound() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    first, second, gone = uid_at(0, "first"), uid_at(0, "second"), uid_at(0, "gone")
+    await service.on_inputs([raw(make_pod(gone), 0, offset=3), raw(make_pod(first), 0, offset=4),
+                             raw(make_pod(first, cpu=600), 0, offset=5),  # an update: the first record counts
+                             raw(make_pod(second, cpu=9000), 0, offset=6),  # fits nowhere: stays queued
+                             raw(PodDeleted(uid=gone), 0, offset=7)])
+    assert service.commit_points() == {(topics.PODS, 0): 4}
+    [claim] = claims(core.schedule())
+    assert claim.uid == first and service.commit_points() == {(topics.PODS, 0): 4}  # claimed, not bound
+    core.apply_state_changes(owner_report("a", claim, Commit(uid=first, attempt=0, node="a", decision_key=first)))
+    assert service.commit_points() == {(topics.PODS, 0): 6}  # bound: only `second` is needed
+    await service.on_inputs([raw(PodDeleted(uid=second), 0, offset=8)])
+    assert service.commit_points() == {(topics.PODS, 0): 9}  # nothing tracked: as far as read
+
+
+async def test_the_commit_point_of_requeue_keeps_the_requeues_of_pods_still_tracked() -> None:
+    core, clock = make_core(make_node("a", cpu=1000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    uid = uid_at(0)
+    await service.on_inputs([raw(make_pod(uid, cpu=500), 0, offset=0)])
+    [claim] = claims(core.schedule())
+    await service.on_inputs([raw(Requeue(uid=uid, attempt=1, decision_key=uid, reason="rejected"), 0,
+                                 topic=topics.REQUEUE, offset=2)])
+    assert service.commit_points() == {(topics.PODS, 0): 0, (topics.REQUEUE, 0): 2}
+    await service.on_inputs([raw(PodDeleted(uid=uid), 0, offset=1)])
+    assert service.commit_points() == {(topics.PODS, 0): 2, (topics.REQUEUE, 0): 3}
+
+
+async def test_nothing_is_committed_for_a_held_partition_a_revoked_one_or_while_forwards_wait() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0, 1})
+    service.hold([1])
+    await service.on_inputs([raw(make_pod(uid_at(0), cpu=9000), 0, offset=0), raw(make_pod(uid_at(1)), 1, offset=0),
+                             raw(make_pod(uid_at(2, "stray")), 1, offset=1)])  # read on 1, belongs to 2
+    assert service.commit_points() == {(topics.PODS, 0): 0}
+    service.catch_up(1, 2)  # caught up: the stray is forwarded once the forwards are flushed
+    service.to_forward.append(Output(topics.PODS, "x", make_pod("x")))
+    assert service.commit_points() == {}
+    await service.flush_forwards()
+    assert service.commit_points() == {(topics.PODS, 0): 0, (topics.PODS, 1): 0}
+    service.on_partitions_assigned({1})
+    assert service.commit_points() == {(topics.PODS, 1): 0}
+
+
+async def test_a_pod_finally_refused_does_not_hold_the_commit_point_back() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0})
+    await service.on_inputs([raw(make_pod(uid_at(0), scheduler_name="nobody"), 0, offset=0)])
+    assert service.commit_points() == {(topics.PODS, 0): 1}
