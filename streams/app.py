@@ -220,9 +220,9 @@ def build_core(settings: Settings) -> SchedulerCore:
                          gather=s.gather_classes)
 
 
-async def current_state(settings: Settings) -> list[NodeStateChange] | None:
+async def current_state(settings: Settings) -> tuple[list[NodeStateChange], dict[int, int]] | None:
     """The owners' changelog read whole (committed records), as one report per node as it is
-    now; None when a value cannot be read."""
+    now, and per partition the newest epoch written there; None when a value cannot be read."""
     k = settings.kafka
     records: list[ChangelogRecord] = []
 
@@ -231,13 +231,13 @@ async def current_state(settings: Settings) -> list[NodeStateChange] | None:
 
     count, seconds = await read_to_end(k.bootstrap, [f"{k.app_id}-{TABLE_NODE_STATE}-changelog"], k.partitions, seen)
     try:
-        reports = owners.current_reports(records)
+        reports, epochs = owners.current_reports(records)
     except UnreadableState as exc:
         log.error("replica: the owners' changelog cannot be read (%s): reading the state-changes history instead", exc)
         return None
     log.info("replica: %d nodes as they are now, from %d changelog records read in %.1f s", len(reports), count,
              seconds)
-    return reports
+    return reports, epochs
 
 
 async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:
@@ -256,11 +256,11 @@ async def feed_state_changes(settings: Settings, service: SchedulerService) -> N
         consumer.assign(partitions)
         # Tansu answers ListOffsets short of the end (below): an earlier start is safe.
         start = await consumer.end_offsets(partitions)
-        reports = await current_state(settings)
-        if reports is None:
+        current = await current_state(settings)
+        if current is None:
             await consumer.seek_to_beginning()
         else:
-            service.on_current_state(reports)
+            service.on_current_state(*current)
             for tp in partitions:
                 consumer.seek(tp, start[tp])
         history = await consumer.end_offsets(partitions)

@@ -60,13 +60,15 @@ def node_of(record: Record) -> str:
     return node
 
 
-def current_reports(records: Sequence[ChangelogRecord]) -> list[NodeStateChange]:
+def current_reports(records: Sequence[ChangelogRecord]) -> tuple[list[NodeStateChange], dict[int, int]]:
     """One report per node of the owners' changelog records (log order), as the owners' restore
-    would assemble the node; raises `UnreadableState` for a value this version cannot read."""
+    would assemble the node, and per partition the newest epoch of its writes; raises
+    `UnreadableState` for a value this version cannot read."""
     image = ChangelogImage("node-state", OwnerCore.split)
     image.apply(records)
-    return [NodeOwner.current(read_state("node-state", key.decode(), wrapped["state"], NodeState.from_json))
-            for key, wrapped in image.data.items() if not key.startswith(CLOCK_PREFIX)]
+    reports = [NodeOwner.current(read_state("node-state", key.decode(), wrapped["state"], NodeState.from_json))
+               for key, wrapped in image.data.items() if not key.startswith(CLOCK_PREFIX)]
+    return reports, dict(image.restored_epochs)
 
 
 class OwnerCore:

@@ -2,12 +2,13 @@
 at or after the consumer group's committed offset (`StatefulLoop._starts_right` checks the
 first run against it).
 
-One aiokafka consumer per agent, started on first use, with the agents' group id but no
-subscription (it never joins the group): `committed()` reads the group's offset, and a fetch
-from there finds the first record (the scheduler's too, `agents.adapters.starts`: it commits
-what it no longer needs). Without a group id the fetch starts at the partition's beginning. `read_committed`
-when the topics carry transactions (their records sit between commit and abort markers, and
-the partition ends at its last stable offset); otherwise every record counts and it ends at
+Two aiokafka consumers per agent, started on first use, neither joining the group: one with
+the agents' group id that is never assigned a partition reads the group's committed offset,
+and one without a group fetches from there to find the first record (the scheduler's probe
+too, `agents.adapters.starts`: it commits what it no longer needs). Without a group id the
+fetch starts at the partition's beginning. `read_committed` when the topics carry
+transactions (their records sit between commit and abort markers, and the partition ends at
+its last stable offset); otherwise every record counts and it ends at
 the high watermark. Fetches wait 20 ms at most, `wait_ms` in all when nothing is there. The
 answer is None only when that fetch reached the partition's end; a fetch that found nothing
 short of it raises TimeoutError (the caller then asks again).
@@ -28,19 +29,34 @@ class CommittedStart:
         self.group_id = group_id
         self.read_committed = read_committed
         self.wait_ms = wait_ms
-        self.consumer: Any = None
+        self.consumer: Any = None  # fetches: no group (assignments change under it)
+        self.offsets: Any = None  # the group's committed offsets: never assigned anything
         self.lock = asyncio.Lock()
 
     async def _consumer(self) -> Any:
         if self.consumer is None:
-            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
-                                        enable_auto_commit=False,
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                                         isolation_level="read_committed" if self.read_committed
                                         else "read_uncommitted",
                                         auto_offset_reset="earliest", fetch_max_wait_ms=20)
             await consumer.start()
             self.consumer = consumer
         return self.consumer
+
+    async def _committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of `tp`. From a consumer of its own that is never
+        assigned a partition: aiokafka's group coordination of a consumer whose manual
+        assignment keeps changing failed an assertion (seen with the scheduler's probes) and
+        every later call with it."""
+        if self.group_id is None:
+            return None
+        if self.offsets is None:
+            offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
+                                       enable_auto_commit=False)
+            await offsets.start()
+            self.offsets = offsets
+        committed: int | None = await self.offsets.committed(tp)
+        return committed
 
     def _end(self, tp: TopicPartition) -> int | None:
         end: int | None = self.consumer.last_stable_offset(tp) if self.read_committed else self.consumer.highwater(tp)
@@ -69,7 +85,7 @@ class CommittedStart:
         async with self.lock:
             await self._consumer()
             tp = TopicPartition(topic, partition)
-            committed = await self.consumer.committed(tp) if self.group_id is not None else None
+            committed = await self._committed(tp)
             self.consumer.assign([tp])
             if committed is None:
                 await self.consumer.seek_to_beginning(tp)
@@ -90,7 +106,8 @@ class CommittedStart:
 
     async def close(self) -> None:
         async with self.lock:  # not under a probe that is using it
-            consumer, self.consumer = self.consumer, None
-            if consumer is not None:
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
+            for consumer in (self.consumer, self.offsets):
+                if consumer is not None:
+                    with contextlib.suppress(Exception):
+                        await consumer.stop()
+            self.consumer = self.offsets = None

@@ -110,6 +110,7 @@ class SchedulerService:
         # the partition is caught up, unless their deletion came meanwhile (then only that).
         self.pending_forwards: dict[int, dict[str, Record]] = {}
         self.to_forward: list[Output] = []
+        self.forwarding = 0  # sends of held-back forwards not yet acknowledged
         self.forwarded = 0  # records forwarded to their own partition
         self.failed_sends = 0  # destinations whose send the broker did not acknowledge
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -133,10 +134,16 @@ class SchedulerService:
         self.replica_ready.set()
         self.wake.set()
 
-    def on_current_state(self, reports: Iterable[NodeStateChange]) -> None:
+    def on_current_state(self, reports: Iterable[NodeStateChange], epochs: dict[int, int] | None = None) -> None:
         """The nodes as they are now (one report each, from the owners' changelog), read before
-        the reports that follow them."""
-        self.core.apply_state_changes(reports)
+        the reports that follow them. `epochs`: per partition, the newest epoch of the owners
+        whose writes the changelog holds: their reports' fences start there, so that a zombie
+        owner's report is dropped as it would be after the whole history."""
+        self.core.apply_state_changes(reports, current=True)
+        for partition, epoch in (epochs or {}).items():
+            fence = self.fences.setdefault(partition, EpochFence())
+            source = f"{topics.NODE_INBOX}/{partition}"
+            fence.newest[source] = max(fence.newest.get(source, epoch), epoch)
         self.wake.set()
 
     async def on_state_changes(self, messages: Iterable[RawMessage]) -> None:
@@ -236,7 +243,7 @@ class SchedulerService:
         if target is not None and self.read_to.get(partition, 0) >= target:
             del self.catch_up_to[partition]
             self.to_forward += [Output(topics.PODS, uid, r) for uid, r in self.pending_forwards.pop(partition, {}).items()]
-            released = self.core.release(partition)
+            released = self.core.release(partition, self.home)
             log.info("pods/%s read up to offset %s: %d pods held until then are placed now", partition, target, released)
             self.wake.set()
 
@@ -292,26 +299,34 @@ class SchedulerService:
     def commit_points(self) -> dict[tuple[str, int], int]:
         """Per (topic, partition) owned and not held: the offset before which this replica needs
         no record any more (module docstring, "Input offsets"). Empty while forwards wait."""
-        if self.to_forward:
+        if self.to_forward or self.forwarding:
             return {}
-        pods = self.core.pods
-        live = {uid for uid, t in pods.items() if t.state != FAILED} | self.core.requeued.keys()
+        tracked = {uid for uid, t in self.core.pods.items() if t.state != FAILED}
+        live = {topics.PODS: tracked, topics.REQUEUE: tracked | self.core.requeued.keys()}
         out = {}
         for key, handled in self.handled_to.items():
             partition = key[1]
             if partition not in self.owned or partition in self.revoked or partition in self.catch_up_to:
                 continue
             needed = self.needed.get(key, {})
-            for uid in [u for u in needed if u not in live]:
+            for uid in [u for u in needed if u not in live[key[0]]]:
                 del needed[uid]
             out[key] = min(min(needed.values(), default=handled), handled)
         return out
 
     async def flush_forwards(self) -> None:
-        """Send the forwards held back until their partitions were caught up."""
+        """Send the forwards held back until their partitions were caught up. They count as
+        waiting (`commit_points`) until acknowledged, and wait again if the send failed."""
         if self.to_forward:
             forwards, self.to_forward = self.to_forward, []
-            await deliver(self.outbox, forwards)
+            self.forwarding += 1
+            try:
+                await deliver(self.outbox, forwards)
+            except BaseException:
+                self.to_forward = forwards + self.to_forward
+                raise
+            finally:
+                self.forwarding -= 1
 
     def profiling_samples(self) -> list[Output]:
         """What each plugin spent per extension point, and the attempts made, since the last samples."""

@@ -240,8 +240,13 @@ class SchedulerCore:
                 if tracked.partition == partition and tracked.state == QUEUED and self.queue.remove(uid) is not None:
                     held.add(uid)
 
-    def release(self, partition: int) -> int:
-        """Place the held pods of `partition` from now on; returns how many were waiting."""
+    def release(self, partition: int, home: Callable[[str], int | None] | None = None) -> int:
+        """Place the held pods of `partition` from now on; returns how many were waiting. The
+        Requeues kept for pods of the partition (`home`: a uid's partition) that were not read
+        by then are dropped: those pods are gone, or bound, or not this replica's."""
+        if home is not None:
+            for uid in [u for u in self.requeued if u not in self.pods and home(u) == partition]:
+                del self.requeued[uid]
         held = self.held.pop(partition, set())
         released = 0
         for uid in held:
@@ -363,14 +368,16 @@ class SchedulerCore:
                     fw.unreserve(tracked.info, tracked.row)
         return len(leaving)
 
-    def apply_state_changes(self, changes: Iterable[NodeStateChange]) -> None:
-        """Update the state; bound pods leave the queue; cluster events move waiting pods."""
+    def apply_state_changes(self, changes: Iterable[NodeStateChange], *, current: bool = False) -> None:
+        """Update the state; bound pods leave the queue; cluster events move waiting pods.
+        `current`: the nodes as they are now (a replica's start), not reports in log order:
+        a terminated hold was bound, tracked here or not (no deletion read before it to undo)."""
         event = ClusterEvent.NONE
         for change in changes:
             event |= self.state.apply(change)
             for hid, status in change.holds.items():
                 uid = HoldId.parse(hid).uid
-                if status == HoldStatus.COMMITTED or (status == HoldStatus.TERMINATED and uid in self.pods):
+                if status == HoldStatus.COMMITTED or (status == HoldStatus.TERMINATED and (current or uid in self.pods)):
                     # Bound, and decisions are final: whatever is still queued for the pod (a
                     # replay of `pods` after a restart, a second claim) is moot. Terminated
                     # too: only a committed hold is, even one terminated at once on its commit

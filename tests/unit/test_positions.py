@@ -61,7 +61,7 @@ async def test_a_fetch_that_found_nothing_short_of_the_end_is_no_answer() -> Non
     """A slow fetch used to answer "nothing after the committed offset", and the run from 100
     was decided while 60..99 never were. Now the run is read again and the start asked again."""
     probe = CommittedStart("x:1", "g", True, wait_ms=10)
-    probe.consumer = Consumer(slow=1)
+    probe.consumer = probe.offsets = Consumer(slow=1)
     r = rig(plain=True)
     seeks = probed(r, None)
     r.loop.probe = probe
@@ -78,7 +78,7 @@ async def test_a_fetch_that_reached_the_end_answers_nothing_is_there(read_commit
     """With transactions the partition ends at its last stable offset; without, at the high
     watermark (a broker without transactions reports no last stable offset)."""
     probe = CommittedStart("x:1", "g", read_committed, wait_ms=10)
-    probe.consumer = Consumer(slow=0, end=60)  # markers only after the committed offset
+    probe.consumer = probe.offsets = Consumer(slow=0, end=60)  # markers only after the committed offset
     if not read_committed:
         probe.consumer.last_stable_offset = lambda tp: None
     assert await probe(topics.HOLDS, 0) is None
@@ -96,7 +96,7 @@ async def test_without_a_group_the_first_record_of_the_partition_is_the_answer()
 
     consumer.seek_to_beginning = seek_to_beginning  # type: ignore[method-assign]
     probe = CommittedStart("x:1", None, False, wait_ms=10)
-    probe.consumer = consumer
+    probe.consumer = probe.offsets = consumer
     assert await probe(topics.PODS, 2) == 7
     assert len(begun) == 1
 
