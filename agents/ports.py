@@ -75,3 +75,4 @@ class AgentConfig:
     batch_within_s: float = 0.01
     table_name: str = ""
     retention_s: float = 600.0  # owners and deciders: see agents.state.retention
+    commit_inputs: bool = False  # the scheduler: commit what it no longer needs of its inputs

@@ -159,7 +159,7 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
 
     def config(table: str = "") -> AgentConfig:
         return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table,
-                           retention_s=settings.worker.state_retention_s)
+                           retention_s=settings.worker.state_retention_s, commit_inputs=s.commit_input_offsets)
 
     if "state" in settings.worker.roles:
         k = settings.kafka

@@ -9,8 +9,9 @@ ended when assigned (`catch_up`, the end from a fetch of the probe's consumer); 
 `SchedulerService.on_state_changes` lives in `streams.app`. (Moved here from
 `agents/scheduler/agent.py`, which keeps the service.)
 
-Every second the input offsets the service no longer needs (`SchedulerService.commit_points`)
-are committed to the worker's consumer group (faust's consumer, explicit offsets: the channel
+With `AgentConfig.commit_inputs` (`scheduling.commit_input_offsets`, off by default), every
+second the input offsets the service no longer needs (`SchedulerService.commit_points`) are
+committed to the worker's consumer group (faust's consumer, explicit offsets: the channel
 has faust's acks off), so that whoever reads a partition next starts there; the start check
 (`agents.adapters.starts`) then probes the first record at or after the committed offset.
 """
@@ -117,9 +118,11 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
 
     committed: dict[TP, int] = {}
 
-    @app.timer(interval=COMMIT_EVERY_S)  # type: ignore[untyped-decorator]
     async def commit_inputs() -> None:
         offsets = {TP(topic, partition): offset for (topic, partition), offset in service.commit_points().items()
                    if committed.get(TP(topic, partition)) != offset}
         if offsets and await cast(Any, app.consumer)._commit(offsets):  # only partitions still assigned
             committed.update(offsets)
+
+    if config.commit_inputs:  # `scheduling.commit_input_offsets`
+        app.timer(interval=COMMIT_EVERY_S)(commit_inputs)

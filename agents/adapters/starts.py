@@ -1,10 +1,10 @@
 """The scheduler reads each of its input partitions from the first record it still needs, in
 every assignment.
 
-The scheduler commits, per partition of `pods` / `requeue`, the offset before which it needs
-no record (`SchedulerService.commit_points`): whenever a partition is assigned, the replica
-that gets it reads it from the first record at or after that offset (its "first record"
-below) and rebuilds that partition's queue (DESIGN.md, "Queue"). faust can lose what it fetches of a newly assigned partition around the
+The scheduler may commit, per partition of `pods` / `requeue`, the offset before which it
+needs no record (`SchedulerService.commit_points`, `scheduling.commit_input_offsets`):
+whenever a partition is assigned, the replica that gets it reads it from its first record,
+at or after that offset if any (its "first record" below) and rebuilds that partition's queue (DESIGN.md, "Queue"). faust can lose what it fetches of a newly assigned partition around the
 rebalance: records reach a stream queue that the end of the rebalance clears, or are left
 behind when the flow stops, while the fetch position has moved past them; with no committed
 offset, faust's seek to the committed offsets leaves the position where it is. A replacement

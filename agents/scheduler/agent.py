@@ -38,7 +38,8 @@ The edges (DESIGN.md, safety rules 4 and 11):
   record places none of its pods until read to where it ended when assigned, and as far as
   any earlier pass (docs/architecture.md, "How long state is kept").
 - Claims are stamped with the wall time their cycle began (`Claim.scheduled_at`).
-- Input offsets (`commit_points`). Per partition of `pods` / `requeue`, the replica commits
+- Input offsets (`commit_points`; committed only with `scheduling.commit_input_offsets`, off
+  by default). Per partition of `pods` / `requeue`, the replica commits
   the offset before which no record is needed any more: the first record of every pod it
   still tracks (queued, claimed and not yet bound, waiting), else how far it read and handled
   (forwards acknowledged). A replica that takes the partition over, or a restarted one, reads

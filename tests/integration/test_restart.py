@@ -162,9 +162,10 @@ async def test_replacement_worker_recovers_committed_capacity(broker_factory: Ca
 
 async def test_pending_pods_survive_a_scheduler_restart(broker_factory: Callable[[], Broker]) -> None:
     """A pod that fits nowhere waits in the scheduler's queue; the worker is killed; its
-    replacement rebuilds the queue from the pods topic and places the pod once a node fits."""
+    replacement rebuilds the queue from the pods topic and places the pod once a node fits;
+    with the input offsets committed (`scheduling.commit_input_offsets`), from where the pod is."""
     async with broker_factory() as broker:
-        env = await worker_env(broker)
+        env = await worker_env(broker, KOORDSTREAM_SCHEDULING_COMMIT_INPUT_OFFSETS="true")
         first = spawn_tied(WORKER, env=env)
         second = None
         try:
