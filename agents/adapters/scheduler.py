@@ -125,4 +125,5 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
             committed.update(offsets)
 
     if config.commit_inputs:  # `scheduling.commit_input_offsets`
+        service.commit_inputs = True
         app.timer(interval=COMMIT_EVERY_S)(commit_inputs)

@@ -126,7 +126,9 @@ class SchedulerService:
         # zombie's.
         self.fences: dict[int, EpochFence] = {}
         # Per (topic, partition) of the inputs (`commit_points`): the offset of the first
-        # record of each pod read there, and how far the records read were handled.
+        # record of each pod read there, and how far the records read were handled; kept only
+        # when the offsets are committed (`commit_inputs`: `commit_points` prunes them).
+        self.commit_inputs = False
         self.needed: dict[tuple[str, int], dict[str, int]] = {}
         self.handled_to: dict[tuple[str, int], int] = {}
 
@@ -265,7 +267,8 @@ class SchedulerService:
             outputs += got.dead_letters
             for record in got.records:
                 src = got.sources[id(record)]
-                if isinstance(record, (Requeue, Pod, Reservation)) and self.home(record.uid) in (None, partition):
+                if self.commit_inputs and isinstance(record, (Requeue, Pod, Reservation)) \
+                        and self.home(record.uid) in (None, partition):
                     needed = self.needed.setdefault((src.topic, partition), {})
                     needed[record.uid] = min(needed.get(record.uid, src.offset), src.offset)
                 if isinstance(record, Requeue):
@@ -291,7 +294,8 @@ class SchedulerService:
         for partition in caught:  # after the deliveries: the deletions read were forwarded
             self._release_caught_up(partition)
         await self.flush_forwards()
-        for partition, batch in by_partition.items():  # handled: decoded, tracked, forwarded
+        handled = by_partition.items() if self.commit_inputs else ()  # decoded, tracked, forwarded
+        for partition, batch in handled:
             for m in batch:
                 key = (m.topic, partition)
                 self.handled_to[key] = max(self.handled_to.get(key, 0), m.offset + 1)

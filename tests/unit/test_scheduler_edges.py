@@ -95,6 +95,7 @@ async def until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
 def service_with(core: SchedulerCore, outbox: FakeOutbox, clock: FakeClock, batch_size: int = 100) -> SchedulerService:
     service = SchedulerService(core, outbox, clock, batch_size)
     service.partitions = N  # what `register` sets from the AgentConfig
+    service.commit_inputs = True  # and this with `scheduling.commit_input_offsets`
     return service
 
 
@@ -637,6 +638,15 @@ async def test_nothing_is_committed_for_a_held_partition_a_revoked_one_or_while_
     assert service.commit_points() == {(topics.PODS, 0): 0, (topics.PODS, 1): 0}
     service.on_partitions_assigned({1})
     assert service.commit_points() == {(topics.PODS, 1): 0}
+
+
+async def test_without_committed_offsets_nothing_of_the_inputs_is_kept() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = SchedulerService(core, FakeOutbox(), clock, 100)
+    service.partitions = N
+    service.on_partitions_assigned({0})
+    await service.on_inputs([raw(make_pod(uid_at(0, f"p{i}")), 0, offset=i) for i in range(5)])
+    assert service.needed == {} and service.handled_to == {}
 
 
 async def test_a_pod_finally_refused_does_not_hold_the_commit_point_back() -> None:
