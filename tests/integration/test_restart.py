@@ -74,6 +74,17 @@ def progress(h: Harness) -> str:
     return ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items()))
 
 
+async def bound_before(h: Harness, nodes: int, pods: int) -> tuple[list[Node], list[Pod]]:
+    """`nodes` nodes of 4 CPUs and `pods` pods of one CPU named before-<i>, all bound."""
+    made = [Node(name=f"r{i}", allocatable=ResourceList(cpu=4000, memory=2**34)) for i in range(nodes)]
+    await h.publish(topics.NODES, made)
+    await h.wait_for(NodeStateChange, lambda c: True, count=nodes, timeout=90)
+    before = [Pod(uid=f"before-{i}", name=f"b{i}", requests=ResourceList(cpu=1000)) for i in range(pods)]
+    await h.publish(topics.PODS, before)
+    await h.wait_for(Binding, lambda b: b.uid.startswith("before-"), count=pods)
+    return made, before
+
+
 async def test_replacement_worker_recovers_committed_capacity(broker_factory: Callable[[], Broker]) -> None:
     async with broker_factory() as broker:
         env = await worker_env(broker)
@@ -81,12 +92,7 @@ async def test_replacement_worker_recovers_committed_capacity(broker_factory: Ca
         second = None
         try:
             async with Harness(broker.bootstrap) as h:
-                nodes = [Node(name=f"r{i}", allocatable=ResourceList(cpu=4000, memory=2**34)) for i in range(4)]
-                await h.publish(topics.NODES, nodes)
-                await h.wait_for(NodeStateChange, lambda c: True, count=4, timeout=90)
-                before = [Pod(uid=f"before-{i}", name=f"b{i}", requests=ResourceList(cpu=1000)) for i in range(12)]
-                await h.publish(topics.PODS, before)
-                await h.wait_for(Binding, lambda b: b.uid.startswith("before-"), count=12)
+                nodes, before = await bound_before(h, 4, 12)
 
                 # A zombie's late write: an older epoch, a high sequence number, and a state
                 # in which r0 does not exist. (First let the worker's own changelog writes reach
@@ -221,12 +227,7 @@ async def test_a_restarted_scheduler_knows_the_running_pods_after_their_reports_
         second = None
         try:
             async with Harness(broker.bootstrap) as h:
-                nodes = [Node(name=f"r{i}", allocatable=ResourceList(cpu=4000, memory=2**34)) for i in range(2)]
-                await h.publish(topics.NODES, nodes)
-                await h.wait_for(NodeStateChange, lambda c: True, count=2, timeout=90)
-                before = [Pod(uid=f"before-{i}", name=f"b{i}", requests=ResourceList(cpu=1000)) for i in range(6)]
-                await h.publish(topics.PODS, before)
-                await h.wait_for(Binding, lambda b: b.uid.startswith("before-"), count=6)
+                await bound_before(h, 2, 6)
                 await asyncio.sleep(2.5)  # the last reports are written
                 first.send_signal(signal.SIGKILL)
                 first.wait()
