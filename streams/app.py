@@ -184,9 +184,10 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
         return
 
     service = SchedulerService(build_core(settings), outbox, time.monotonic, s.batch_size)
-    # faust never commits the scheduler's input offsets (acks=False): the scheduler commits
-    # those before which it needs no record (`SchedulerService.commit_points`), and a restarted
-    # worker rebuilds its queue from there (DESIGN.md, "Queue").
+    # faust never commits the scheduler's input offsets (acks=False). With
+    # `scheduling.commit_input_offsets` the scheduler commits those before which it needs no
+    # record (`SchedulerService.commit_points`) and a restarted worker rebuilds its queue from
+    # there; otherwise from the start (DESIGN.md, "Queue").
     inputs = app.topic(topics.PODS, topics.REQUEUE, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=p, acks=False)
     scheduler_agent.register(app, inputs, service, config(),
