@@ -6,9 +6,10 @@ made by preemption and not yet reported back (`nominate`); a local entry shadows
 owners last said about the same pod until the owner reports the pod on that node. A pod has at
 most one nomination: nominating it elsewhere replaces the old one.
 
-Filtering a pod (`free_for`) subtracts the claims of every *other* pod nominated with equal or
-higher priority, as the owners do when they hold a claim (DESIGN.md, safety rule 8); a
-nomination that names concrete GPUs (`devices_for`) keeps those GPUs from such pods too.
+Filtering a pod subtracts the claims of the nominations that count against it (`promised`:
+every *other* pod nominated with equal or higher priority, `agents.state.admission`, as the
+owners do when they hold a claim; DESIGN.md, safety rule 8); a nomination that names concrete
+devices (`devices_for`) keeps those devices from such pods too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from agents.state import admission
 from agents.state.resources import ResourceSpace
 from schemas.records import Nomination
 
@@ -107,18 +109,21 @@ class Nominator:
         return self._arrays
 
     def devices_for(self, priority: int, uid: str) -> list[tuple[int, Nomination]]:
-        """(row, nomination) of other pods nominated with equal or higher priority that name
-        concrete devices: those devices are theirs."""
-        return [(row, n) for row, n in self.arrays().with_devices if n.priority >= priority and n.uid != uid]
+        """(row, nomination) of the nominations that count against pod `uid` at `priority`
+        (`admission.counts_against`) and name concrete devices: those devices are theirs."""
+        return [(row, n) for row, n in self.arrays().with_devices
+                if admission.counts_against(n.priority, n.uid, priority, uid)]
 
-    def free_for(self, free: npt.NDArray[np.int64], priority: int, uid: str) -> npt.NDArray[np.int64]:
-        """`free` less the claims of other pods nominated with equal or higher priority."""
+    def promised(self, priority: int, uid: str, size: int) -> npt.NDArray[np.int64] | None:
+        """Per row (of `size`), the claims of the nominations that count against pod `uid` at
+        `priority` (`admission.counts_against`); None when none does. The scheduler's one
+        account of nominations, as `NodeState.promised` is the owners'."""
         a = self.arrays()
         if not a.rows.size:
-            return free
-        counted = (a.priorities >= priority) & (a.uids != uid)
+            return None
+        counted = admission.counts_against(a.priorities, a.uids, priority, uid)
         if not counted.any():
-            return free
-        adjusted = free.copy()
-        np.subtract.at(adjusted, a.rows[counted], a.vectors[counted])
-        return adjusted
+            return None
+        taken = np.zeros((size, len(self.space)), dtype=np.int64)
+        np.add.at(taken, a.rows[counted], a.vectors[counted])
+        return taken

@@ -81,7 +81,7 @@ from itertools import repeat
 from typing import Any, TypeVar
 
 from agents.ports import Output, Problem
-from agents.state import cpus, devices, gangs
+from agents.state import admission, cpus, devices, gangs
 from agents.state import reservations as rsv
 from agents.state import usage as keys
 from agents.state.resources import DEFAULT_MAX_PODS
@@ -255,6 +255,11 @@ class NodeState:
                 taken, count = consumed.get(uid, ({}, 0))
                 out.append(ReservationState(self.reservation(uid), ResourceList(taken), count))
         return tuple(out)
+
+    def promised(self, priority: int, uid: str) -> list[Nomination]:
+        """The nominations here that count against a claim of pod `uid` at `priority`
+        (`admission.counts_against`)."""
+        return [n for n in self.nominations.values() if admission.counts_against(n.priority, n.uid, priority, uid)]
 
     def device_usage(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """Per device, what committed and held claims use (less the holds in `ignoring`): GPU
@@ -692,21 +697,16 @@ class NodeOwner:
             return REASON_POD_TERMINATED
         if state.unschedulable:
             return REASON_NODE_UNSCHEDULABLE
-        used = state.used(ignoring)
+        reserved = None
         if claim.reservation:
             refusal = self._reservation_refusal(state, claim)
             if refusal:
                 return refusal
-            for name, amount in state.remaining(claim.reservation).items():  # what the pod may take
-                used[name] = used.get(name, 0) - amount
-        # A preemptor is not blocked by its own nomination; others' count when they outrank it.
-        for uid, nomination in state.nominations.items():
-            if uid != claim.uid and nomination.priority >= claim.priority:
-                for name, amount in nomination.requests.items():
-                    used[name] = used.get(name, 0) + amount
-        for name, amount in claim.requests.items():
-            if amount and state.allocatable.get(name, 0) - used.get(name, 0) < amount:
-                return REASON_INSUFFICIENT.format(name)
+            reserved = state.remaining(claim.reservation)  # what the pod may take of it
+        short = admission.shortfall(state.allocatable, state.used(ignoring), claim.requests,
+                                    [n.requests for n in state.promised(claim.priority, claim.uid)], reserved)
+        if short:
+            return REASON_INSUFFICIENT.format(short)
         return self._device_refusal(state, claim.uid, claim.priority, claim.devices, ignoring=ignoring)
 
     def _fellows_only(self, state: NodeState, claim: Claim) -> bool:
@@ -787,9 +787,8 @@ class NodeOwner:
         gpus, nics = state.gpus(), state.nics()
         if usage is None:
             usage = state.device_usage(ignoring)
-            for uid, nomination in state.nominations.items():  # others' promised devices, as for totals
-                if uid != pod and nomination.priority >= priority:
-                    devices.add_usage(usage, nomination.devices)
+            for nomination in state.promised(priority, pod):  # others' promised devices, as for totals
+                devices.add_usage(usage, nomination.devices)
         else:
             usage = dict(usage)
         # Each allocation is added to `usage` once checked: a claim that names a device twice

@@ -27,7 +27,7 @@ from agents.scheduler.cluster import ClusterState, PodOnNode
 from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo, PostFilterResult
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.scheduler.plugins.noderesources.fit import NAME as FIT
-from agents.state import cpus, devices
+from agents.state import admission, cpus, devices
 from agents.state import usage as keys
 from schemas.records import QUOTA_LABEL, Nomination, ResourceList
 
@@ -86,10 +86,9 @@ class DefaultPreemption:
             return None
         removable = np.zeros((n, len(state.space)), dtype=np.int64)
         np.add.at(removable, bound.rows[lower], bound.vectors[lower])
-        taken = cycle.read(FIT)
-        room = state.free if taken is None else state.free - taken
-        cols, request = pod.columns, pod.request
-        candidates = np.flatnonzero(potential & ((room + removable)[:, cols] >= request[cols]).all(axis=1))
+        promised, yieldable = cycle.read(FIT)  # as NodeResourcesFit counts them
+        room = admission.room(state.free, promised, None, yieldable)
+        candidates = np.flatnonzero(potential & admission.admits(room + removable, pod.request, pod.columns))
         if not candidates.size:
             return None
         limit = max(n * self.args.min_candidate_nodes_percentage // 100, self.args.min_candidate_nodes_absolute)
@@ -168,11 +167,10 @@ class DefaultPreemption:
     @staticmethod
     def _victims(room: np.ndarray, pods: list[PodOnNode], pod: PodInfo) -> list[PodOnNode]:
         """Reprieve lower-priority pods, highest priority first, while the pod still fits."""
-        cols, request = pod.columns, pod.request
         victims = []
         for placed in sorted(pods, key=lambda p: (-p.pod.priority, p.pod.uid)):
             after = room - placed.vector
-            if (after[cols] >= request[cols]).all():
+            if admission.admits(after[None, :], pod.request, pod.columns)[0]:
                 room = after  # the pod fits without evicting this one: it stays
             else:
                 victims.append(placed)

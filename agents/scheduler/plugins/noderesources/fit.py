@@ -1,13 +1,13 @@
 """NodeResourcesFit (PreFilter, Filter, Score): does the pod's request fit, and how full is
 the node afterwards.
 
-Filter: for every resource the pod requests (`pods` included: one per pod), free capacity
-(allocatable - committed - held - assumed) less the claims of other pods nominated there with
-equal or higher priority, plus the remainder of a reservation the pod may consume there
+Filter: the owners' admission rule (`agents.state.admission`), on every node at once: for
+every resource the pod requests (`pods` included: one per pod), free capacity (allocatable -
+committed - held - assumed) less the claims of other pods nominated there with equal or higher
+priority (`Nominator.promised`), plus the remainder of a reservation the pod may consume there
 (`CycleState.reserved_room`, from the Reservation plugin), plus, for a gang member, what
 lower-ranked gangs hold there without being accepted (their owner will ask them to yield it:
-wound-wait), covers the request. Reasons: "Insufficient <resource>", or
-"Too many pods".
+wound-wait), covers the request. Reasons: "Insufficient <resource>", or "Too many pods".
 
 Score, by `scoringStrategy.type` over `scoringStrategy.resources` (default cpu and memory,
 weight 1), with kube-scheduler's integer arithmetic per resource, then the weighted mean
@@ -45,12 +45,11 @@ from agents.scheduler.plugins.noderesources.resources import (
     Counted,
     ResourceSpec,
     column_sum,
-    fits,
     request_list,
     specs_from,
     validate_specs,
 )
-from agents.state import gangs
+from agents.state import admission, gangs
 
 NAME = "NodeResourcesFit"
 LEAST_ALLOCATED, MOST_ALLOCATED = "LeastAllocated", "MostAllocated"
@@ -123,45 +122,34 @@ class Fit:
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
         """Precompute what others' nominations take from each node, less what lower-ranked
         gangs hold for a gang member (wound-wait; None when nothing)."""
-        a = state.nominator.arrays()
-        taken = None
-        if a.rows.size:
-            counted = (a.priorities >= pod.priority) & (a.uids != pod.uid)
-            if counted.any():
-                taken = np.zeros((state.size, len(state.space)), dtype=np.int64)
-                np.add.at(taken, a.rows[counted], a.vectors[counted])
+        promised = state.nominator.promised(pod.priority, pod.uid, state.size)
+        yieldable = None
         if state.gang_holds and pod.decision_key != pod.uid:
             yieldable = state.yieldable(gangs.rank(pod.priority, pod.decision_key), pod.decision_key)
-            if yieldable is not None:
-                taken = -yieldable if taken is None else taken - yieldable
-        cycle.write(NAME, taken)
+        cycle.write(NAME, (promised, yieldable))
         return status.SUCCESS
 
-    def _room(self, cycle: CycleState, state: ClusterState, rows: Rows | Mask) -> npt.NDArray[np.int64]:
-        taken = cycle.read(NAME)
-        room: npt.NDArray[np.int64] = state.free[rows]
-        if taken is not None:
-            room = room - taken[rows]
-        if cycle.reserved_room is not None:  # a reservation the pod may consume
-            room = room + cycle.reserved_room[rows]
-        return room
+    def _room(self, cycle: CycleState, state: ClusterState, rows: Rows | Mask | int) -> npt.NDArray[np.int64]:
+        """`admission.room` on the rows: free, less others' nominations, plus the remainder of
+        a reservation the pod may consume (`CycleState.reserved_room`) and what lower-ranked
+        gangs would yield."""
+        promised, yieldable = cycle.read(NAME)
+        reserved = cycle.reserved_room
+        return admission.room(state.free[rows], promised[rows] if promised is not None else None,
+                              reserved[rows] if reserved is not None else None,
+                              yieldable[rows] if yieldable is not None else None)
 
     def filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: Rows) -> Mask:
-        room = self._room(cycle, state, rows)
-        return fits(room, pod.request, pod.columns)
+        return admission.admits(self._room(cycle, state, rows), pod.request, pod.columns)
 
     def fit_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, limit: int) -> int:
         request, columns = request_list(pod)
-        free = state.free_row(row)
-        taken = cycle.read(NAME)
-        if taken is not None:
-            free = [f - t for f, t in zip(free, taken[row].tolist(), strict=True)]
-        if cycle.reserved_room is not None:
-            free = [f + r for f, r in zip(free, cycle.reserved_room[row].tolist(), strict=True)]
-        count = limit
-        for c in columns:  # every requested column is positive (`pods` is 1)
-            count = min(count, max(free[c], -1) // request[c])
-        return max(count, 0)
+        promised, yieldable = cycle.read(NAME)
+        if promised is None and yieldable is None and cycle.reserved_room is None:
+            room = state.free_row(row)  # the common case, without numpy
+        else:
+            room = self._room(cycle, state, row).tolist()
+        return admission.copies(room, request, columns, limit)
 
     def explain(self, cycle: CycleState, pod: PodInfo, state: ClusterState, failed: Mask) -> dict[str, int]:
         room = self._room(cycle, state, failed)

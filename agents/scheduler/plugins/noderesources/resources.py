@@ -83,20 +83,6 @@ def request_list(pod: PodInfo) -> tuple[list[int], list[int]]:
     return cached  # type: ignore[no-any-return]
 
 
-def fits(room: npt.NDArray[np.int64], request: Vector, columns: npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
-    """Per row: room >= request in every column of `columns`.
-
-    Column by column: numpy reduces a short second axis (`.all(axis=1)` over 2-9 columns)
-    several times slower than it compares a few whole columns."""
-    if not len(columns):
-        return np.ones(len(room), dtype=bool)
-    first = int(columns[0])
-    out: npt.NDArray[np.bool_] = room[:, first] >= request[first]
-    for col in columns[1:].tolist():
-        out &= room[:, col] >= request[col]
-    return out
-
-
 def column_sum(matrix: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Per row, the sum over the (few) columns; see `fits` for why not `.sum(axis=1)`."""
     out: npt.NDArray[np.int64] = matrix[:, 0].copy()
