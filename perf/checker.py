@@ -12,9 +12,9 @@ results (`devices_overcommitted`), and gangs for partial binding (`partial_gangs
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agents.state.devices import GPU_CORE, GPU_RATIO, RDMA
 
@@ -53,6 +53,9 @@ class DevicePlacement:
     amounts: tuple[tuple[str, int], ...]
 
 
+P = TypeVar("P", Placement, DevicePlacement)
+
+
 def device_amounts(annotation: str) -> tuple[tuple[str, int], ...]:
     """Per device, what a `scheduling.koordinator.sh/device-allocated` annotation takes."""
     if not annotation:
@@ -72,28 +75,49 @@ def devices_overcommitted(capacity: Mapping[str, Mapping[str, int]], placements:
                           terminations: Iterable[Placement] = ()) -> dict[str, str]:
     """Devices that, at some moment, held more than their capacity (`capacity`: node -> device
     -> amount, keyed like `DevicePlacement.amounts`), GPU by GPU and NIC by NIC; returns
-    "node/device" -> the first violation. A pod counts from its Binding until its termination."""
-    events: list[tuple[float, int, Any]] = [(p.time, 1, p) for p in placements]
-    events += [(t.time, 0, t) for t in terminations]
-    events.sort(key=lambda e: (e[0], e[1]))
-    live: dict[tuple[str, str], DevicePlacement] = {}
+    "node/device" -> the first violation. A pod counts from its Binding until its termination
+    (`timeline`)."""
     used: dict[tuple[str, str], int] = {}
     out: dict[str, str] = {}
-    for _, is_bind, p in events:
-        if is_bind:
-            if (p.uid, p.node) in live:
-                continue  # the same binding read twice
-            live[(p.uid, p.node)] = p
-            for device, amount in p.amounts:
-                total = used[(p.node, device)] = used.get((p.node, device), 0) + amount
-                limit = capacity.get(p.node, {}).get(device, 0)
-                if total > limit and f"{p.node}/{device}" not in out:
-                    out[f"{p.node}/{device}"] = f"{total} > {limit} after {p.uid}"
-        else:
-            bound = live.pop((p.uid, p.node), None)
-            for device, amount in bound.amounts if bound else ():
-                used[(p.node, device)] -= amount
+    for bound, p in timeline(placements, terminations):
+        for device, amount in p.amounts:
+            total = used[(p.node, device)] = used.get((p.node, device), 0) + (amount if bound else -amount)
+            limit = capacity.get(p.node, {}).get(device, 0)
+            if bound and total > limit and f"{p.node}/{device}" not in out:
+                out[f"{p.node}/{device}"] = f"{total} > {limit} after {p.uid}"
     return out
+
+
+def timeline(bindings: Iterable[P], terminations: Iterable[Placement]) -> Iterator[tuple[bool, P]]:
+    """(True, binding) when a pod starts to count on its node, (False, that binding) when it
+    stops, in time order. The same binding read twice is one. At equal times frees come
+    before binds (a pod terminated at the moment another is bound made room for it); a
+    termination read before its pod's binding on that node (the decider sends both in one
+    batch when the pod was deleted while its hold waited: the owner commits, then terminates,
+    so the pod was never counted past that moment) ends the pod right after that binding."""
+    events: list[tuple[float, int, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for b in bindings:
+        if (b.uid, b.node) not in seen:
+            seen.add((b.uid, b.node))
+            events.append((b.time, 1, b))
+    events += [(t.time, 0, t) for t in terminations]
+    events.sort(key=lambda e: (e[0], e[1]))
+    live: dict[tuple[str, str], P] = {}
+    ended: set[tuple[str, str]] = set()  # terminations read before their binding
+    for _, is_bind, p in events:
+        key = (p.uid, p.node)
+        if is_bind:
+            yield True, p
+            if key in ended:
+                ended.discard(key)
+                yield False, p
+            else:
+                live[key] = p
+        elif key in live:
+            yield False, live.pop(key)
+        else:
+            ended.add(key)
 
 
 def partial_gangs(members: Mapping[str, tuple[int, Iterable[str]]], bound: Iterable[str]) -> list[str]:
@@ -115,35 +139,24 @@ def check(
     """`counted` limits the pod counts (total, bound, unschedulable) to those uids; the
     consistency checks always cover every binding."""
     bound_to: dict[str, set[str]] = {}
-    events: list[tuple[float, int, Placement]] = []
+    bindings = list(bindings)
     for b in bindings:
-        if b.node in bound_to.setdefault(b.uid, set()):
-            continue  # the same binding read twice is one binding
-        bound_to[b.uid].add(b.node)
-        events.append((b.time, 1, b))
-    for t in terminations:
-        events.append((t.time, 0, t))  # at equal times, frees before binds
-    events.sort(key=lambda e: (e[0], e[1]))
+        bound_to.setdefault(b.uid, set()).add(b.node)
     used: dict[str, dict[str, int]] = {}
-    live: set[tuple[str, str]] = set()
     overcommitted: dict[str, str] = {}
-    for _, is_bind, p in events:
+    for is_bind, p in timeline(bindings, terminations):
         request = dict(requests.get(p.uid, {}))
         request["pods"] = max(request.get("pods", 0), 1)
         node_used = used.setdefault(p.node, {})
+        sign = 1 if is_bind else -1
+        for name, amount in request.items():
+            node_used[name] = node_used.get(name, 0) + sign * amount
         if is_bind:
-            live.add((p.uid, p.node))
-            for name, amount in request.items():
-                node_used[name] = node_used.get(name, 0) + amount
             limit = dict(allocatable.get(p.node, {}))
             limit.setdefault("pods", DEFAULT_MAX_PODS)
             for name, amount in node_used.items():
                 if amount > limit.get(name, 0) and p.node not in overcommitted:
                     overcommitted[p.node] = f"{name}: {amount} > {limit.get(name, 0)} after {p.uid}"
-        elif (p.uid, p.node) in live:
-            live.discard((p.uid, p.node))
-            for name, amount in request.items():
-                node_used[name] -= amount
     bound = {uid for uid, nodes in bound_to.items() if nodes}
     pods = set(requests) if counted is None else set(counted)
     return CheckResult(

@@ -28,9 +28,12 @@ REQ = {"a": {"cpu": 600}, "b": {"cpu": 600}, "c": {"cpu": 100}}
         ([Placement(1, "a", "n1"), Placement(2, "a", "n1")], [], 0, 0),  # the same binding read twice
         ([Placement(1, "c", "n2"), Placement(2, "a", "n2"), Placement(3, "b", "n2")], [], 0, 1),  # pods cap too
         ([Placement(1, "c", "unknown-node")], [], 0, 1),  # a node nobody published has nothing
+        # a pod deleted while its hold waited: its Binding and termination sent in one batch
+        ([Placement(1, "a", "n1"), Placement(2, "b", "n1")], [Placement(1, "a", "n1")], 0, 0),
+        ([Placement(1, "a", "n1"), Placement(2, "b", "n1")], [Placement(0.5, "a", "n1")], 0, 0),
     ],
     ids=["fits", "overcommit", "termination-frees", "termination-late", "double-bound", "duplicate-read",
-         "pod-count", "unknown-node"],
+         "pod-count", "unknown-node", "ended-with-its-binding", "ended-before-its-binding"],
 )
 def test_checker(bindings, terminations, double, over) -> None:
     result = check(ALLOC, REQ, bindings, terminations)
@@ -71,8 +74,9 @@ CAPACITY = {"n1": {"gpu/0/core": 100, "gpu/0/ratio": 100, "gpu/1/core": 100, "gp
           ("b", json.dumps({"rdma": [{"minor": 0, "resources": {"koordinator.sh/rdma": "1"}}]}))], [],
          ["n1/rdma/0/vfs"]),
         ([("a", ""), ("b", "")], [], []),  # no devices
+        ([("a", _gpu(0, 60)), ("b", _gpu(0, 60))], [Placement(1.0, "a", "n1")], []),  # ended with its binding
     ],
-    ids=["two-gpus", "one-gpu-twice", "freed-first", "read-twice", "rdma-vfs", "no-devices"],
+    ids=["two-gpus", "one-gpu-twice", "freed-first", "read-twice", "rdma-vfs", "no-devices", "ended-with-binding"],
 )
 def test_devices_overcommitted(placements: list[tuple[str, str]], terminations: list[Placement],
                                over: list[str]) -> None:
