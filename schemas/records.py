@@ -690,3 +690,40 @@ def decision_key(namespace: str, labels: dict[str, str], annotations: dict[str, 
     """The gang (namespace/name) a pod belongs to, else its uid (DESIGN.md, "Topics and keys")."""
     gang = annotations.get(GANG_NAME_ANNOTATION) or labels.get(POD_GROUP_LABEL)
     return f"{namespace}/{gang}" if gang else uid
+
+
+def carry(target: type[Any], source: object, **given: Any) -> Any:
+    """`target(...)` with each of its fields that `source` has an attribute of the same name
+    for copied from it, then `given`. This is how a claim's fields travel: Claim -> the
+    owner's hold (`HoldEntry`) -> Held (and the decider's waiting entry -> Binding): a field
+    declared on the next record under the same name travels without code of its own.
+    Sequences take the target's kind (a tuple on records, a list on JSON-backed entries) and
+    mappings are copied, so no two records share a mutable value."""
+    kinds = _carried_kinds(target)
+    values: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        if name in given or not hasattr(source, name):
+            continue
+        value = getattr(source, name)
+        if kind is not None and value is not None:
+            value = kind(value)
+        values[name] = value
+    return target(**values, **given)
+
+
+_KINDS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _carried_kinds(target: type[Any]) -> dict[str, Any]:
+    """Per init field of `target`, the constructor its copies go through (None: as is)."""
+    kinds = _KINDS.get(target)
+    if kinds is None:
+        kinds = {}
+        for f in dataclasses.fields(target):
+            if not f.init:
+                continue
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            kind = type(default) if isinstance(default, (tuple, list, dict)) else None
+            kinds[f.name] = ResourceList if kind is ResourceList else kind
+        _KINDS[target] = kinds
+    return kinds

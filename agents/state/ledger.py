@@ -325,27 +325,18 @@ class Decider:
                 self._send(state, hid, [self._requeue(state.key, held.uid, entry.attempt, refusal)], out)
             return
         if held.gang_min <= 1 or self._satisfied(state):
-            self._accept(state, hid, {hid: self._member(held.namespace, held.name, held.nominated_node,
-                                                        held.devices, entry)}, out)
+            self._accept(state, hid, {hid: self._member(self._waiting(held), entry)}, out)
             resent.add(hid)
             return
         state.decisions[hid] = WAITING
-        state.waiting[hid] = {
-            "uid": held.uid, "attempt": held.attempt, "node": held.node, "namespace": held.namespace,
-            "name": held.name, "nominated_node": held.nominated_node, "gang_min": held.gang_min,
-            "devices": list(held.devices), "strict": held.gang_strict,
-        }
+        state.waiting[hid] = self._waiting(held)
         if not state.timer_s:
             state.timer_s = held.gang_waiting_s or GANG_DEFAULT_WAITING_S
             out.timers.append((state.key, state.round, state.timer_s))
         if len(state.waiting) >= held.gang_min:
             group = f"round:{state.round}"
             state.round, state.timer_s = state.round + 1, 0.0  # complete: this round's timer is moot
-            members = {
-                wid: self._member(w["namespace"], w["name"], w["nominated_node"], w.get("devices", ()),
-                                  state.pods.get(w["uid"]))
-                for wid, w in sorted(state.waiting.items())
-            }
+            members = {wid: self._member(w, state.pods.get(w["uid"])) for wid, w in sorted(state.waiting.items())}
             state.waiting.clear()
             self._accept(state, group, members, out)
             resent.add(group)
@@ -367,19 +358,28 @@ class Decider:
         return any(p.status == BOUND for p in state.pods.values())
 
     @staticmethod
-    def _member(namespace: str, name: str, nominated_node: str, held_devices: Iterable[str],
-                entry: PodEntry | None) -> dict[str, Any]:
+    def _waiting(held: Held) -> dict[str, Any]:
+        """What the decider keeps of a Held until its hold is decided (`LedgerState.waiting`):
+        the one place a Held's fields are copied here (`_member` and the Binding take them
+        from this)."""
+        return {"uid": held.uid, "attempt": held.attempt, "node": held.node, "namespace": held.namespace,
+                "name": held.name, "nominated_node": held.nominated_node, "gang_min": held.gang_min,
+                "devices": list(held.devices), "strict": held.gang_strict}
+
+    @staticmethod
+    def _member(waiting: dict[str, Any], entry: PodEntry | None) -> dict[str, Any]:
         """What rebuilds an accepted hold's outputs besides its hold id (uid, attempt, node),
-        taken when it is decided; empty lists are left out (most pods have none)."""
-        member: dict[str, Any] = {"namespace": namespace, "name": name}
+        taken from its `_waiting` entry when it is decided; empty lists are left out (most
+        pods have none)."""
+        member: dict[str, Any] = {"namespace": waiting["namespace"], "name": waiting["name"]}
         clears: list[str] = []
-        for n in [nominated_node, *(entry.nominated if entry else ())]:
+        for n in [waiting.get("nominated_node", ""), *(entry.nominated if entry else ())]:
             if n and n not in clears:
                 clears.append(n)
         if clears:
             member["clears"] = clears
-        if held_devices:
-            member["devices"] = list(held_devices)
+        if waiting.get("devices"):
+            member["devices"] = list(waiting["devices"])
         return member
 
     def _accept(self, state: LedgerState, group: str, members: dict[str, dict[str, Any]], out: Decision) -> None:
@@ -423,8 +423,7 @@ class Decider:
         if recorded == ACCEPTED:
             member = state.accepted.get(hid)
             if member is None:  # decided by earlier code, which kept no record: rebuilt as it did
-                self._emit_member(state.key, hid, self._member(held.namespace, held.name, held.nominated_node,
-                                                               held.devices, None), out)
+                self._emit_member(state.key, hid, self._member(self._waiting(held), None), out)
             elif member.get("group", hid) not in resent:
                 resent.add(member.get("group", hid))
                 self._emit_group(state, member.get("group", hid), out)

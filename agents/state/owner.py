@@ -111,6 +111,7 @@ from schemas.records import (
     ResourceList,
     SchedulingFeedback,
     Yield,
+    carry,
 )
 
 HELD, COMMITTED, RELEASED, REJECTED, TERMINATED = (HoldStatus.HELD, HoldStatus.COMMITTED, HoldStatus.RELEASED,
@@ -502,15 +503,10 @@ class NodeOwner:
         fellow = bool(reason) and not yields and self._fellows_only(state, claim)
         if fellow:
             reason += " (held by fellow members of its gang)"
-        hold = HoldEntry(
-            uid=claim.uid, attempt=claim.attempt, decision_key=claim.decision_key,
-            requests=dict(claim.requests), priority=claim.priority,
-            status=REJECTED if reason else HELD, reason=reason, gang_min=claim.gang_min,
-            nominated_node=claim.nominated_node, namespace=claim.namespace, name=claim.name,
-            devices=list(claim.devices), quota=claim.quota,
-            reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
+        hold: HoldEntry = carry(  # the claim's fields of the same names, and:
+            HoldEntry, claim, requests=dict(claim.requests), status=REJECTED if reason else HELD, reason=reason,
+            reservation="", reserving=to_plain(claim.reserving) if claim.reserving is not None else None,
             created=claim.creation_timestamp, soft=bool(yields), fellow=fellow, yields=yields,
-            gang_waiting_s=claim.gang_waiting_s, gang_strict=claim.gang_strict, scheduled_at=claim.scheduled_at,
         )
         if yields:  # the winner is promised what the losers free (DESIGN.md, rule 6)
             state.nominations[claim.uid] = Nomination(uid=claim.uid, node=state.name, priority=claim.priority,
@@ -534,12 +530,7 @@ class NodeOwner:
                     decision_key=key, node=state.name, holds=tuple(holds), winner=hold.decision_key,
                 )))
         else:  # held, and whatever became of it since: the answer was Held
-            result.outputs.append(Output(topics.HOLDS, hold.decision_key, Held(
-                uid=hold.uid, attempt=hold.attempt, node=state.name, decision_key=hold.decision_key,
-                namespace=hold.namespace, name=hold.name, gang_min=hold.gang_min,
-                gang_waiting_s=hold.gang_waiting_s, gang_strict=hold.gang_strict,
-                nominated_node=hold.nominated_node, devices=tuple(hold.devices), scheduled_at=hold.scheduled_at,
-            )))
+            result.outputs.append(Output(topics.HOLDS, hold.decision_key, carry(Held, hold, node=state.name)))
 
     # -- commit -------------------------------------------------------------------------------
 

@@ -129,3 +129,23 @@ def test_state_changes_carry_the_node_record_when_it_changed_and_every_nominatio
     _, result = run([make_claim("a", cpu=10)], state)
     [change] = [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
     assert change.node_record is None and [n.priority for n in change.nominations] == [7]
+
+
+def test_a_claims_fields_travel_to_its_held_and_binding_by_name() -> None:
+    """`carry`: what the Claim says reaches the owner's hold, the Held and the Binding without
+    a copy per field (adding a field under the same name on each record is enough)."""
+    from agents.state.ledger import Decider, Decision, LedgerState
+    from schemas.records import Binding, GpuDevice, Held, carry
+
+    claim = make_claim("p1", "n1", nominated_node="n9", namespace="ns", name="web-1", gang_waiting_s=7.0,
+                       gang_strict=False, scheduled_at=3.5, devices=("gpu/0/100/100",))
+    owner, state, result = NodeOwner(), NodeState("n1"), OwnerResult()
+    gpu = make_node("n1", gpus=(GpuDevice(minor=0, model="A100", memory=2**30),))
+    owner.apply(state, [gpu, claim], result)
+    held = next(o.record for o in result.outputs if isinstance(o.record, Held))
+    assert held == carry(Held, claim)  # every Held field the claim has, as the claim said it
+    decision = Decision()
+    Decider().apply(LedgerState("p1"), [held], decision)
+    binding = next(o.record for o in decision.after_commit if isinstance(o.record, Binding))
+    assert (binding.namespace, binding.name, binding.node) == ("ns", "web-1", "n1")
+    assert "gpu" in binding.annotations["scheduling.koordinator.sh/device-allocated"]
