@@ -54,6 +54,11 @@ class SchedulingSettings:
     """Most records an agent takes from its stream in one micro-batch."""
     batch_within_s: float = 0.01
     """Longest an agent waits to fill a micro-batch."""
+    cycle_linger_s: float = 0.05
+    """When fewer than `batch_size` pods are queued, the scheduling loop waits this long before
+    a cycle, so that the intake gathers more: a cycle's cost is mostly per equivalence class,
+    not per pod (in-process, mixed-100k's pods cost 1.3 ms each placed 20 at a time, 0.3 ms
+    500 at a time). 0: a cycle as soon as a pod is ready."""
     backoff_initial_s: float = 0.01
     """First retry delay of a requeued pod; doubles per attempt."""
     backoff_max_s: float = 1.0
@@ -125,6 +130,8 @@ class Settings:
             raise SettingsError(f"kafka.transactions: must be auto, on or off, got {self.kafka.transactions!r}")
         if self.scheduling.batch_size < 1:
             raise SettingsError(f"scheduling.batch_size: must be at least 1, got {self.scheduling.batch_size}")
+        if not 0 <= self.scheduling.cycle_linger_s <= 1:
+            raise SettingsError(f"scheduling.cycle_linger_s: must be from 0 to 1 second, got {self.scheduling.cycle_linger_s}")
         if not self.worker.state_retention_s > 0:
             raise SettingsError(f"worker.state_retention_s: must be a positive number of seconds, "
                                 f"got {self.worker.state_retention_s}")

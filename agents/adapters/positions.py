@@ -58,6 +58,11 @@ class CommittedStart:
         committed: int | None = await self.offsets.committed(tp)
         return committed
 
+    async def committed(self, topic: str, partition: int) -> int:
+        """The group's committed offset of a partition (0: none, or no group)."""
+        async with self.lock:
+            return await self._committed(TopicPartition(topic, partition)) or 0
+
     def _end(self, tp: TopicPartition) -> int | None:
         end: int | None = self.consumer.last_stable_offset(tp) if self.read_committed else self.consumer.highwater(tp)
         return end

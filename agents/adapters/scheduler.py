@@ -75,8 +75,9 @@ def register(app: faust.App, inputs: faust.TopicT, service: SchedulerService, co
         while generation == app.consumer_generation_id and partition in service.owned:
             try:
                 end = await probe.end(topics.PODS, partition)
+                start = await probe.committed(topics.PODS, partition) if config.commit_inputs else 0
                 if generation == app.consumer_generation_id:  # else the new assignment asks for itself
-                    service.catch_up(partition, end)
+                    service.catch_up(partition, end, start)
                 return
             except Exception as exc:  # noqa: BLE001 - asked again; the pods wait meanwhile
                 log.warning("pods/%s: cannot find where it ends (%r); asking again", partition, exc)

@@ -87,12 +87,14 @@ def stamped(outputs: list[Output], started: float) -> list[Output]:
 
 class SchedulerService:
     def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Clock, batch_size: int, *,
-                 partitions: int | None = None, max_in_flight: int = MAX_IN_FLIGHT, wall: Clock = time.time) -> None:
+                 partitions: int | None = None, max_in_flight: int = MAX_IN_FLIGHT, wall: Clock = time.time,
+                 linger_s: float = 0.0) -> None:
         self.core = core
         self.outbox = outbox
         self.clock = clock
         self.wall = wall  # stamps claims (`Claim.scheduled_at`): compared with log times elsewhere
         self.batch_size = batch_size
+        self.linger_s = linger_s  # `scheduling.cycle_linger_s`: see `run`
         # Partitions of `pods` / `requeue`: records read elsewhere than their uid's partition are
         # forwarded home. None (no re-keying) until known: `register` sets it from the config.
         self.partitions = partitions
@@ -219,10 +221,14 @@ class SchedulerService:
             self.read_to[partition] = 0
         self.core.hold(partitions)
 
-    def catch_up(self, partition: int, offset: int) -> None:
-        """A held partition is placed once read up to `offset` (the end it had when assigned)."""
+    def catch_up(self, partition: int, offset: int, start: int = 0) -> None:
+        """A held partition is placed once read up to `offset` (the end it had when assigned).
+        `start`: the group's committed offset, where its reading begins (what lies before it is
+        not needed: `commit_points`); a partition committed to its end is caught up at once,
+        not when its next record comes."""
         if partition not in self.catch_up_to:
             return  # revoked meanwhile, or released
+        self.read_to[partition] = max(self.read_to.get(partition, 0), start)
         self.catch_up_to[partition] = max(self.catch_up_to[partition] or 0, offset, self.seen_to.get(partition, 0))
         self._release_caught_up(partition)
 
@@ -360,6 +366,10 @@ class SchedulerService:
         await self.replica_ready.wait()
         try:
             while True:
+                if self.linger_s and 0 < self.core.pending < self.batch_size:
+                    # A cycle costs mostly per equivalence class, not per pod: let the intake
+                    # gather more pods first (it runs on this event loop meanwhile).
+                    await asyncio.sleep(self.linger_s)
                 await self._room()  # before placing: a revocation meanwhile still counts
                 await self.flush_forwards()
                 self.wake.clear()

@@ -24,12 +24,13 @@ reports agree on random nodes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
 
 Amounts = npt.NDArray[np.int64]
+A = TypeVar("A", int, npt.NDArray[np.int64])  # amounts: arrays (rows x resources), or one Python int
 
 
 @overload
@@ -44,8 +45,7 @@ def counts_against(priority: Any, uid: Any, claim_priority: int, claim_uid: str)
     return (priority >= claim_priority) & (uid != claim_uid)
 
 
-def room(free: Amounts, promised: Amounts | None = None, reserved: Amounts | None = None,
-         yieldable: Amounts | None = None) -> Amounts:
+def room(free: A, promised: A | None = None, reserved: A | None = None, yieldable: A | None = None) -> A:
     """What a claim may take on each row: free - promised + reserved + yieldable (absent
     terms are zero)."""
     out = free
@@ -84,21 +84,14 @@ def copies(room: list[int], request: list[int], columns: list[int], limit: int) 
 def shortfall(allocatable: Mapping[str, int], used: Mapping[str, int], request: Mapping[str, int],
               promised: Iterable[Mapping[str, int]] = (), reserved: Mapping[str, int] | None = None) -> str:
     """The owner's form: the first requested resource (in the request's order) the node cannot
-    give the claim, or "" when it admits it. One row of `room` and `admits` over the
-    resources the claim requests."""
-    names = [name for name, amount in request.items() if amount > 0]
-    if not names:
-        return ""
-    free = np.array([[allocatable.get(n, 0) - used.get(n, 0) for n in names]], dtype=np.int64)
+    give the claim, or "" when it admits it: `room` per resource, on Python ints (a claim
+    names a few resources; numpy's per-call cost would be most of it)."""
     promised = list(promised)
-    taken = (np.array([[sum(p.get(n, 0) for p in promised) for n in names]], dtype=np.int64)
-             if promised else None)
-    kept = np.array([[reserved.get(n, 0) for n in names]], dtype=np.int64) if reserved else None
-    wanted = np.array([request[n] for n in names], dtype=np.int64)
-    left = room(free, taken, kept)
-    if admits(left, wanted, np.arange(len(names), dtype=np.intp))[0]:
-        return ""
-    for col, name in enumerate(names):  # which one it lacks
-        if not admits(left, wanted, np.array([col], dtype=np.intp))[0]:
+    for name, amount in request.items():
+        if amount <= 0:
+            continue
+        taken = sum(p.get(name, 0) for p in promised) if promised else None
+        kept = reserved.get(name, 0) if reserved else None
+        if room(allocatable.get(name, 0) - used.get(name, 0), taken, kept) < amount:
             return name
     return ""

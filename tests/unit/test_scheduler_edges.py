@@ -234,6 +234,21 @@ async def test_a_held_partition_is_released_when_its_end_is_learned_after_it_was
     assert [c.uid for c in claims(core.schedule())] == [uid_at(0)]
 
 
+async def test_a_held_partition_committed_to_its_end_is_caught_up_at_once() -> None:
+    """With `scheduling.commit_input_offsets` a partition may be committed to its end: nothing
+    is left to read, so it must not wait for its next record (a requeued pod of it would wait
+    with it)."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    service = service_with(core, FakeOutbox(), clock)
+    service.on_partitions_assigned({0, 1})
+    service.hold([0, 1])
+    service.catch_up(0, 7, start=7)  # committed at its end
+    service.catch_up(1, 7, start=3)  # records from 3 on still to read
+    assert 0 not in service.catch_up_to and 1 in service.catch_up_to
+    await service.on_inputs([raw(make_pod(uid_at(0)), 0, offset=7)])
+    assert [c.uid for c in claims(core.schedule())] == [uid_at(0)]
+
+
 async def test_a_partition_read_again_from_its_first_record_waits_until_read_as_far_as_before() -> None:
     core, clock = make_core(make_node("a", cpu=4000))
     service = service_with(core, FakeOutbox(), clock)
