@@ -13,10 +13,11 @@ A node admits a claim when, for every resource the claim requests (amount > 0),
 - `yieldable`: for a gang member, what lower-ranked gangs hold there without being accepted
   (their owner asks them to yield: wound-wait).
 
-Two callers, one rule: the node owners decide a claim with it (`NodeOwner._refusal`, one row,
-from the node's state), and the scheduler's NodeResourcesFit filters every node at once with it
-(rows x resource columns, from its replica). Both build their arrays and call `room` and
-`admits`; which nominations count is `counts_against`, also for the devices a nomination names.
+Two callers, one rule: the node owners decide a claim with it (`NodeOwner._refusal` through
+`shortfall`: `room` per requested resource on Python ints, from the node's state), and the
+scheduler's NodeResourcesFit filters every node at once with it (`room` and `admits` on rows x
+resource columns, from its replica; `copies` for an equivalence class). Which nominations count
+is `counts_against`, on both sides, also for the devices a nomination names.
 `tests/unit/test_admission.py` checks that an owner and a scheduler replica fed the owner's
 reports agree on random nodes.
 """

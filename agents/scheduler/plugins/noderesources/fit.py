@@ -120,8 +120,8 @@ class Fit:
         self._scorer = least_allocated if self.args.strategy == LEAST_ALLOCATED else most_allocated
 
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
-        """Precompute what others' nominations take from each node, less what lower-ranked
-        gangs hold for a gang member (wound-wait; None when nothing)."""
+        """Precompute what others' nominations take from each node, and what lower-ranked
+        gangs would yield to a gang member (wound-wait); each None when nothing."""
         promised = state.nominator.promised(pod.priority, pod.uid, state.size)
         yieldable = None
         if state.gang_holds and pod.decision_key != pod.uid:
