@@ -344,6 +344,7 @@ class ClusterState:
         self.bound: dict[str, PodOnNode] = {}  # uid -> where it runs
         self._bound_arrays: BoundArrays | None = None
         self.nominator = Nominator(space, self.index)
+        self._usage_seen: dict[int, dict[str, int]] = {}  # per row: the device use last reported
         self.gpus = GpuTable(capacity)
         self.nics = NicTable()
         self.cpus = CpuTable()
@@ -411,10 +412,15 @@ class ClusterState:
             self.nics.set_node(row, change.node_record.rdma)
             self.cpus.set_node(row, change.node_record)
             self._node_records_changed()
+            self._usage_seen.pop(row, None)
             event |= ClusterEvent.NODE_CHANGED
-        if (self.gpus.report(row, change.device_usage) | self.nics.report(row, change.device_usage)
-                | self.cpus.report(row, change.device_usage)):
-            event |= ClusterEvent.CAPACITY_FREED
+        # Most reports repeat the node's device use (most pods bind no device): the tables
+        # would set what they hold, and nothing would be freed.
+        if change.device_usage != self._usage_seen.get(row):
+            if (self.gpus.report(row, change.device_usage) | self.nics.report(row, change.device_usage)
+                    | self.cpus.report(row, change.device_usage)):
+                event |= ClusterEvent.CAPACITY_FREED
+            self._usage_seen[row] = change.device_usage
         if change.gang_holds:
             self.gang_holds[row] = change.gang_holds
         else:
@@ -471,6 +477,7 @@ class ClusterState:
         if not pod.devices and (gpus or nics):  # what preemption needs to know which it frees
             pod = replace(pod, devices=tuple(a.encode() for a in gpus) + tuple(n.encode() for n in nics))
         self.gpus.add_used(row, gpus)
+        self._usage_seen.pop(row, None)  # the device tables' row is no report's any more
         used = self.nics.used.setdefault(row, {})
         for n in nics:
             used[n.minor] = used.get(n.minor, 0) + n.vfs
