@@ -6,7 +6,8 @@ batch, the unit of meaning one record. `decode_message` returns, per element, th
 the `SchemaError` that rejected it, so one bad element of a batch goes to the dead-letter
 topic while the others are processed.
 
-Decoders are built once per record class from its type hints and cached.
+Decoders are built once per record class from its type hints and cached: a fast one that
+only agrees (see "the fast path") and a careful one that names what it refuses.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import orjson
 from schemas.errors import SchemaError
 from schemas.kube import effective_requests
 from schemas.quantity import MILLI_RESOURCES, format_canonical, to_canonical
-from schemas.records import BY_KIND, SCHEMA_MAJOR, Pod, Record, ResourceList
+from schemas.records import BY_KIND, SCHEMA_MAJOR, SCHEMA_VERSION, Pod, Record, ResourceList
 
 Decoder = Callable[[Any, str], Any]
 
@@ -179,8 +180,202 @@ def _dataclass_decoder(cls: type) -> Decoder:
     return decode_obj
 
 
+# --- the fast path -------------------------------------------------------------------------
+#
+# The decoders above check one value at a time and name the failing field; they cost about
+# 20-40 us a record, most of it formatting paths that are never shown and calling a closure
+# per field. The fast decoders below are compiled once per record class: a field is checked
+# in line (a string is exactly `str`, an integer exactly `int`, ...), nothing is named, and
+# anything they do not take as it is (a wrong type, a missing required field, a quantity to
+# parse, a control character in a key) raises `_Slow`, upon which `decode_object` decodes the
+# value again with the decoders above, which return the same record or raise the error that
+# names the field. So the fast path decides nothing on its own: it may only agree
+# (`tests/unit/test_codec.py` compares the two on random and mangled records).
+
+
+class _Slow(Exception):
+    """The fast decoder does not take this value as it is: decode it the careful way."""
+
+
+_MISSING = object()
+Converter = Callable[[Any], Any]
+
+
+def _fast_int(value: Any) -> int:
+    if value.__class__ is float and value.is_integer():
+        return int(value)
+    raise _Slow
+
+
+def _fast_float(value: Any) -> float:
+    if value.__class__ is int:
+        return float(value)
+    raise _Slow
+
+
+# (name, quantity as written) -> canonical amount: a cluster's requests repeat a few values.
+_QUANTITIES: dict[tuple[str, str], int] = {}
+_QUANTITIES_MAX = 65_536
+
+
+def _fast_resources(value: Any) -> ResourceList:
+    if value.__class__ is not dict:
+        raise _Slow
+    out = ResourceList()
+    for name, amount in value.items():
+        try:
+            out[name] = _QUANTITIES[name, amount]
+        except (KeyError, TypeError):
+            out[name] = _fast_quantity(name, amount)
+    return out
+
+
+def _fast_quantity(name: Any, amount: Any) -> int:
+    if name.__class__ is not str or amount.__class__ is not str:
+        raise _Slow
+    canonical = _resources({name: amount}, "")[name]
+    if len(_QUANTITIES) < _QUANTITIES_MAX:
+        _QUANTITIES[name, amount] = canonical
+    return canonical
+
+
+# How a field of each scalar type is checked in line, on the variable `v`.
+_INLINE = {
+    str: "if v.__class__ is not str: raise _Slow",
+    int: "if v.__class__ is not int: v = _fast_int(v)",
+    float: "if v.__class__ is not float: v = _fast_float(v)",
+    bool: "if v.__class__ is not bool: raise _Slow",
+    Any: "",
+}
+
+
+def _fast_str(value: Any) -> str:
+    if value.__class__ is not str:
+        raise _Slow
+    return value
+
+
+def _fast_bool(value: Any) -> bool:
+    if value.__class__ is not bool:
+        raise _Slow
+    return value
+
+
+_FAST_SCALARS: dict[Any, Converter] = {
+    str: _fast_str,
+    int: lambda v: v if v.__class__ is int else _fast_int(v),
+    float: lambda v: v if v.__class__ is float else _fast_float(v),
+    bool: _fast_bool,
+    Any: lambda v: v,
+}
+
+
+def _fast_converter(tp: Any) -> Converter:
+    """A converter for a value of type `tp`."""
+    if tp in _FAST_SCALARS:
+        return _FAST_SCALARS[tp]
+    if tp is ResourceList:
+        return _fast_resources
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _fast_decoder(tp)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        sub = _fast_converter(next(a for a in args if a is not type(None)))
+        return lambda v: None if v is None else sub(v)
+    if origin is tuple and args[0] in (str, Any):
+        exact = args[0] is str
+
+        def str_tuple(value: Any) -> tuple[Any, ...]:
+            if value.__class__ is not list:
+                raise _Slow
+            if exact:
+                for item in value:
+                    if item.__class__ is not str:
+                        raise _Slow
+            return tuple(value)
+
+        return str_tuple
+    if origin is tuple:
+        item_of = _fast_converter(args[0])
+
+        def any_tuple(value: Any) -> tuple[Any, ...]:
+            if value.__class__ is not list:
+                raise _Slow
+            return tuple([item_of(item) for item in value])
+
+        return any_tuple
+    if origin is dict and args[1] in (str, int, Any):
+        kind = args[1]
+
+        def flat_dict(value: Any) -> dict[str, Any]:
+            if value.__class__ is not dict:
+                raise _Slow
+            for key, item in value.items():
+                if key.__class__ is not str or (kind is not Any and item.__class__ is not kind):
+                    raise _Slow
+            return dict(value)  # as the careful decoder: the record shares nothing with its input
+
+        return flat_dict
+    raise TypeError(f"no fast decoder for {tp}")
+
+
+_FAST: dict[type, Converter] = {}
+
+
+def _fast_decoder(cls: type) -> Converter:
+    if cls in _FAST:
+        return _FAST[cls]
+    hints = typing.get_type_hints(cls)
+    keyed = KEY_FIELDS | ({"name"} if cls.__name__ in ("Node", "NodeDeleted") else set())
+    scope: dict[str, Any] = {"_Slow": _Slow, "M": _MISSING, "_fast_int": _fast_int,
+                             "_fast_float": _fast_float, "control": _CONTROL.search, "cls": cls}
+    lines = ["def decode(value):", "    if value.__class__ is not dict: raise _Slow", "    get = value.get"]
+    names = []
+    for index, f in enumerate(f for f in dataclasses.fields(cls) if f.init):
+        var = f"v{index}"
+        names.append(var)
+        tp = hints[f.name]
+        if f.name == "schema_version":
+            scope[f"d{index}"] = f.default
+            lines.append(f"    {var} = d{index}")
+            continue
+        lines.append(f"    v = get({f.name!r}, M)")
+        if f.default is not dataclasses.MISSING:
+            scope[f"d{index}"] = f.default
+            lines.append(f"    if v is M: v = d{index}")
+        elif f.default_factory is not dataclasses.MISSING:
+            scope[f"d{index}"] = f.default_factory
+            lines.append(f"    if v is M: v = d{index}()")
+        else:
+            lines.append("    if v is M: raise _Slow")
+        lines.append("    else:")
+        optional = typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
+        inner = next(a for a in typing.get_args(tp) if a is not type(None)) if optional else tp
+        if inner in _INLINE:
+            check = _INLINE[inner] or "pass"
+        else:
+            scope[f"c{index}"] = _fast_converter(inner)
+            check = f"v = c{index}(v)"
+        indent = "        "
+        if optional:
+            lines.append(f"{indent}if v is not None:")
+            indent += "    "
+        lines.append(f"{indent}{check}")
+        if f.name in keyed and inner is str:
+            lines.append(f"{indent}if control(v): raise _Slow")
+        lines.append(f"    {var} = v")
+    lines.append(f"    return cls({', '.join(names)})")
+    exec("\n".join(lines), scope)  # noqa: S102 - source built above from the class's own fields
+    decoder: Converter = scope["decode"]
+    _FAST[cls] = decoder
+    return decoder
+
+
 def check_version(value: Any) -> None:
-    version = value.get("schema_version", f"{SCHEMA_MAJOR}.0")
+    version = value.get("schema_version", SCHEMA_VERSION)
+    if version == SCHEMA_VERSION:
+        return
     if not isinstance(version, str):
         raise SchemaError("schema_version", version, "must be a string 'MAJOR.MINOR'")
     major = version.split(".", 1)[0]
@@ -203,7 +398,11 @@ def decode_object(value: Any, expect: type[Record] | None = None) -> Record:
     if expect is not None and cls is not expect:
         raise SchemaError("kind", kind, f"expected {expect.KIND} here")
     check_version(value)
-    record: Record = _dataclass_decoder(cls)(value, "")
+    record: Record
+    try:
+        record = _fast_decoder(cls)(value)
+    except (_Slow, SchemaError):
+        record = _dataclass_decoder(cls)(value, "")
     if isinstance(record, Pod) and record.containers:
         record = dataclasses.replace(
             record, requests=effective_requests(record.containers, record.init_containers, record.overhead)
