@@ -156,7 +156,8 @@ class GpuTable:
     def free_row(self, row: int) -> tuple[list[int], list[int], list[int], list[int]]:
         """One node's GPUs: minors, free core, free memory-ratio, memory (Python lists)."""
         present = self.minor[row] >= 0
-        core, ratio = self.free_core()[row], self.free_ratio()[row]
+        core = self.core_cap[row] - self.core_used[row] - self.core_assumed[row]
+        ratio = self.ratio_cap[row] - self.ratio_used[row] - self.ratio_assumed[row]
         return (self.minor[row][present].tolist(), core[present].tolist(), ratio[present].tolist(),
                 self.memory[row][present].tolist())
 

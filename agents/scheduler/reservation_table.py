@@ -19,7 +19,7 @@ import numpy as np
 from agents.state import devices
 from agents.state import reservations as rsv
 from agents.state.resources import ResourceSpace, Vector
-from schemas.records import Pod, Reservation, ReservationState
+from schemas.records import Pod, Reservation, ReservationOwner, ReservationState
 
 
 @dataclass(slots=True)
@@ -42,6 +42,9 @@ class ReservationTable:
         self.by_row: dict[int, list[Available]] = {}
         self._assumed: dict[str, tuple[int, str, Vector]] = {}  # hold id -> (row, uid, consumed)
         self._consumed: dict[str, tuple[Vector, int]] = {}  # uid -> (assumed consumption, claims)
+        # The available reservations' owners: object uids (the common case: a reservation made
+        # for one pod) apart, the others to try one by one. None: to build again.
+        self._owners: tuple[frozenset[str], tuple[ReservationOwner, ...]] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.by_row)
@@ -53,6 +56,7 @@ class ReservationTable:
                          self.space.known(s.allocated), s.consumers) for s in states]
         if not now and not before:
             return False
+        self._owners = None
         if now:
             self.by_row[row] = now
         else:
@@ -66,7 +70,20 @@ class ReservationTable:
         return out
 
     def matches_any(self, pod: Pod) -> bool:
-        return any(rsv.matches(a.reservation, pod) for entries in self.by_row.values() for a in entries)
+        """Whether any available reservation may take the pod (`rsv.matches` on each of them)."""
+        if self._owners is None:
+            uids: set[str] = set()
+            others: list[ReservationOwner] = []
+            for entries in self.by_row.values():
+                for a in entries:
+                    for owner in a.reservation.owners:
+                        if owner.object_uid:
+                            uids.add(owner.object_uid)
+                        else:
+                            others.append(owner)
+            self._owners = (frozenset(uids), tuple(others))
+        uids_, others_ = self._owners
+        return pod.uid in uids_ or any(rsv.owner_matches(owner, pod) for owner in others_)
 
     def candidates(self, pod: Pod, request: Vector) -> dict[int, Candidate]:
         """Per node, the reservation the pod would consume there (rows without one are absent)."""

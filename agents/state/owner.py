@@ -164,8 +164,9 @@ class HoldEntry:
     finished: float = 0.0  # the log time it was released, rejected or terminated: forgotten a retention later
 
     def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        object.__setattr__(self, "_plain", None)  # any change: `plain` computes again
+        attributes = self.__dict__  # (plain attributes: a store in the dict is what object.__setattr__ does)
+        attributes[name] = value
+        attributes["_plain"] = None  # any change: `plain` computes again
 
     def plain(self) -> dict[str, Any]:
         """As JSON, without the fields that hold their defaults (`HoldEntry(**plain)` restores

@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.scheduler.reservation_table import ReservationTable
 from agents.state import devices
 from agents.state import reservations as rsv
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
+from agents.state.resources import ResourceSpace
 from schemas.records import (
     Commit,
     GpuDevice,
@@ -27,6 +29,7 @@ from schemas.records import (
     ReservationEvent,
     ReservationExpired,
     ReservationOwner,
+    ReservationState,
     ResourceList,
     SchedulingFeedback,
 )
@@ -232,3 +235,30 @@ def test_no_node_is_over_committed_and_no_reservation_over_consumed(steps: list[
         for uid in node.reservations:
             held = node.holds[node.reservations[uid]["hold"]].requests
             assert node.consumption(uid)[0].get("cpu", 0) <= held["cpu"], uid
+
+
+OWNERS = st.one_of(
+    st.sampled_from(["p1", "p2", "p3"]).map(lambda uid: ReservationOwner(object_uid=uid)),
+    st.sampled_from(["p1", "web"]).map(lambda name: ReservationOwner(object_name=name)),
+    st.sampled_from(["a", "b"]).map(lambda v: ReservationOwner(match_labels={"app": v})),
+)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.lists(OWNERS, min_size=1, max_size=2), max_size=3)),
+                max_size=6),
+       st.lists(st.tuples(st.sampled_from(["p1", "p2", "p4"]), st.sampled_from(["p1", "web", "x"]),
+                          st.sampled_from(["a", "b", "c"])), min_size=1, max_size=4))
+def test_the_schedulers_index_of_reservation_owners_matches_as_every_reservation_would(
+        reports: list[tuple[int, list[list[ReservationOwner]]]], pods: list[tuple[str, str, str]]) -> None:
+    """`ReservationTable.matches_any` (owners indexed by object uid, rebuilt after each report)
+    answers as `rsv.matches` tried on every available reservation."""
+    table = ReservationTable(ResourceSpace())
+    for step, (row, owner_lists) in enumerate(reports):
+        table.report(row, [ReservationState(Reservation(uid=f"r{step}-{i}", name="r", owners=tuple(owners),
+                                                        requests=ResourceList(cpu=100)))
+                           for i, owners in enumerate(owner_lists)])
+        for uid, name, app in pods:
+            pod = Pod(uid=uid, name=name, labels={"app": app})
+            expected = any(rsv.matches(a.reservation, pod) for entries in table.by_row.values() for a in entries)
+            assert table.matches_any(pod) == expected
