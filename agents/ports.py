@@ -8,10 +8,10 @@ partitioner rule and writes each output's `Origin` into the message headers.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
-from schemas.records import Record
+from schemas.records import Record, quick_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +31,13 @@ class Output:
     origin: Origin | None = None  # set on the outputs of owners and deciders
 
 
+quick_init(Origin)  # built for every output of the stateful agents
+quick_init(Output)
+
+
 def stamp(outputs: list[Output], start: int, origin: Origin) -> None:
     """Stamp the outputs from index `start` on with the origin they were decided from."""
-    outputs[start:] = [replace(o, origin=origin) for o in outputs[start:]]
+    outputs[start:] = [Output(o.topic, o.key, o.record, origin) for o in outputs[start:]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ An allocation travels in `Claim.devices` / `Held.devices` as `gpu/<minor>/<core>
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -216,14 +217,28 @@ def annotation(allocations: Sequence[GpuAllocation], nics: Sequence[RdmaAllocati
 
 def add_usage(usage: dict[str, int], claimed: Iterable[str]) -> None:
     """Add what the encoded devices of one claim (or nomination) use, keyed as `device_usage`."""
+    encoded = tuple(claimed)
+    if not encoded:  # most pods claim no device
+        return
+    added, marked = _usage_of(encoded)
+    for key, amount in added:
+        usage[key] = usage.get(key, 0) + amount
+    for key in marked:
+        usage[key] = 1
+
+
+@functools.lru_cache(maxsize=65_536)
+def _usage_of(claimed: tuple[str, ...]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+    """One claim's devices as (key, amount) to add and keys to mark used (its CPUs); parsed
+    once per distinct claim (an owner sums every hold's devices in each report)."""
+    added: list[tuple[str, int]] = []
+    marked: list[str] = []
     for a in decode(list(claimed)):
-        usage[keys.gpu_core(a.minor)] = usage.get(keys.gpu_core(a.minor), 0) + a.core
-        usage[keys.gpu_ratio(a.minor)] = usage.get(keys.gpu_ratio(a.minor), 0) + a.ratio
+        added += [(keys.gpu_core(a.minor), a.core), (keys.gpu_ratio(a.minor), a.ratio)]
     for n in decode_rdma(list(claimed)):
-        usage[keys.rdma_vfs(n.minor)] = usage.get(keys.rdma_vfs(n.minor), 0) + n.vfs
+        added.append((keys.rdma_vfs(n.minor), n.vfs))
     for cpuset in cpus.decode(list(claimed)):
-        for cpu in cpuset.cpus:
-            usage[keys.cpu_used(cpu)] = 1
+        marked += [keys.cpu_used(cpu) for cpu in cpuset.cpus]
         if cpuset.memory:
-            key = keys.numa_memory(cpuset.cell)
-            usage[key] = usage.get(key, 0) + cpuset.memory
+            added.append((keys.numa_memory(cpuset.cell), cpuset.memory))
+    return tuple(added), tuple(marked)

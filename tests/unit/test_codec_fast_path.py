@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schemas.records as records_module
+from agents import ports
 from schemas import codec
 from schemas.errors import SchemaError
 from schemas.records import RECORD_TYPES, ResourceList
@@ -94,6 +95,7 @@ def test_a_quick_init_builds_what_the_dataclass_init_builds() -> None:
     classes = [v for v in vars(records_module).values()
                if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == records_module.__name__]
     assert len(classes) > len(RECORD_TYPES)
+    classes += [ports.Origin, ports.Output]
     for cls in classes:
         assert inspect.signature(cls.__init__) == inspect.signature(cls.__dataclass_init__), cls
         required = {f.name: f"{f.name}-value" for f in dataclasses.fields(cls)
