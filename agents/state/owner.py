@@ -202,10 +202,32 @@ class NodeState:
     record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
     # uid -> {hold, phase}; once ended also {reason, allocated, ended_by}: the event its end sent
     reservations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (each hold's `plain()` when `used()` last summed them, that sum): see `used`
+    _used_memo: tuple[tuple[dict[str, Any], ...], dict[str, int]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """Pods' full requests, plus what each reservation still holds for its consumers
-        (less the holds in `ignoring`)."""
+        (less the holds in `ignoring`).
+
+        An owner asks this about four times per pod (the claim, its commit, and the report
+        after each), over every hold the node keeps: the sum is kept while no hold changed.
+        A hold's `plain()` is a new object after any change of a field, and the holds are
+        never changed in place (`HoldEntry.plain`), so the same `plain()` objects, in the same
+        order, mean the same holds. Not with reservations (their phases change in place)."""
+        if ignoring or self.reservations:
+            return self.count_used(ignoring)
+        memo = self._used_memo
+        holds = self.holds
+        if memo is not None and len(memo[0]) == len(holds) and all(
+                h.__dict__.get("_plain") is mark for h, mark in zip(holds.values(), memo[0], strict=True)):
+            return dict(memo[1])
+        total = self.count_used()
+        self._used_memo = (tuple(h.plain() for h in holds.values()), total)
+        return dict(total)
+
+    def count_used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
+        """`used`, summed afresh."""
         consumed = self.consumptions() if self.reservations else {}
         total: dict[str, int] = {}
         for hid, hold in self.holds.items():

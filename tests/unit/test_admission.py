@@ -109,3 +109,17 @@ def test_copies_counts_what_admits_would_admit_one_after_another() -> None:
     for k in range(5):
         left = np.array([[room[0] - k * request[0], room[1] - k * request[1], room[2]]], dtype=np.int64)
         assert bool(admission.admits(left, np.array(request), np.array(columns))[0]) == (k < n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(op, max_size=20))
+def test_an_owners_kept_sum_of_what_its_holds_use_is_the_sum_afresh(ops: list[tuple[str, int, int, int, int]]) -> None:
+    """`NodeState.used` keeps its sum while no hold changed; after every input it equals the
+    sum taken again, on the node and on a copy restored from its table value."""
+    owner, node = NodeOwner(), NodeState("n1")
+    owner.apply(node, [make_node("n1", cpu=4000, memory=8 * GI, pods=4)], OwnerResult())
+    for o in ops:
+        owner.apply(node, [record(*o)], OwnerResult())
+        assert node.used() == node.count_used()
+        node.to_json()  # (a table write asks every hold's plain form)
+        assert node.used() == node.count_used() == NodeState.from_json(node.to_json()).used()
