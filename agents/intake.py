@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from agents.ports import Origin, Output, Problem
+from agents.state import devices
 from schemas import topics
 from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
@@ -116,6 +117,17 @@ def _letter(error: str, field: str, value: object, topic: str, partition: int, o
     ))
 
 
+def _bad_device(record: Record) -> tuple[str, str, str] | None:
+    """A record's `devices` entry that does not parse (field, value, why): the owners and
+    deciders parse them, so one must not reach them."""
+    claimed = getattr(record, "devices", ())
+    found = devices.malformed(claimed) if claimed else None
+    if found is None:
+        return None
+    index, error = found
+    return f"devices[{index}]", claimed[index], error
+
+
 def intake(messages: Iterable[RawMessage], expect: tuple[type[Record], ...] | None = None,
            fence: EpochFence | None = None) -> Intake:
     """Decode messages; records of a kind outside `expect` are dead letters too; messages the
@@ -133,6 +145,10 @@ def intake(messages: Iterable[RawMessage], expect: tuple[type[Record], ...] | No
                     f"kind: {result.KIND} does not belong on {msg.topic}", "kind", result.KIND,
                     msg.topic, msg.partition, msg.offset, msg.value,
                 ))
+            elif (bad := _bad_device(result)) is not None:
+                field, value, error = bad
+                out.dead_letters.append(_letter(f"{field}: {error} (value: {value!r})", field, value,
+                                                msg.topic, msg.partition, msg.offset, msg.value))
             else:
                 out.records.append(result)
                 out.sources[id(result)] = msg

@@ -96,11 +96,12 @@ def _resources(value: Any, path: str) -> ResourceList:
     for name, amount in value.items():
         if not isinstance(name, str) or not name:
             raise SchemaError(path, name, "resource names must be non-empty strings")
-        # Fast path for the canonical spellings this codec writes ("1500m", "1073741824").
-        if isinstance(amount, str) and amount.isdigit() and len(amount) < 19:
+        # Fast path for the canonical spellings this codec writes ("1500m", "1073741824"); ASCII
+        # digits only ("²".isdigit() holds, but int() refuses it).
+        if isinstance(amount, str) and amount.isascii() and amount.isdigit() and len(amount) < 19:
             out[name] = int(amount) * 1000 if name in MILLI_RESOURCES else int(amount)
-        elif name in MILLI_RESOURCES and isinstance(amount, str) and amount[-1:] == "m" and amount[:-1].isdigit() \
-                and len(amount) < 19:
+        elif name in MILLI_RESOURCES and isinstance(amount, str) and amount[-1:] == "m" and amount.isascii() \
+                and amount[:-1].isdigit() and len(amount) < 19:
             out[name] = int(amount[:-1])
         else:
             out[name] = to_canonical(name, amount, f"{path}.{name}")
@@ -379,7 +380,7 @@ def check_version(value: Any) -> None:
     if not isinstance(version, str):
         raise SchemaError("schema_version", version, "must be a string 'MAJOR.MINOR'")
     major = version.split(".", 1)[0]
-    if not major.isdigit():
+    if not (major.isascii() and major.isdigit()):
         raise SchemaError("schema_version", version, "must look like 'MAJOR.MINOR'")
     if int(major) != SCHEMA_MAJOR:
         raise SchemaError("schema_version", version, f"unknown major version (this reader knows {SCHEMA_MAJOR})")

@@ -215,6 +215,17 @@ def annotation(allocations: Sequence[GpuAllocation], nics: Sequence[RdmaAllocati
     return json.dumps(out, separators=(",", ":"))
 
 
+def malformed(claimed: Sequence[str]) -> tuple[int, str] | None:
+    """The first entry of a record's `devices` that its kind's parser refuses (its index and
+    why), or None. Kinds this worker does not know are skipped, as everywhere."""
+    for index, item in enumerate(claimed):
+        try:
+            decode([item]), decode_rdma([item]), cpus.decode([item])
+        except ValueError as exc:
+            return index, f"not a device this worker can parse ({exc})"
+    return None
+
+
 def add_usage(usage: dict[str, int], claimed: Iterable[str]) -> None:
     """Add what the encoded devices of one claim (or nomination) use, keyed as `device_usage`."""
     encoded = tuple(claimed)

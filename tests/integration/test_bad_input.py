@@ -10,7 +10,7 @@ import pytest
 
 from schemas import topics
 from schemas.codec import encode
-from schemas.records import Binding, DeadLetter, Pod, ResourceList, SchedulingFeedback
+from schemas.records import Binding, Claim, DeadLetter, Pod, ResourceList, SchedulingFeedback
 from tests.integration.harness import Harness
 
 pytestmark = pytest.mark.integration
@@ -29,6 +29,7 @@ CASES = [
     ("ill-typed", lambda u: pod_json(u, priority="urgent"), "priority"),
     ("unparsable-quantity", lambda u: pod_json(u, requests={"cpu": "two"}), "requests.cpu"),
     ("negative-quantity", lambda u: pod_json(u, requests={"memory": "-1Gi"}), "requests.memory"),
+    ("superscript-quantity", lambda u: pod_json(u, requests={"cpu": "\u00b2"}), "requests.cpu"),  # "²".isdigit()
 ]
 
 
@@ -61,6 +62,18 @@ async def test_record_of_the_wrong_kind_is_dead_lettered(harness: Harness, run_i
     await harness.producer.send_raw(topics.PODS, encode(misplaced), partition=2)
     [letter] = await harness.wait_for(DeadLetter, lambda d: misplaced.uid in base64.b64decode(d.original).decode())
     assert letter.field == "kind" and letter.value == "Binding"
+
+
+async def test_a_claim_naming_a_device_that_does_not_parse_is_dead_lettered_and_the_owners_go_on(
+        harness: Harness, run_id: str) -> None:
+    claim = Claim(uid=f"bad-device-{run_id}", attempt=0, node="n1", decision_key=f"bad-device-{run_id}",
+                  requests=ResourceList(cpu=100), devices=("gpu/x/50/50",))
+    await harness.producer.send_raw(topics.NODE_INBOX, encode(claim), key=b"n1", partition=0)
+    [letter] = await harness.wait_for(DeadLetter, lambda d: claim.uid in base64.b64decode(d.original).decode())
+    assert letter.field == "devices[0]" and letter.value == "gpu/x/50/50" and letter.topic == topics.NODE_INBOX
+    good = Pod(uid=f"after-bad-device-{run_id}", name="good", requests=ResourceList(cpu=100))
+    await harness.producer.send_raw(topics.PODS, encode(good), key=good.uid.encode(), partition=0)
+    await harness.wait_for(Binding, lambda b: b.uid == good.uid)
 
 
 async def test_one_bad_element_of_a_batch_spares_the_rest(harness: Harness, run_id: str) -> None:
