@@ -32,7 +32,7 @@ from perf.workload import make_nodes, make_pods
 from schemas import topics
 from schemas.records import Binding, Node, NodeStateChange, Pod, SchedulingFeedback
 from streams.broker import EmbeddedBroker, wait_ready
-from streams.process import spawn_tied, stop
+from streams.process import quiet_gc, spawn_tied, stop
 from streams.producer import RecordProducer
 from streams.settings import Settings
 from streams.worker import prepare
@@ -175,6 +175,7 @@ async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: f
     nodes = make_nodes(cfg.nodes, prefix=f"n{run}")
     pods = make_pods(cfg.pods, prefix=f"p{run}", seed=cfg.seed, now=time.time())
     [probe] = make_pods(1, prefix=f"probe{run}", seed=cfg.seed)
+    quiet_gc(settings.worker.gc_threshold)
     collector = Collector(bootstrap, [topics.BINDINGS, topics.FEEDBACK], partitions)
     await collector.start()
     try:

@@ -63,6 +63,7 @@ from schemas.records import (
     SchedulingFeedback,
     Taint,
 )
+from streams.process import quiet_gc
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
@@ -216,6 +217,7 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     nodes = sc.nodes(s)
     arrivals = sc.arrivals(s)
     pods = {r.uid: r for _, r in arrivals if isinstance(r, Pod)}
+    quiet_gc(settings.worker.gc_threshold)
     probe = Pod(uid="perf-probe", name="perf-probe", namespace="perf", requests=ResourceList(cpu=1))
     collector = Collector(bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS, topics.PROFILING],
                           partitions)
