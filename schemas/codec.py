@@ -191,7 +191,7 @@ def _dataclass_decoder(cls: type) -> Decoder:
 # parse, a control character in a key) raises `_Slow`, upon which `decode_object` decodes the
 # value again with the decoders above, which return the same record or raise the error that
 # names the field. So the fast path decides nothing on its own: it may only agree
-# (`tests/unit/test_codec.py` compares the two on random and mangled records).
+# (`tests/unit/test_codec_fast_path.py` compares the two on random and mangled records).
 
 
 class _Slow(Exception):
