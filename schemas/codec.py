@@ -111,6 +111,21 @@ def _resources(value: Any, path: str) -> ResourceList:
 _SCALARS: dict[Any, Decoder] = {str: _str, int: _int, float: _float, bool: _bool, Any: _any}
 
 
+def _optional(tp: Any) -> tuple[Any, bool]:
+    """A field type without its `| None`, and whether it had one (other unions are refused)."""
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return tp, False
+    inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(inner) != 1:
+        raise TypeError(f"unsupported union {tp}")
+    return inner[0], True
+
+
+def _keyed(cls: type) -> frozenset[str]:
+    """The fields of `cls` that key a table: no control characters in them."""
+    return KEY_FIELDS | ({"name"} if cls.__name__ in ("Node", "NodeDeleted") else frozenset())
+
+
 def _decoder_for(tp: Any) -> Decoder:
     if tp in _SCALARS:
         return _SCALARS[tp]
@@ -118,14 +133,11 @@ def _decoder_for(tp: Any) -> Decoder:
         return _resources
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _dataclass_decoder(tp)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) != 1:
-            raise TypeError(f"unsupported union {tp}")
-        sub = _decoder_for(inner[0])
+    inner, optional = _optional(tp)
+    if optional:
+        sub = _decoder_for(inner)
         return lambda v, p: None if v is None else sub(v, p)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple:
         item = _decoder_for(args[0])
 
@@ -156,7 +168,7 @@ def _dataclass_decoder(cls: type) -> Decoder:
     hints = typing.get_type_hints(cls)
     specs: list[tuple[str, Decoder, bool]] = []
 
-    keyed = KEY_FIELDS | ({"name"} if cls.__name__ in ("Node", "NodeDeleted") else set())
+    keyed = _keyed(cls)
 
     def decode_obj(value: Any, path: str) -> Any:
         if not isinstance(value, dict):
@@ -250,25 +262,18 @@ _INLINE = {
 }
 
 
-def _fast_str(value: Any) -> str:
-    if value.__class__ is not str:
-        raise _Slow
-    return value
+_INLINE_SCOPE: dict[str, Any] = {"_Slow": _Slow, "_fast_int": _fast_int, "_fast_float": _fast_float}
 
 
-def _fast_bool(value: Any) -> bool:
-    if value.__class__ is not bool:
-        raise _Slow
-    return value
+def _scalar_converter(check: str) -> Converter:
+    """The in-line check of a scalar as a function (for items of tuples, values of maps)."""
+    scope = dict(_INLINE_SCOPE)
+    exec(f"def convert(v):\n    {check or 'pass'}\n    return v", scope)  # noqa: S102 - `_INLINE`'s source
+    converter: Converter = scope["convert"]
+    return converter
 
 
-_FAST_SCALARS: dict[Any, Converter] = {
-    str: _fast_str,
-    int: lambda v: v if v.__class__ is int else _fast_int(v),
-    float: lambda v: v if v.__class__ is float else _fast_float(v),
-    bool: _fast_bool,
-    Any: lambda v: v,
-}
+_FAST_SCALARS: dict[Any, Converter] = {tp: _scalar_converter(check) for tp, check in _INLINE.items()}
 
 
 def _fast_converter(tp: Any) -> Converter:
@@ -279,11 +284,11 @@ def _fast_converter(tp: Any) -> Converter:
         return _fast_resources
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         return _fast_decoder(tp)
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        sub = _fast_converter(next(a for a in args if a is not type(None)))
+    inner, optional = _optional(tp)
+    if optional:
+        sub = _fast_converter(inner)
         return lambda v: None if v is None else sub(v)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is tuple and args[0] in (str, Any):
         exact = args[0] is str
 
@@ -328,9 +333,8 @@ def _fast_decoder(cls: type) -> Converter:
     if cls in _FAST:
         return _FAST[cls]
     hints = typing.get_type_hints(cls)
-    keyed = KEY_FIELDS | ({"name"} if cls.__name__ in ("Node", "NodeDeleted") else set())
-    scope: dict[str, Any] = {"_Slow": _Slow, "M": _MISSING, "_fast_int": _fast_int,
-                             "_fast_float": _fast_float, "control": _CONTROL.search, "cls": cls}
+    keyed = _keyed(cls)
+    scope: dict[str, Any] = {**_INLINE_SCOPE, "M": _MISSING, "control": _CONTROL.search, "cls": cls}
     lines = ["def decode(value):", "    if value.__class__ is not dict: raise _Slow", "    get = value.get"]
     names = []
     for index, f in enumerate(f for f in dataclasses.fields(cls) if f.init):
@@ -351,8 +355,7 @@ def _fast_decoder(cls: type) -> Converter:
         else:
             lines.append("    if v is M: raise _Slow")
         lines.append("    else:")
-        optional = typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
-        inner = next(a for a in typing.get_args(tp) if a is not type(None)) if optional else tp
+        inner, optional = _optional(tp)
         if inner in _INLINE:
             check = _INLINE[inner] or "pass"
         else:

@@ -244,11 +244,11 @@ def _usage_of(claimed: tuple[str, ...]) -> tuple[tuple[tuple[str, int], ...], tu
     once per distinct claim (an owner sums every hold's devices in each report)."""
     added: list[tuple[str, int]] = []
     marked: list[str] = []
-    for a in decode(list(claimed)):
+    for a in decode(claimed):
         added += [(keys.gpu_core(a.minor), a.core), (keys.gpu_ratio(a.minor), a.ratio)]
-    for n in decode_rdma(list(claimed)):
+    for n in decode_rdma(claimed):
         added.append((keys.rdma_vfs(n.minor), n.vfs))
-    for cpuset in cpus.decode(list(claimed)):
+    for cpuset in cpus.decode(claimed):
         marked += [keys.cpu_used(cpu) for cpu in cpuset.cpus]
         if cpuset.memory:
             added.append((keys.numa_memory(cpuset.cell), cpuset.memory))
