@@ -174,7 +174,24 @@ def pod_from_manifest(obj: dict[str, Any]) -> Pod:
         phase=str(status.get("phase", "Pending")),
         deletion_timestamp=_timestamp(meta["deletionTimestamp"], "metadata.deletionTimestamp")
         if meta.get("deletionTimestamp") else None,
+        volume_kinds=_volume_kinds(spec.get("volumes")),
     )
+
+
+def _volume_kinds(raw: Any) -> tuple[str, ...]:
+    """The source kind of each volume (the one key beside `name`), in order, once each."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise SchemaError("spec.volumes", raw, "must be a list")
+    kinds: dict[str, None] = {}
+    for i, volume in enumerate(raw):
+        if not isinstance(volume, dict):
+            raise SchemaError(f"spec.volumes[{i}]", volume, "must be an object")
+        for key in volume:
+            if key != "name":
+                kinds[str(key)] = None
+    return tuple(kinds)
 
 
 CPU_TOPOLOGY_ANNOTATION = "node.koordinator.sh/cpu-topology"

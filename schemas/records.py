@@ -183,6 +183,9 @@ class Pod(Record):
     node_name: str = ""
     phase: str = "Pending"
     deletion_timestamp: float | None = None
+    # The kinds of its volumes (spec.volumes[].<kind>: "emptyDir", "hostPath",
+    # "persistentVolumeClaim", ...), what the rebalancer's evictor protects.
+    volume_kinds: tuple[str, ...] = ()
     kind: str = field(default="Pod", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -54,20 +54,21 @@ class BalancedAllocationArgs:
         validate_specs(self.resources, "resources")
 
 
-def balanced_score(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64]) -> Scores:
-    """Per node (rows): int((1 - std of min(req / alloc, 1) over columns with alloc > 0) x 100)."""
+def balance_std(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """Per node (rows): the population std of min(requested / allocatable, 1) over the columns
+    the node has (allocatable > 0); 0 where fewer than two count. The rebalancer's imbalance
+    is this same number."""
     has = allocatable > 0
     if has.all():
         fractions = requested / allocatable
         np.minimum(fractions, 1.0, out=fractions)
         if fractions.shape[1] == 2:  # kube-scheduler's two-resource formula, as it writes it
-            std = np.abs((fractions[:, 0] - fractions[:, 1]) / 2)
-        elif fractions.shape[1] < 2:
-            std = np.zeros(len(fractions))
-        else:
-            std = fractions.std(axis=1)
-        fast: Scores = ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
-        return fast
+            out: npt.NDArray[np.float64] = np.abs((fractions[:, 0] - fractions[:, 1]) / 2)
+            return out
+        if fractions.shape[1] < 2:
+            return np.zeros(len(fractions))
+        out = fractions.std(axis=1)
+        return out
     fractions = np.where(has, np.minimum(requested / np.where(has, allocatable, 1), 1.0), 0.0)
     count = has.sum(axis=1)
     mean = fractions.sum(axis=1) / np.maximum(count, 1)
@@ -81,8 +82,13 @@ def balanced_score(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np
         last = has.shape[1] - 1 - np.argmax(has[:, ::-1], axis=1)
         idx = np.arange(len(fractions))
         std = np.where(pairs, np.abs((fractions[idx, first] - fractions[idx, last]) / 2), std)
-    std = np.where(count >= 2, std, 0.0)
-    out: Scores = ((1.0 - std) * MAX_NODE_SCORE).astype(np.int64)
+    out = np.where(count >= 2, std, 0.0)
+    return out
+
+
+def balanced_score(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64]) -> Scores:
+    """Per node (rows): int((1 - std of min(req / alloc, 1) over columns with alloc > 0) x 100)."""
+    out: Scores = ((1.0 - balance_std(requested, allocatable)) * MAX_NODE_SCORE).astype(np.int64)
     return out
 
 
