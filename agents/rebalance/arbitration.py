@@ -1,0 +1,245 @@
+"""The limits a move or an eviction must pass before it runs, in one place (Koordinator's
+MigrationController arbitration, with its names and defaults), and the eviction rate limit.
+
+- `maxMigratingPerNode` (default 2), `maxMigratingPerNamespace`, `maxMigratingGlobally`:
+  migrations in flight (counted at the source node, and its namespace).
+- `maxMigratingPerWorkload` and `maxUnavailablePerWorkload` (an integer or a percentage of
+  the workload's replicas, rounded down, at least 1): by default 10% when replicas > 10, 2 for
+  4-10 replicas, else 1; a workload of one replica is never moved.
+- PodDisruptionBudgets (`Budget`): a disruption that would leave fewer healthy pods than
+  the budget allows is refused, as the Eviction API answers 429.
+
+`Arbitrator` is the ledger of what is in flight: `refusal` says why a move may not start now
+("" when it may), `admit` counts it, `finish` releases it. Planners ask it for every move they
+plan (so a plan never breaks a limit), and the actuator asks again before each eviction.
+`TokenBucket` is the eviction rate limit (default 10/s, burst 1) on an injected clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.rebalance.evictor import workload_of
+from agents.rebalance.selectors import LabelSelector
+from agents.scheduler.plugins.args import ArgsError, reject_unknown
+from schemas.records import Pod
+
+PER_NODE = "maxMigratingPerNode"
+PER_NAMESPACE = "maxMigratingPerNamespace"
+GLOBALLY = "maxMigratingGlobally"
+PER_WORKLOAD = "maxMigratingPerWorkload"
+UNAVAILABLE = "maxUnavailablePerWorkload"
+SINGLE_REPLICA = "single-replica workload"
+NO_WORKLOAD = "no workload"
+PDB = "PodDisruptionBudget"
+
+
+def scaled(value: int | str, replicas: int, path: str = "") -> int:
+    """An IntOrString limit for `replicas`: an integer as is, "N%" rounded down (at least 1)."""
+    if isinstance(value, str):
+        if not value.endswith("%"):
+            raise ArgsError(path, value, "must be an integer or a percentage such as \"10%\"")
+        try:
+            pct = float(value[:-1])
+        except ValueError:
+            raise ArgsError(path, value, "must be an integer or a percentage such as \"10%\"") from None
+        if not math.isfinite(pct) or not 0 <= pct <= 100:
+            raise ArgsError(path, value, "a percentage must be within 0%..100%")
+        return max(1, math.floor(replicas * pct / 100))
+    return value
+
+
+def default_max_unavailable(replicas: int) -> int:
+    if replicas > 10:
+        return max(1, replicas // 10)
+    return 2 if replicas >= 4 else 1
+
+
+def _int_or_percent(raw: Mapping[str, Any], name: str, path: str) -> int | str | None:
+    value = raw.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        scaled(value, 100, f"{path}{name}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgsError(f"{path}{name}", value, "must be an integer >= 1 or a percentage")
+    return value
+
+
+@dataclass(frozen=True)
+class ArbitrationArgs:
+    max_migrating_per_node: int | None = 2
+    max_migrating_per_namespace: int | None = None
+    max_migrating_globally: int | None = None
+    max_migrating_per_workload: int | str | None = None
+    max_unavailable_per_workload: int | str | None = None
+    eviction_qps: float = 10.0
+    eviction_burst: int = 1
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any], path: str = "") -> ArbitrationArgs:
+        reject_unknown(raw, {PER_NODE, PER_NAMESPACE, GLOBALLY, PER_WORKLOAD, UNAVAILABLE,
+                             "evictionQPS", "evictionBurst"}, path)
+        kw: dict[str, Any] = {}
+        for name, attr in ((PER_NODE, "max_migrating_per_node"), (PER_NAMESPACE, "max_migrating_per_namespace"),
+                           (GLOBALLY, "max_migrating_globally")):
+            if name in raw:
+                value = raw[name]
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                    raise ArgsError(f"{path}{name}", value, "must be an integer >= 1 (or null: no limit)")
+                kw[attr] = value
+        kw["max_migrating_per_workload"] = _int_or_percent(raw, PER_WORKLOAD, path)
+        kw["max_unavailable_per_workload"] = _int_or_percent(raw, UNAVAILABLE, path)
+        if "evictionQPS" in raw:
+            qps = raw["evictionQPS"]
+            if isinstance(qps, bool) or not isinstance(qps, int | float) or not math.isfinite(qps) or qps <= 0:
+                raise ArgsError(f"{path}evictionQPS", qps, "must be a positive finite number")
+            kw["eviction_qps"] = float(qps)
+        if "evictionBurst" in raw:
+            burst = raw["evictionBurst"]
+            if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+                raise ArgsError(f"{path}evictionBurst", burst, "must be an integer >= 1")
+            kw["eviction_burst"] = burst
+        return cls(**kw)
+
+    def max_unavailable(self, replicas: int) -> int:
+        if self.max_unavailable_per_workload is None:
+            return default_max_unavailable(replicas)
+        return scaled(self.max_unavailable_per_workload, replicas)
+
+    def max_migrating(self, replicas: int) -> int:
+        if self.max_migrating_per_workload is None:
+            return self.max_unavailable(replicas)
+        return scaled(self.max_migrating_per_workload, replicas)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A `policy/v1` PodDisruptionBudget: pods of `namespace` matching `selector`; one of
+    `min_available` and `max_unavailable` (an integer or "N%")."""
+
+    namespace: str
+    name: str
+    selector: LabelSelector
+    min_available: int | str | None = None
+    max_unavailable: int | str | None = None
+
+    def covers(self, pod: Pod) -> bool:
+        return pod.namespace == self.namespace and self.selector.matches(pod.labels)
+
+    def allowed(self, expected: int, healthy: int) -> int:
+        """Disruptions allowed now (the PDB controller's `disruptionsAllowed`)."""
+        if self.max_unavailable is not None:
+            unavailable = _rounded_up(self.max_unavailable, expected)
+            desired = expected - unavailable
+        elif self.min_available is not None:
+            desired = _rounded_up(self.min_available, expected)
+        else:
+            desired = expected  # an empty budget allows nothing, as Kubernetes reads it
+        return max(0, healthy - desired)
+
+
+def _rounded_up(value: int | str, total: int) -> int:
+    if isinstance(value, str):
+        return math.ceil(total * float(value.rstrip("%")) / 100)
+    return value
+
+
+@dataclass
+class Arbitrator:
+    """What is in flight, and whether one more may start. `replicas` is each workload's
+    desired count, `healthy` the pods counted healthy per workload and per budget."""
+
+    args: ArbitrationArgs
+    replicas: Mapping[str, int]
+    budgets: tuple[Budget, ...] = ()
+    healthy_by_budget: dict[str, int] = field(default_factory=dict)  # budget name -> healthy now
+    expected_by_budget: dict[str, int] = field(default_factory=dict)
+    by_node: Counter[str] = field(default_factory=Counter)
+    by_namespace: Counter[str] = field(default_factory=Counter)
+    by_workload: Counter[str] = field(default_factory=Counter)
+    by_budget: Counter[str] = field(default_factory=Counter)
+    total: int = 0
+
+    @classmethod
+    def over(cls, args: ArbitrationArgs, pods: Iterable[Pod], budgets: Iterable[Budget] = (),
+             healthy: Callable[[Pod], bool] = lambda p: p.phase == "Running") -> Arbitrator:
+        """An arbitrator over the running pods (replicas: each workload's pods)."""
+        pods = list(pods)
+        replicas: Counter[str] = Counter(w for w in map(workload_of, pods) if w)
+        budgets = tuple(budgets)
+        expected = {f"{b.namespace}/{b.name}": sum(1 for p in pods if b.covers(p)) for b in budgets}
+        up = {f"{b.namespace}/{b.name}": sum(1 for p in pods if b.covers(p) and healthy(p)) for b in budgets}
+        return cls(args, dict(replicas), budgets, up, expected)
+
+    def refusal(self, pod: Pod, node: str) -> str:
+        """Why moving `pod` off `node` may not start now ("" if it may)."""
+        a = self.args
+        workload = workload_of(pod)
+        if not workload:
+            return NO_WORKLOAD
+        replicas = self.replicas.get(workload, 1)
+        if replicas <= 1:
+            return SINGLE_REPLICA
+        if a.max_migrating_per_node is not None and self.by_node[node] >= a.max_migrating_per_node:
+            return PER_NODE
+        if a.max_migrating_per_namespace is not None and self.by_namespace[pod.namespace] >= a.max_migrating_per_namespace:
+            return PER_NAMESPACE
+        if a.max_migrating_globally is not None and self.total >= a.max_migrating_globally:
+            return GLOBALLY
+        if self.by_workload[workload] >= a.max_migrating(replicas):
+            return PER_WORKLOAD
+        if self.by_workload[workload] >= a.max_unavailable(replicas):
+            return UNAVAILABLE
+        for b in self.budgets:
+            key = f"{b.namespace}/{b.name}"
+            if b.covers(pod) and b.allowed(self.expected_by_budget.get(key, 0),
+                                           self.healthy_by_budget.get(key, 0) - self.by_budget[key]) < 1:
+                return PDB
+        return ""
+
+    def admit(self, pod: Pod, node: str) -> None:
+        self._count(pod, node, 1)
+
+    def finish(self, pod: Pod, node: str) -> None:
+        self._count(pod, node, -1)
+
+    def _count(self, pod: Pod, node: str, step: int) -> None:
+        self.by_node[node] += step
+        self.by_namespace[pod.namespace] += step
+        self.by_workload[workload_of(pod)] += step
+        for b in self.budgets:
+            if b.covers(pod):
+                self.by_budget[f"{b.namespace}/{b.name}"] += step
+        self.total += step
+
+
+@dataclass
+class TokenBucket:
+    """`rate` tokens per second up to `burst`; `take` spends one if there is one."""
+
+    rate: float
+    burst: int
+    clock: Callable[[], float]
+    tokens: float = -1.0
+    stamp: float = 0.0
+
+    def take(self) -> bool:
+        now = self.clock()
+        if self.tokens < 0:
+            self.tokens, self.stamp = float(self.burst), now
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+    def wait_s(self) -> float:
+        """Seconds until the next token."""
+        return max(0.0, (1.0 - max(self.tokens, 0.0)) / self.rate)
