@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
@@ -338,6 +339,35 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rebalance_plan(args: argparse.Namespace) -> int:
+    from agents.rebalance import config as rebalance_config
+    from agents.rebalance.rebalancer import dry_run
+    from agents.scheduler.framework import profiles
+    from schemas.records import ScaleDownEvent
+
+    try:
+        events = []
+        for spec in args.scale_down:
+            workload, _, count = spec.rpartition("=")
+            namespace, _, name = workload.partition("/")
+            if not namespace or not name or name.count("/") > 1 or not count.isdigit() or int(count) < 1:
+                raise ValueError(f"--scale-down={spec!r}: expected NAMESPACE/NAME=N or NAMESPACE/KIND/NAME=N, N >= 1")
+            events.append(ScaleDownEvent(workload=name, namespace=namespace, replicas=int(count)))
+        config = rebalance_config.load(Path(args.config).read_text()) if args.config else None
+        scheduler = profiles.load(Path(args.profiles).read_text()) if args.profiles else None
+        lines, result = dry_run(Path(args.state).read_text(), config=config, scheduler=scheduler,
+                                scale_downs=events, now=args.now if args.now is not None else time.time())
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]rebalance plan: {exc}[/red]")
+        return 2
+    for line in lines:
+        print(line)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="koordstream", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -416,6 +446,18 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("baseline")
     c.add_argument("new")
     c.set_defaults(fn=cmd_perf_compare)
+    sp = sub.add_parser("rebalance", help="the rebalancer (FragmentationAware, ScaleDownBinPack)")
+    rsub = sp.add_subparsers(dest="rebalance_command", required=True)
+    rp = rsub.add_parser("plan", help="print a dry-run plan (moves, or ranks on a scale-down) without acting")
+    rp.add_argument("--state", required=True,
+                    help="Kubernetes manifests (YAML or JSON): the nodes, and the pods with their nodeName")
+    rp.add_argument("--config", help="a DeschedulerConfiguration-like YAML (default: FragmentationAware, global mode)")
+    rp.add_argument("--profiles", help="the scheduler profiles YAML that destinations are simulated with")
+    rp.add_argument("--scale-down", action="append", default=[], metavar="NAMESPACE/NAME=N",
+                    help="also rank the pods of this workload (its controller's name, or KIND/NAME) to lose N replicas")
+    rp.add_argument("--now", type=float, help="the time of the plan, unix seconds (default: now; pod ages count from it)")
+    rp.add_argument("--json", help="write the plan as JSON to this file")
+    rp.set_defaults(fn=cmd_rebalance_plan)
     sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")
     common(sp)
     sp.add_argument("file")

@@ -1,0 +1,129 @@
+"""One rebalancing cycle over a cluster, every configured profile in turn: what the rebalancer
+agent will run each `deschedulingInterval`, and what `koordstream rebalance plan` prints as a
+dry run (nothing is evicted here: the result is plans).
+
+    rebalancer = Rebalancer(config.load(text))
+    for plan in rebalancer.cycle(nodes, pods, now=time.time()):
+        print("\\n".join(fragmentation.plan_text(plan.moves)))
+
+Profiles run in order over one view; a pod one profile plans to move is not planned again by
+the next, whose arbitration counts it as in flight. Migrations already running (`in_flight`:
+the pod and its source node) count against every limit from the start.
+
+`scale_down` answers a ScaleDownEvent: the ranking (pod-deletion-cost) of the workload's pods
+and the victims, by each profile that enables ScaleDownBinPack. The event names the workload
+by its controller's name, or `Kind/name`, in its namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agents.rebalance.arbitration import Arbitrator
+from agents.rebalance.binpack import ScaleDownPlan, plan_scale_down
+from agents.rebalance.config import RebalancerConfig
+from agents.rebalance.fragmentation import MovePlan, plan_moves, plan_text
+from agents.rebalance.simulate import Simulator
+from agents.rebalance.view import ClusterView
+from agents.scheduler.framework.profiles import SchedulerConfig
+from schemas.kube import load_manifests
+from schemas.records import Node, Pod, ScaleDownEvent
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    profile: str
+    moves: MovePlan
+
+
+class Rebalancer:
+    def __init__(self, config: RebalancerConfig | None = None, scheduler: SchedulerConfig | None = None) -> None:
+        self.config = config or RebalancerConfig()
+        self.scheduler = scheduler
+
+    def _resources(self) -> tuple[str, ...]:
+        names: dict[str, None] = {}
+        for p in self.config.profiles:
+            for args in (p.fragmentation, p.binpack):
+                if args is not None:
+                    names.update(dict.fromkeys(args.resources))
+        return tuple(names)
+
+    def view(self, nodes: Iterable[Node], pods: Iterable[Pod]) -> ClusterView:
+        return ClusterView.build(nodes, pods, resources=self._resources())
+
+    def cycle(self, nodes: Iterable[Node], pods: Iterable[Pod], *, now: float,
+              moved_at: Mapping[str, float] | None = None,
+              in_flight: Sequence[tuple[Pod, str]] = ()) -> list[CyclePlan]:
+        view = self.view(nodes, pods)
+        moved = dict(moved_at or {})
+        running = list(in_flight)
+        out = []
+        for profile in self.config.profiles:
+            if profile.fragmentation is None:
+                continue
+            arbitrator = Arbitrator.over(profile.arbitration, view.pods)
+            for pod, node in running:
+                arbitrator.admit(pod, node)
+            plan = plan_moves(view, profile.fragmentation, Simulator(view, self.scheduler), arbitrator, now=now,
+                              evictor=profile.evictor, moved_at=moved)
+            by_uid = {p.uid: p for p in view.pods}
+            for m in plan.moves:
+                moved[m.uid] = now
+                running.append((by_uid[m.uid], m.source))
+            out.append(CyclePlan(profile.name, plan))
+        return out
+
+    def scale_down(self, nodes: Iterable[Node], pods: Iterable[Pod], event: ScaleDownEvent, *,
+                   now: float) -> list[tuple[str, ScaleDownPlan]]:
+        view = self.view(nodes, pods)
+        workload = resolve_workload(view, event.namespace, event.workload)
+        return [(p.name, plan_scale_down(view, workload, event.replicas, p.binpack, now=now, evictor=p.evictor))
+                for p in self.config.profiles if p.binpack is not None]
+
+
+def resolve_workload(view: ClusterView, namespace: str, name: str) -> str:
+    """The view's workload key ("namespace/Kind/name") for `name` or `Kind/name` in
+    `namespace`; raises ValueError naming the field when none or several match."""
+    wanted = f"{namespace}/{name}" if "/" in name else None
+    found = [w for w in view.workloads if w == wanted or (wanted is None and w.startswith(f"{namespace}/")
+                                                            and w.rsplit("/", 1)[1] == name)]
+    if len(found) != 1:
+        what = "no running pods" if not found else f"several workloads ({', '.join(sorted(found))})"
+        raise ValueError(f"workload={namespace}/{name}: {what}; name it as Kind/name")
+    return found[0]
+
+
+def dry_run(manifests: str, *, config: RebalancerConfig | None = None, scheduler: SchedulerConfig | None = None,
+            scale_downs: Sequence[ScaleDownEvent] = (), now: float) -> tuple[list[str], dict[str, object]]:
+    """`koordstream rebalance plan`: one cycle and the given scale-downs over Kubernetes
+    manifests (nodes, and pods with `nodeName`), as lines to print and as JSON."""
+    records = load_manifests(manifests)
+    nodes = [r for r in records if isinstance(r, Node)]
+    pods = [r for r in records if isinstance(r, Pod) and r.node_name]
+    rebalancer = Rebalancer(config, scheduler)
+    lines: list[str] = []
+    out: dict[str, object] = {"nodes": len(nodes), "pods": len(pods), "profiles": {}}
+    profiles: dict[str, dict[str, Any]] = {}
+    for cycle in rebalancer.cycle(nodes, pods, now=now):
+        lines.append(f"profile {cycle.profile}:")
+        lines += plan_text(cycle.moves)
+        p = cycle.moves
+        profiles.setdefault(cycle.profile, {})["moves"] = {
+            "mode": p.mode, "before": p.before.as_dict(), "after": p.after.as_dict(),
+            "moves": [m.as_dict() for m in p.moves], "skipped": p.skipped}
+    for event in scale_downs:
+        for name, plan in rebalancer.scale_down(nodes, pods, event, now=now):
+            lines.append(f"profile {name}: ScaleDownBinPack ({plan.ranker}) {plan.workload} -{event.replicas}: "
+                         f"victims {', '.join(plan.victims) or '(none)'}; empty nodes {plan.empty_nodes_before} -> "
+                         f"{plan.empty_nodes_after}")
+            lines += [f"  {uid}: pod-deletion-cost {plan.costs[uid]}" for uid in plan.order]
+            lines += [f"  {uid}: protected ({why})" for uid, why in sorted(plan.protected.items())]
+            profiles.setdefault(name, {}).setdefault("scale_downs", []).append({
+                "workload": plan.workload, "ranker": plan.ranker, "victims": list(plan.victims), "costs": plan.costs,
+                "empty_nodes_before": plan.empty_nodes_before, "empty_nodes_after": plan.empty_nodes_after,
+                "stranded_pct_after": round(plan.stranded_pct_after, 4), "protected": plan.protected})
+    out["profiles"] = profiles
+    return lines, out
