@@ -183,7 +183,8 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
             _serve_metrics(app, registry_for(loops=loops), settings.worker.metrics_port)
         return
 
-    service = SchedulerService(build_core(settings), outbox, time.monotonic, s.batch_size, linger_s=s.cycle_linger_s)
+    service = SchedulerService(build_core(settings), outbox, time.monotonic, s.batch_size, linger_s=s.cycle_linger_s,
+                               max_claims=s.max_outstanding_claims)
     # faust never commits the scheduler's input offsets (acks=False). With
     # `scheduling.commit_input_offsets` the scheduler commits those before which it needs no
     # record (`SchedulerService.commit_points`) and a restarted worker rebuilds its queue from

@@ -76,6 +76,12 @@ class SchedulingSettings:
     """Within one micro-batch of ready pods, bring pods with equal signatures (so of equal
     priority) together at the place of the first of them before placing, so that one class
     serves them all; off: only pods that are already consecutive in the queue batch."""
+    max_outstanding_claims: int = 10_000
+    """Claims a scheduler replica has out and not yet decided (assumed in its replica), at
+    most: past it the loop places nothing until outcomes come back, so that an overloaded
+    pipeline queues pods here instead of piling up holds that grow too old to be accepted
+    (a claim older than half of `worker.state_retention_s` is refused and placed again). 0:
+    no limit."""
     commit_input_offsets: bool = False
     """Commit the offsets of `pods` / `requeue` before which the scheduler needs no record, so
     that a restarted or new replica reads what is pending, not the history. Off by default: a
@@ -130,6 +136,9 @@ class Settings:
             raise SettingsError(f"kafka.transactions: must be auto, on or off, got {self.kafka.transactions!r}")
         if self.scheduling.batch_size < 1:
             raise SettingsError(f"scheduling.batch_size: must be at least 1, got {self.scheduling.batch_size}")
+        if self.scheduling.max_outstanding_claims < 0:
+            raise SettingsError(f"scheduling.max_outstanding_claims: must be 0 (no limit) or more, "
+                                f"got {self.scheduling.max_outstanding_claims}")
         if not 0 <= self.scheduling.cycle_linger_s <= 1:
             raise SettingsError(f"scheduling.cycle_linger_s: must be from 0 to 1 second, got {self.scheduling.cycle_linger_s}")
         if not self.worker.state_retention_s > 0:

@@ -88,13 +88,14 @@ def stamped(outputs: list[Output], started: float) -> list[Output]:
 class SchedulerService:
     def __init__(self, core: SchedulerCore, outbox: Outbox, clock: Clock, batch_size: int, *,
                  partitions: int | None = None, max_in_flight: int = MAX_IN_FLIGHT, wall: Clock = time.time,
-                 linger_s: float = 0.0) -> None:
+                 linger_s: float = 0.0, max_claims: int = 0) -> None:
         self.core = core
         self.outbox = outbox
         self.clock = clock
         self.wall = wall  # stamps claims (`Claim.scheduled_at`): compared with log times elsewhere
         self.batch_size = batch_size
         self.linger_s = linger_s  # `scheduling.cycle_linger_s`: see `run`
+        self.max_claims = max_claims  # `scheduling.max_outstanding_claims`: see `room_for_claims`
         # Partitions of `pods` / `requeue`: records read elsewhere than their uid's partition are
         # forwarded home. None (no re-keying) until known: `register` sets it from the config.
         self.partitions = partitions
@@ -116,6 +117,7 @@ class SchedulerService:
         self.forwarding = 0  # sends of held-back forwards not yet acknowledged
         self.forwarded = 0  # records forwarded to their own partition
         self.failed_sends = 0  # destinations whose send the broker did not acknowledge
+        self.throttled = 0  # cycles skipped at the outstanding-claims limit
         self._in_flight: set[asyncio.Task[None]] = set()
         self._profiled: dict[tuple[str, str, str], int] = {}  # (profile, plugin, point) -> ns sent
         self._attempts_sent: dict[tuple[str, str], int] = {}  # (profile, result) -> attempts sent
@@ -373,8 +375,13 @@ class SchedulerService:
                 await self._room()  # before placing: a revocation meanwhile still counts
                 await self.flush_forwards()
                 self.wake.clear()
+                room = self.room_for_claims()
+                if room <= 0:  # overloaded downstream: wait for outcomes (they wake the loop)
+                    self.throttled += 1
+                    await self.wake.wait()
+                    continue
                 started = self.wall()
-                outputs = stamped(self.core.schedule(self.batch_size), started)
+                outputs = stamped(self.core.schedule(room), started)
                 if outputs and self.clock() - self._profiled_at >= PROFILING_EVERY_S:
                     self._profiled_at = self.clock()
                     outputs += self.profiling_samples()
@@ -393,6 +400,13 @@ class SchedulerService:
         finally:
             for task in self._in_flight:
                 task.cancel()
+
+    def room_for_claims(self) -> int:
+        """Pods the next cycle may place: the batch size, less what the outstanding-claims
+        limit leaves (claims out and undecided are the replica's assumptions)."""
+        if not self.max_claims:
+            return self.batch_size
+        return min(self.batch_size, self.max_claims - len(self.core.state.assumptions))
 
     async def dispatch(self, outputs: Sequence[Output]) -> None:
         """Send a batch, one send per destination partition, and watch its acks in the

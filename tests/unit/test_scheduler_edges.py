@@ -717,3 +717,34 @@ async def test_a_replica_started_from_the_changelog_fences_a_zombie_owners_later
     service.on_current_state([NodeOwner.current(state)], {0: 2})
     await service.on_state_changes([raw(late, 0, topics.STATE_CHANGES, Origin(f"{topics.NODE_INBOX}/0", 1))])
     assert not core.state.present[core.state.index["a"]]
+
+
+# -- the outstanding-claims limit ------------------------------------------------------------------
+
+
+async def test_the_loop_places_nothing_past_the_outstanding_claims_limit_until_outcomes_come_back() -> None:
+    """`scheduling.max_outstanding_claims`: an overloaded pipeline queues pods in the replica
+    instead of piling up holds that grow too old to be accepted."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FakeOutbox()
+    service = SchedulerService(core, outbox, clock, 100, max_claims=2)
+    service.replica_ready.set()
+    for i in range(5):
+        core.add(make_pod(f"p{i}", cpu=500))
+    loop = asyncio.ensure_future(service.run())
+    try:
+        await until(lambda: len(outbox.claims()) == 2)
+        await until(lambda: service.throttled > 0)
+        await asyncio.sleep(0.05)
+        assert len(outbox.claims()) == 2 and core.queue and len(core.state.assumptions) == 2
+        first = outbox.claims()[0]
+        commit = Commit(uid=first.uid, attempt=first.attempt, node="a", decision_key=first.uid)
+        await service.on_state_changes([raw(r, 0, topics.STATE_CHANGES) for r in owner_report("a", first, commit)])
+        await until(lambda: len(outbox.claims()) == 3)
+        await asyncio.sleep(0.05)
+        assert len(outbox.claims()) == 3 and len(core.state.assumptions) == 2
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    assert SchedulerService(core, outbox, clock, 100).room_for_claims() == 100  # 0: no limit
