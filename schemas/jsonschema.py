@@ -36,6 +36,7 @@ ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "SchedulingFeedback": ((topics.FEEDBACK, "uid"),),
     "EvictionCommand": ((topics.EVICTIONS, "uid"),),
     "ReservationEvent": ((topics.RESERVATIONS, "uid"),),
+    "MigrationJob": ((topics.MIGRATIONS, "uid"),),
     "DeadLetter": ((topics.DEAD_LETTER, "topic"),),
     "Requeue": ((topics.REQUEUE, "uid"),),
     "Claim": ((topics.NODE_INBOX, "node"),),

@@ -565,6 +565,38 @@ class ReservationEvent(Record):
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
+MIGRATION_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Aborted")
+MIGRATION_MODES = ("ReservationFirst", "EvictDirectly")
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationJob(Record):
+    """One move of a running pod (Koordinator's PodMigrationJob), as the rebalancer last
+    recorded it: `phase` (Pending, Running, Succeeded, Failed, Aborted) and `reason`; `step`
+    says where a Running job is (reserving, evicting, replacing). ReservationFirst moves own
+    the Reservation `reservation`, pinned to `destination` when one was planned."""
+
+    KIND: ClassVar[str] = "MigrationJob"
+    uid: str
+    pod_uid: str
+    namespace: str = "default"
+    pod_name: str = ""
+    workload: str = ""
+    source: str = ""
+    destination: str = ""
+    mode: str = "ReservationFirst"
+    phase: str = "Pending"
+    step: str = ""
+    reason: str = ""
+    reservation: str = ""
+    reserved_on: str = ""
+    created: float = 0.0
+    ttl_s: float = 300.0
+    updated: float = 0.0
+    kind: str = field(default="MigrationJob", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
 @dataclass(frozen=True, slots=True)
 class ReservationExpired(Record):
     """A reservation's time ran out. The owners' agent appends it to the node's `node-inbox`
@@ -656,6 +688,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, Binding, Yield, Requeue, SchedulingFeedback,
     EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
+    MigrationJob,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
 

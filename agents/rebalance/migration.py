@@ -1,0 +1,175 @@
+"""ReservationFirst moves (Koordinator's PodMigrationJob) as a pure state machine over the
+`MigrationJob` record: every input returns the job's next version and the records to send.
+
+    Pending --start--> Running/reserving --Available elsewhere--> Running/evicting
+        --evicted--> Running/replacing --reservation consumed--> Succeeded
+
+1. `start`: a Reservation for the pod's replacement, owned by the pod's controller (so the
+   pod it recreates consumes it), with the pod's request, scheduler, priority, tolerations and
+   node selector, allocate-once, its ttl the job's, and pinned to the planned destination by a
+   required node affinity on `metadata.name`. `EvictDirectly` skips it and evicts at once.
+2. `on_reservation`: Available on a node other than the source: the job asks to evict (the
+   actuator sends the EvictionCommand when arbitration and the rate limit allow, `evicted`
+   records it). Available on the source, or Failed (expired, node lost): Aborted.
+   Succeeded (an allocate-once reservation consumed) after the eviction: the replacement is
+   bound into it, the job Succeeded.
+3. `on_unschedulable`: the reservation fits nowhere (its final feedback): Aborted.
+4. `on_pod_gone`: the source pod went before the eviction: Aborted, its reservation deleted.
+   After the eviction it is what the job waited for.
+5. `on_eviction_refused`: the Eviction API's 429 (a PodDisruptionBudget): the job keeps
+   waiting to evict and says why.
+6. `on_tick`: past `created + ttl_s` and not finished: Aborted (TTL), the reservation deleted
+   unless the replacement already took it.
+
+An Aborted or Failed job leaves nothing held: its reservation is deleted in the same step.
+Finished jobs ignore every later input (a redelivered event changes nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from agents.ports import Output
+from agents.rebalance.evictor import controller_of, workload_of
+from agents.state import reservations
+from schemas import topics
+from schemas.records import (
+    EvictionCommand,
+    MigrationJob,
+    Pod,
+    PodDeleted,
+    Reservation,
+    ReservationEvent,
+    ReservationOwner,
+)
+
+PENDING, RUNNING, SUCCEEDED, FAILED, ABORTED = "Pending", "Running", "Succeeded", "Failed", "Aborted"
+RESERVING, EVICTING, REPLACING = "reserving", "evicting", "replacing"
+FINISHED = frozenset({SUCCEEDED, FAILED, ABORTED})
+RESERVATION_FIRST, EVICT_DIRECTLY = "ReservationFirst", "EvictDirectly"
+
+TTL = "timed out (ttl)"
+UNSCHEDULABLE = "reservation unschedulable"
+EXPIRED = "reservation expired"
+RESERVATION_FAILED = "reservation failed"
+ON_SOURCE = "reservation on the source node"
+SOURCE_GONE = "source pod gone"
+EVICTION_REFUSED = "eviction refused (PodDisruptionBudget); retrying"
+NO_CONTROLLER = "no controller to recreate the pod"
+DONE = "replacement bound into the reservation"
+EVICTED = "evicted"
+
+Step = tuple[MigrationJob, list[Output]]
+
+
+def new_job(pod: Pod, *, source: str, destination: str, now: float, mode: str = RESERVATION_FIRST,
+            ttl_s: float = 300.0, sequence: int = 0) -> MigrationJob:
+    return MigrationJob(uid=f"migrate-{pod.uid}-{sequence}", pod_uid=pod.uid, namespace=pod.namespace,
+                        pod_name=pod.name, workload=workload_of(pod), source=source, destination=destination,
+                        mode=mode, created=now, ttl_s=ttl_s, updated=now)
+
+
+def pinned(node: str) -> dict[str, object]:
+    """A required node affinity that only `node` passes (matchFields on metadata.name)."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def _record(job: MigrationJob, outputs: list[Output]) -> Step:
+    return job, [*outputs, Output(topics.MIGRATIONS, job.uid, job)]
+
+
+def _end(job: MigrationJob, phase: str, reason: str, now: float, *, release: bool) -> Step:
+    outputs = []
+    if release and job.reservation:
+        outputs.append(Output(topics.PODS, job.reservation, PodDeleted(uid=job.reservation, name=job.reservation,
+                                                                       namespace=job.namespace)))
+    return _record(replace(job, phase=phase, step="", reason=reason, updated=now), outputs)
+
+
+def start(job: MigrationJob, pod: Pod, now: float) -> Step:
+    """Begin a Pending job: reserve for the replacement (or, EvictDirectly, evict at once)."""
+    if job.phase != PENDING:
+        return job, []
+    if job.mode == EVICT_DIRECTLY:
+        return _record(replace(job, phase=RUNNING, step=EVICTING, updated=now), [])
+    owner = controller_of(pod)
+    if owner is None:
+        return _end(job, ABORTED, NO_CONTROLLER, now, release=False)
+    kind, name, uid = owner
+    reservation = Reservation(
+        uid=f"{job.uid}-reservation", name=f"{job.uid}-reservation",
+        owners=(ReservationOwner(controller_uid=uid, controller_namespace=pod.namespace, controller_kind=kind,
+                                 controller_name=name),),
+        requests=pod.requests, ttl_s=job.ttl_s, allocate_once=True, creation_timestamp=now,
+        labels={"koordstream.io/migration-job": job.uid}, scheduler_name=pod.scheduler_name, priority=pod.priority,
+        priority_class_name=pod.priority_class_name, node_selector=pod.node_selector,
+        affinity=pinned(job.destination) if job.destination else pod.affinity, tolerations=pod.tolerations)
+    return _record(replace(job, phase=RUNNING, step=RESERVING, reservation=reservation.uid, updated=now),
+                   [Output(topics.PODS, reservation.uid, reservation)])
+
+
+def on_reservation(job: MigrationJob, event: ReservationEvent, now: float) -> Step:
+    if job.phase in FINISHED or event.uid != job.reservation:
+        return job, []
+    if event.phase == reservations.AVAILABLE:
+        if job.step != RESERVING:
+            return job, []
+        if event.node == job.source:
+            return _end(job, ABORTED, ON_SOURCE, now, release=True)
+        return _record(replace(job, step=EVICTING, reserved_on=event.node, updated=now), [])
+    if event.phase == reservations.SUCCEEDED:
+        if job.step == REPLACING:
+            return _end(job, SUCCEEDED, DONE, now, release=False)
+        return job, []  # consumed before the eviction: the replacement is not ours yet
+    if event.phase == reservations.FAILED:
+        reason = EXPIRED if event.reason == reservations.REASON_EXPIRED else f"{RESERVATION_FAILED}: {event.reason}"
+        return _end(job, ABORTED, reason, now, release=False)
+    return job, []
+
+
+def on_unschedulable(job: MigrationJob, reservation_uid: str, now: float) -> Step:
+    if job.phase in FINISHED or reservation_uid != job.reservation or job.step != RESERVING:
+        return job, []
+    return _end(job, ABORTED, UNSCHEDULABLE, now, release=True)
+
+
+def eviction(job: MigrationJob, reason: str = "rebalance: FragmentationAware") -> EvictionCommand | None:
+    """The eviction a job waits to send (None when it waits for nothing)."""
+    if job.phase != RUNNING or job.step != EVICTING:
+        return None
+    return EvictionCommand(uid=job.pod_uid, namespace=job.namespace, name=job.pod_name, node=job.source,
+                           reason=f"{reason} (migration {job.uid})")
+
+
+def evicted(job: MigrationJob, now: float) -> Step:
+    """The actuator sent the job's eviction."""
+    if job.phase != RUNNING or job.step != EVICTING:
+        return job, []
+    if job.mode == EVICT_DIRECTLY:
+        return _end(job, SUCCEEDED, EVICTED, now, release=False)
+    return _record(replace(job, step=REPLACING, updated=now), [])
+
+
+def on_eviction_refused(job: MigrationJob, now: float) -> Step:
+    if job.phase != RUNNING or job.step != EVICTING or job.reason == EVICTION_REFUSED:
+        return job, []
+    return _record(replace(job, reason=EVICTION_REFUSED, updated=now), [])
+
+
+def on_pod_gone(job: MigrationJob, uid: str, now: float) -> Step:
+    if job.phase in FINISHED or uid != job.pod_uid or job.step == REPLACING:
+        return job, []
+    return _end(job, ABORTED, SOURCE_GONE, now, release=True)
+
+
+def on_tick(job: MigrationJob, now: float) -> Step:
+    if job.phase in FINISHED or now < job.created + job.ttl_s:
+        return job, []
+    return _end(job, ABORTED, TTL, now, release=True)
+
+
+def in_flight(jobs: Sequence[MigrationJob]) -> list[MigrationJob]:
+    """Jobs that still count against the arbitration's limits."""
+    return [j for j in jobs if j.phase not in FINISHED]

@@ -1,0 +1,142 @@
+"""ReservationFirst moves as a state machine: the happy path, every abort path with its reason,
+and as a property over any sequence of inputs: a finished job never changes, and a job that
+ends Aborted or Failed leaves no reservation behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.ports import Output
+from agents.rebalance import migration as mg
+from agents.scheduler.plugins.nodeaffinity import parse
+from schemas import topics
+from schemas.records import MigrationJob, PodDeleted, Reservation, ReservationEvent
+from tests.unit.rebalance.conftest import NOW, replica
+
+POD = replica("web-1", "n0", cpu=1500)
+
+
+def started(mode: str = mg.RESERVATION_FIRST, destination: str = "n2") -> tuple[MigrationJob, list[Output]]:
+    job = mg.new_job(POD, source="n0", destination=destination, now=NOW, mode=mode)
+    return mg.start(job, POD, NOW)
+
+
+def event(job: MigrationJob, phase: str, node: str = "n2", reason: str = "") -> ReservationEvent:
+    return ReservationEvent(name=job.reservation, uid=job.reservation, phase=phase, node=node, reason=reason)
+
+
+def deleted_reservations(outputs: list[Output]) -> list[str]:
+    return [o.record.uid for o in outputs if isinstance(o.record, PodDeleted)]
+
+
+def test_reservation_first_happy_path() -> None:
+    job, out = started()
+    [res] = [o.record for o in out if isinstance(o.record, Reservation)]
+    assert (job.phase, job.step, job.reservation) == ("Running", "reserving", res.uid)
+    assert res.requests == POD.requests and res.allocate_once and res.ttl_s == job.ttl_s
+    assert res.owners[0].controller_name == "web" and res.owners[0].controller_kind == "ReplicaSet"
+    assert parse(res.node_selector, res.affinity).required is not None  # pinned to n2
+    assert out[-1].topic == topics.MIGRATIONS and out[-1].record == job
+    assert mg.eviction(job) is None
+    job, _ = mg.on_reservation(job, event(job, "Available"), NOW + 1)
+    assert (job.step, job.reserved_on) == ("evicting", "n2")
+    command = mg.eviction(job)
+    assert command is not None and (command.uid, command.node) == (POD.uid, "n0")
+    job, _ = mg.on_eviction_refused(job, NOW + 2)
+    assert job.reason == mg.EVICTION_REFUSED and job.step == "evicting"
+    job, _ = mg.evicted(job, NOW + 3)
+    assert job.step == "replacing"
+    job, out = mg.on_pod_gone(job, POD.uid, NOW + 4)  # what it waited for: nothing changes
+    assert job.step == "replacing" and out == []
+    job, out = mg.on_reservation(job, event(job, "Succeeded"), NOW + 5)
+    assert (job.phase, job.reason) == ("Succeeded", mg.DONE) and deleted_reservations(out) == []
+
+
+def test_evict_directly_skips_the_reservation() -> None:
+    job, out = started(mg.EVICT_DIRECTLY)
+    assert job.reservation == "" and not any(isinstance(o.record, Reservation) for o in out)
+    assert mg.eviction(job) is not None
+    job, _ = mg.evicted(job, NOW)
+    assert job.phase == "Succeeded"
+
+
+ABORTS: list[tuple[str, Any, str, bool]] = [
+    ("reservation on the source", lambda j: mg.on_reservation(j, event(j, "Available", node="n0"), NOW),
+     mg.ON_SOURCE, True),
+    ("reservation expired", lambda j: mg.on_reservation(j, event(j, "Failed", reason="Expired"), NOW),
+     mg.EXPIRED, False),
+    ("reservation's node lost", lambda j: mg.on_reservation(j, event(j, "Failed", reason="NodeDeleted"), NOW),
+     "reservation failed: NodeDeleted", False),
+    ("reservation unschedulable", lambda j: mg.on_unschedulable(j, j.reservation, NOW), mg.UNSCHEDULABLE, True),
+    ("source pod gone", lambda j: mg.on_pod_gone(j, POD.uid, NOW), mg.SOURCE_GONE, True),
+    ("ttl", lambda j: mg.on_tick(j, NOW + j.ttl_s), mg.TTL, True),
+]
+
+
+@pytest.mark.parametrize(("step", "reason", "deletes"), [a[1:] for a in ABORTS], ids=[a[0] for a in ABORTS])
+def test_abort_paths(step: Any, reason: str, deletes: bool) -> None:
+    job, _ = started()
+    job, out = step(job)
+    assert (job.phase, job.reason) == ("Aborted", reason)
+    assert deleted_reservations(out) == ([job.reservation] if deletes else [])
+    assert step(job) == (job, [])  # finished: a redelivered input changes nothing
+
+
+def test_a_bare_pod_cannot_be_moved_reservation_first() -> None:
+    bare = replica("bare", "n0", owner_references=())
+    job = mg.new_job(bare, source="n0", destination="", now=NOW)
+    job, out = mg.start(job, bare, NOW)
+    assert (job.phase, job.reason) == ("Aborted", mg.NO_CONTROLLER) and len(out) == 1
+
+
+INPUTS = st.sampled_from(["available", "available-source", "succeeded", "expired", "unschedulable", "gone",
+                          "refused", "evicted", "tick", "tick-late", "other-reservation"])
+
+
+def apply(job: MigrationJob, name: str) -> tuple[MigrationJob, list[Output]]:
+    steps: dict[str, Any] = {
+        "available": lambda: mg.on_reservation(job, event(job, "Available"), NOW),
+        "available-source": lambda: mg.on_reservation(job, event(job, "Available", node="n0"), NOW),
+        "succeeded": lambda: mg.on_reservation(job, event(job, "Succeeded"), NOW),
+        "expired": lambda: mg.on_reservation(job, event(job, "Failed", reason="Expired"), NOW),
+        "unschedulable": lambda: mg.on_unschedulable(job, job.reservation, NOW),
+        "gone": lambda: mg.on_pod_gone(job, POD.uid, NOW),
+        "refused": lambda: mg.on_eviction_refused(job, NOW),
+        "evicted": lambda: mg.evicted(job, NOW),
+        "tick": lambda: mg.on_tick(job, NOW + 1),
+        "tick-late": lambda: mg.on_tick(job, NOW + job.ttl_s + 1),
+        "other-reservation": lambda: mg.on_reservation(job, ReservationEvent(name="x", uid="x", phase="Failed"), NOW),
+    }
+    result: tuple[MigrationJob, list[Output]] = steps[name]()
+    return result
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(INPUTS, max_size=12))
+def test_any_sequence_ends_cleanly(names: list[str]) -> None:
+    job, _ = started()
+    reservation_live, evicted_once = True, 0
+    for name in names:
+        before = job
+        job, out = apply(job, name)
+        if before.phase in mg.FINISHED:
+            assert (job, out) == (before, [])
+        if job != before:
+            assert out[-1].record == job  # every change is recorded on `migrations`
+        if deleted_reservations(out):
+            reservation_live = False
+        if name == "expired" and job.phase == "Aborted" and before.phase not in mg.FINISHED:
+            reservation_live = False  # the owner ended it
+        if name == "succeeded" and job.phase == "Succeeded":
+            reservation_live = False  # consumed by the replacement
+        if before.step == "evicting" and job.step != "evicting" and job.phase == "Running":
+            evicted_once += 1
+    if job.phase in ("Aborted", "Failed"):
+        assert not reservation_live, "an aborted job left its reservation held"
+    assert evicted_once <= 1
+    if job.phase == "Succeeded":
+        assert job.reason == mg.DONE
