@@ -140,3 +140,15 @@ def test_any_sequence_ends_cleanly(names: list[str]) -> None:
     assert evicted_once <= 1
     if job.phase == "Succeeded":
         assert job.reason == mg.DONE
+
+
+def test_the_real_scheduler_places_the_reservation_on_its_pinned_node() -> None:
+    from agents.scheduler.library import Scheduler
+    from schemas.records import Claim
+    from tests.unit.rebalance.conftest import nodes
+
+    _, out = started(destination="n2")
+    [res] = [o.record for o in out if isinstance(o.record, Reservation)]
+    sched = Scheduler(nodes(4))  # n0 would win otherwise: every node is empty, ties go to the first
+    placed = [o.record for o in sched.core.add_reservation(res) + sched.core.schedule() if isinstance(o.record, Claim)]
+    assert [c.node for c in placed] == ["n2"]
