@@ -181,6 +181,29 @@ def cmd_bench_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_rebalance(args: argparse.Namespace) -> int:
+    from perf.rebalance_bench import ImbalanceWorkload, ScaleDownWorkload, run
+
+    result = run(ImbalanceWorkload(nodes=args.nodes, max_cycles=args.max_cycles),
+                 ScaleDownWorkload(nodes=args.scale_down_nodes, replicas=args.replicas))
+    table = Table(title="koordstream bench rebalance (in-process, ideal actuator)")
+    for col in ("run", "std sum before -> after", "std max after", "evictions", "cycles", "plan s"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for mode, p in result["imbalance"]["planners"].items():
+        table.add_row(f"imbalance: {mode}", f"{p['std_sum_before']} -> {p['std_sum_after']}", str(p["std_max_after"]),
+                      str(p["evictions"]), str(p["cycles"]), str(p["plan_s"]))
+    for name, r in result["scale_down"]["rankers"].items():
+        table.add_row(f"scale-down: {name}", f"{r['empty_nodes']} nodes emptied", "", str(r["evictions"]), "",
+                      str(r["plan_s"]))
+    console.print(table)
+    goals = {**result["imbalance"]["goals"], **result["scale_down"]["goals"]}
+    console.print("goals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in goals.items()))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def cmd_perf_chaos(args: argparse.Namespace) -> int:
     from perf.chaos import ChaosConfig, run_chaos, succeeded
 
@@ -425,6 +448,13 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", type=int, default=2, help="processes to run seeds and policies in")
     t.add_argument("--json", help="write the results as JSON to this file")
     t.set_defaults(fn=cmd_bench_trace)
+    rb = bsub.add_parser("rebalance", help="the rebalancer's planners from the same start (imbalance, scale-down)")
+    rb.add_argument("--nodes", type=int, default=500, help="imbalance: nodes (20 pods each)")
+    rb.add_argument("--max-cycles", type=int, default=200, help="imbalance: cycles at most per planner")
+    rb.add_argument("--scale-down-nodes", type=int, default=200, help="scale-down: nodes")
+    rb.add_argument("--replicas", type=int, default=1000, help="scale-down: the web workload's replicas (halved)")
+    rb.add_argument("--json", help="write the result as JSON to this file")
+    rb.set_defaults(fn=cmd_bench_rebalance)
     sp = sub.add_parser("perf", help="scenarios through the real system (broker, agents, Kwok-compatible lifecycle)")
     psub = sp.add_subparsers(dest="perf_command", required=True)
     r = psub.add_parser("run", help="run a scenario (a name in perf/scenarios, or a YAML file)")
