@@ -165,29 +165,50 @@ def plan_scale_down(view: ClusterView, workload: str, remove: int, args: BinPack
                          stranded_pct(free, view.allocatable[:, columns], kinds, freq), protected)
 
 
-def _kubernetes(view: ClusterView, movable: Sequence[int]) -> list[int]:
-    """ActivePodsWithRanks, as a ReplicaSet controller sorts pods to delete (no deletion costs
-    given, no readiness or restarts known): unassigned, pending, more of the workload on the
-    same node, newer, first."""
-    on_node: dict[int, int] = {}
-    for i in movable:
-        on_node[int(view.rows[i])] = on_node.get(int(view.rows[i]), 0) + 1
+@dataclass(frozen=True)
+class Replica:
+    """What Kubernetes' ReplicaSet controller ranks a pod by when it picks pods to delete."""
+
+    uid: str
+    node: str = ""
+    phase: str = "Running"
+    ready: bool = True
+    cost: int = 0  # pod-deletion-cost
+    ready_since: float = 0.0
+    creation: float = 0.0
+
+
+def kubernetes_order(replicas: Sequence[Replica]) -> list[int]:
+    """Indices of `replicas`, first to delete first, as the ReplicaSet controller sorts them
+    (ActivePodsWithRanks): unassigned, then pending before unknown before running, not ready
+    before ready, lower pod-deletion-cost, more of the workload's pods on the same node
+    (doubled up), ready more recently, newer. Restart counts are not known here."""
+    on_node: dict[str, int] = {}
+    for r in replicas:
+        if r.node:
+            on_node[r.node] = on_node.get(r.node, 0) + 1
     phase_rank = {"Pending": 0, "Unknown": 1, "Running": 2}
 
     def key(i: int) -> tuple[Any, ...]:
-        p = view.pods[i]
-        cost = _cost(p)
-        return (bool(p.node_name), phase_rank.get(p.phase, 0), cost, -on_node[int(view.rows[i])],
-                -p.creation_timestamp, p.uid)
+        r = replicas[i]
+        return (bool(r.node), phase_rank.get(r.phase, 0), r.ready, r.cost, -on_node.get(r.node, 0),
+                -r.ready_since, -r.creation, r.uid)
 
-    return sorted(movable, key=key)
+    return sorted(range(len(replicas)), key=key)
 
 
-def _cost(p: Pod) -> int:
+def deletion_cost(p: Pod) -> int:
     try:
         return int(p.annotations.get(DELETION_COST, "0"))
     except ValueError:
         return 0
+
+
+def _kubernetes(view: ClusterView, movable: Sequence[int]) -> list[int]:
+    """Kubernetes' own order, from the view (a running pod counts as ready)."""
+    replicas = [Replica(view.pods[i].uid, view.pods[i].node_name, view.pods[i].phase, view.pods[i].phase == "Running",
+                        deletion_cost(view.pods[i]), creation=view.pods[i].creation_timestamp) for i in movable]
+    return [movable[k] for k in kubernetes_order(replicas)]
 
 
 def _weights(view: ClusterView, args: BinPackArgs) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
