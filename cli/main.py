@@ -364,9 +364,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_rebalance_plan(args: argparse.Namespace) -> int:
     from agents.rebalance import config as rebalance_config
-    from agents.rebalance.rebalancer import dry_run
+    from agents.rebalance.rebalancer import dry_run, from_manifests
     from agents.scheduler.framework import profiles
     from schemas.records import ScaleDownEvent
+    from streams.reader import read_cluster
 
     try:
         events = []
@@ -376,10 +377,17 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
             if not namespace or not name or name.count("/") > 1 or not count.isdigit() or int(count) < 1:
                 raise ValueError(f"--scale-down={spec!r}: expected NAMESPACE/NAME=N or NAMESPACE/KIND/NAME=N, N >= 1")
             events.append(ScaleDownEvent(workload=name, namespace=namespace, replicas=int(count)))
-        config = rebalance_config.load(Path(args.config).read_text()) if args.config else None
+        config = rebalance_config.load(Path(args.rebalancer_config).read_text()) if args.rebalancer_config else None
         scheduler = profiles.load(Path(args.profiles).read_text()) if args.profiles else None
-        lines, result = dry_run(Path(args.state).read_text(), config=config, scheduler=scheduler,
-                                scale_downs=events, now=args.now if args.now is not None else time.time())
+        if args.state:
+            nodes, pods = from_manifests(Path(args.state).read_text())
+        else:
+            settings = _settings(args)
+            if not settings.kafka.bootstrap:
+                raise ValueError("give --state FILE or --bootstrap HOST:PORT")
+            nodes, pods = asyncio.run(read_cluster(settings.kafka.bootstrap, settings.kafka.partitions))
+        lines, result = dry_run(nodes, pods, config=config, scheduler=scheduler, scale_downs=events,
+                                now=args.now if args.now is not None else time.time())
     except (ValueError, OSError) as exc:
         console.print(f"[red]rebalance plan: {exc}[/red]")
         return 2
@@ -479,9 +487,12 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("rebalance", help="the rebalancer (FragmentationAware, ScaleDownBinPack)")
     rsub = sp.add_subparsers(dest="rebalance_command", required=True)
     rp = rsub.add_parser("plan", help="print a dry-run plan (moves, or ranks on a scale-down) without acting")
-    rp.add_argument("--state", required=True,
-                    help="Kubernetes manifests (YAML or JSON): the nodes, and the pods with their nodeName")
-    rp.add_argument("--config", help="a DeschedulerConfiguration-like YAML (default: FragmentationAware, global mode)")
+    source = rp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--state", help="Kubernetes manifests (YAML or JSON): the nodes, and the pods with their nodeName")
+    source.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT: read nodes, pods and bindings from the topics")
+    rp.add_argument("--rebalancer", dest="rebalancer_config",
+                    help="a DeschedulerConfiguration-like YAML (default: FragmentationAware, global mode)")
+    rp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker), with --bootstrap")
     rp.add_argument("--profiles", help="the scheduler profiles YAML that destinations are simulated with")
     rp.add_argument("--scale-down", action="append", default=[], metavar="NAMESPACE/NAME=N",
                     help="also rank the pods of this workload (its controller's name, or KIND/NAME) to lose N replicas")

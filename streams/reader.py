@@ -8,12 +8,15 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TextIO
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from schemas import topics
 from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
+from schemas.records import Binding, Node, NodeDeleted, Pod, PodDeleted
 from streams.settings import Settings
 
 
@@ -82,6 +85,35 @@ async def read_to_end(bootstrap: str, names: list[str], partitions: int,
     finally:
         await consumer.stop()
     return count, time.perf_counter() - started
+
+
+async def read_cluster(bootstrap: str, partitions: int) -> tuple[list[Node], list[Pod]]:
+    """The cluster as the topics hold it now (`koordstream rebalance plan --bootstrap`): every
+    node (its latest record, deletions applied) and every pod that a Binding placed and no
+    PodDeleted removed, with `node_name` set to its binding's node. Reads `nodes`, `pods` and
+    `bindings` whole (O(their history): a dry-run tool's price); records that do not decode
+    are skipped (they went to the dead-letter topic when they were produced)."""
+    nodes: dict[str, Node] = {}
+    pods: dict[str, Pod] = {}
+    bound: dict[str, str] = {}
+    deleted: set[str] = set()
+
+    def seen(m: Any) -> None:
+        for r in decode_message(m.value):
+            if isinstance(r, Node):
+                nodes[r.name] = r
+            elif isinstance(r, NodeDeleted):
+                nodes.pop(r.name, None)
+            elif isinstance(r, Pod):
+                pods[r.uid] = r
+            elif isinstance(r, PodDeleted):
+                deleted.add(r.uid)
+            elif isinstance(r, Binding):
+                bound[r.uid] = r.node
+
+    await read_to_end(bootstrap, [topics.NODES, topics.PODS, topics.BINDINGS], partitions, seen)
+    placed = [replace(p, node_name=bound[uid]) for uid, p in pods.items() if uid in bound and uid not in deleted]
+    return list(nodes.values()), placed
 
 
 def run_read(settings: Settings, topic: str, from_beginning: bool, limit: int | None, idle_s: float) -> int:

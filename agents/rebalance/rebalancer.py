@@ -96,13 +96,17 @@ def resolve_workload(view: ClusterView, namespace: str, name: str) -> str:
     return found[0]
 
 
-def dry_run(manifests: str, *, config: RebalancerConfig | None = None, scheduler: SchedulerConfig | None = None,
-            scale_downs: Sequence[ScaleDownEvent] = (), now: float) -> tuple[list[str], dict[str, object]]:
-    """`koordstream rebalance plan`: one cycle and the given scale-downs over Kubernetes
-    manifests (nodes, and pods with `nodeName`), as lines to print and as JSON."""
-    records = load_manifests(manifests)
-    nodes = [r for r in records if isinstance(r, Node)]
-    pods = [r for r in records if isinstance(r, Pod) and r.node_name]
+def from_manifests(text: str) -> tuple[list[Node], list[Pod]]:
+    """Nodes, and the pods bound to them (`nodeName` set), from Kubernetes manifests."""
+    records = load_manifests(text)
+    return [r for r in records if isinstance(r, Node)], [r for r in records if isinstance(r, Pod) and r.node_name]
+
+
+def dry_run(nodes: Sequence[Node], pods: Sequence[Pod], *, config: RebalancerConfig | None = None,
+            scheduler: SchedulerConfig | None = None, scale_downs: Sequence[ScaleDownEvent] = (),
+            now: float) -> tuple[list[str], dict[str, object]]:
+    """`koordstream rebalance plan`: one cycle and the given scale-downs over the nodes and
+    their bound pods, as lines to print and as JSON."""
     rebalancer = Rebalancer(config, scheduler)
     lines: list[str] = []
     out: dict[str, object] = {"nodes": len(nodes), "pods": len(pods), "profiles": {}}

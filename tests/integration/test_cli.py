@@ -76,3 +76,34 @@ def test_bad_settings_are_refused_naming_the_field() -> None:
     done = subprocess.run([sys.executable, "-m", "cli.main", "topics"], capture_output=True, text=True,
                           env={"KOORDSTREAM_KAFKA_PARTITIONS": "lots", "PATH": ""}, timeout=60)
     assert done.returncode == 2 and "kafka.partitions" in done.stdout
+
+
+async def test_rebalance_plan_reads_the_cluster_from_the_topics(harness: Harness, run_id: str, tmp_path: Path) -> None:
+    """`koordstream rebalance plan --bootstrap`: nodes, and the pods Bindings placed (not the
+    deleted one), planned over as they are; a scale-down ranks the workload's pods."""
+    from dataclasses import replace
+
+    from schemas.records import OwnerReference, PodDeleted
+    from streams.reader import read_cluster
+    from tests.builders import make_node
+
+    node = make_node(f"rb-{run_id}", cpu=8000, labels={"rb": run_id})
+    owner = (OwnerReference(kind="ReplicaSet", name=f"rb-{run_id}", uid=f"rs-{run_id}", controller=True),)
+    pods = [replace(make_pod(f"rb-{run_id}-{i}", cpu=1000), owner_references=owner, node_selector={"rb": run_id})
+            for i in range(3)]
+    await harness.publish(topics.NODES, [node])
+    await harness.wait_for(NodeStateChange, lambda c: c.node == node.name)
+    await harness.publish(topics.PODS, pods)
+    await harness.wait_for(Binding, lambda b: b.uid.startswith(f"rb-{run_id}-"), count=3)
+    await harness.publish(topics.PODS, [PodDeleted(uid=pods[0].uid, name=pods[0].name)])
+    nodes, bound = await read_cluster(harness.bootstrap, 4)
+    ours = {p.uid: p.node_name for p in bound if p.uid.startswith(f"rb-{run_id}-")}
+    assert node.name in {n.name for n in nodes}
+    assert ours == {pods[1].uid: node.name, pods[2].uid: node.name}
+    out = tmp_path / "plan.json"
+    done = koordstream("rebalance", "plan", "--bootstrap", harness.bootstrap, "--now", "2e9", "--json", str(out),
+                       "--scale-down", f"default/ReplicaSet/rb-{run_id}=1")
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "FragmentationAware (global)" in done.stdout
+    [down] = json.loads(out.read_text())["profiles"]["default"]["scale_downs"]
+    assert down["victims"] in ([pods[1].uid], [pods[2].uid]) and set(down["costs"]) == set(ours)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from agents.rebalance import config
-from agents.rebalance.rebalancer import Rebalancer, dry_run
+from agents.rebalance.rebalancer import Rebalancer, dry_run, from_manifests
 from agents.scheduler.plugins.args import ArgsError
 from cli.main import main
 from schemas.records import ScaleDownEvent
@@ -96,7 +96,7 @@ def test_profiles_in_turn_do_not_plan_a_pod_twice() -> None:
 
 
 def test_dry_run_over_manifests() -> None:
-    lines, result = dry_run((DATA / "lopsided.yaml").read_text(), now=NOW * 1e6,
+    lines, result = dry_run(*from_manifests((DATA / "lopsided.yaml").read_text()), now=NOW * 1e6,
                             scale_downs=[ScaleDownEvent(workload="ReplicaSet/cpu", namespace="default", replicas=2)])
     moves = result["profiles"]["default"]["moves"]  # type: ignore[index]
     assert moves["after"]["std_sum"] < moves["before"]["std_sum"] and moves["moves"]
@@ -109,11 +109,11 @@ def test_the_command_prints_and_writes_the_plan(tmp_path: Path, capsys: pytest.C
     out = tmp_path / "plan.json"
     cfg = tmp_path / "rebalancer.yaml"
     cfg.write_text(FULL)
-    assert main(["rebalance", "plan", "--state", str(DATA / "lopsided.yaml"), "--config", str(cfg),
+    assert main(["rebalance", "plan", "--state", str(DATA / "lopsided.yaml"), "--rebalancer", str(cfg),
                  "--now", "2e9", "--json", str(out)]) == 0
     assert "FragmentationAware (koordinator)" in capsys.readouterr().out
     assert json.loads(out.read_text())["profiles"]["main"]["moves"]["mode"] == "koordinator"
     assert main(["rebalance", "plan", "--state", str(DATA / "lopsided.yaml"), "--scale-down", "default/nope=2"]) == 2
     assert main(["rebalance", "plan", "--state", str(DATA / "lopsided.yaml"), "--scale-down", "cpu=two"]) == 2
     cfg.write_text("profiles: [{name: a, pluginConfig: [{name: Foo}]}]")
-    assert main(["rebalance", "plan", "--state", str(DATA / "lopsided.yaml"), "--config", str(cfg)]) == 2
+    assert main(["rebalance", "plan", "--state", str(DATA / "lopsided.yaml"), "--rebalancer", str(cfg)]) == 2
