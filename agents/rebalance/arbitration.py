@@ -4,8 +4,10 @@ MigrationController arbitration, with its names and defaults), and the eviction 
 - `maxMigratingPerNode` (default 2), `maxMigratingPerNamespace`, `maxMigratingGlobally`:
   migrations in flight (counted at the source node, and its namespace).
 - `maxMigratingPerWorkload` and `maxUnavailablePerWorkload` (an integer or a percentage of
-  the workload's replicas, rounded down, at least 1): by default 10% when replicas > 10, 2 for
-  4-10 replicas, else 1; a workload of one replica is never moved.
+  the workload's replicas, rounded down): by default 10% when replicas > 10 (at least 1), 2
+  for 4-10 replicas, else 1; a workload of one replica is never moved, nor one whose limit
+  would let every replica go at once. Pods of the workload that are not healthy now count as
+  unavailable already (Koordinator's `mergeUnavailableAndMigratingPods`).
 - PodDisruptionBudgets (`Budget`): a disruption that would leave fewer healthy pods than
   the budget allows is refused, as the Eviction API answers 429.
 
@@ -18,11 +20,13 @@ plan (so a plan never breaks a limit), and the actuator asks again before each e
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.rebalance.args import integer
 from agents.rebalance.evictor import workload_of
 from agents.rebalance.selectors import LabelSelector
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
@@ -38,18 +42,20 @@ NO_WORKLOAD = "no workload"
 PDB = "PodDisruptionBudget"
 
 
+_PERCENT = re.compile(r"[0-9]{1,3}%")
+
+
+def percent(value: str, path: str) -> int:
+    """An IntOrString percentage, as Kubernetes writes it ("10%": whole percents, 0..100)."""
+    if not _PERCENT.fullmatch(value) or int(value[:-1]) > 100:
+        raise ArgsError(path, value, "must be an integer or a whole percentage from \"0%\" to \"100%\"")
+    return int(value[:-1])
+
+
 def scaled(value: int | str, replicas: int, path: str = "") -> int:
-    """An IntOrString limit for `replicas`: an integer as is, "N%" rounded down (at least 1)."""
+    """An IntOrString limit for `replicas`: an integer as is, "N%" of them rounded down."""
     if isinstance(value, str):
-        if not value.endswith("%"):
-            raise ArgsError(path, value, "must be an integer or a percentage such as \"10%\"")
-        try:
-            pct = float(value[:-1])
-        except ValueError:
-            raise ArgsError(path, value, "must be an integer or a percentage such as \"10%\"") from None
-        if not math.isfinite(pct) or not 0 <= pct <= 100:
-            raise ArgsError(path, value, "a percentage must be within 0%..100%")
-        return max(1, math.floor(replicas * pct / 100))
+        return replicas * percent(value, path) // 100
     return value
 
 
@@ -64,11 +70,9 @@ def _int_or_percent(raw: Mapping[str, Any], name: str, path: str) -> int | str |
     if value is None:
         return None
     if isinstance(value, str):
-        scaled(value, 100, f"{path}{name}")
+        percent(value, f"{path}{name}")
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ArgsError(f"{path}{name}", value, "must be an integer >= 1 or a percentage")
-    return value
+    return integer(raw, name, path, None, 1)
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,7 @@ class ArbitrationArgs:
         for name, attr in ((PER_NODE, "max_migrating_per_node"), (PER_NAMESPACE, "max_migrating_per_namespace"),
                            (GLOBALLY, "max_migrating_globally")):
             if name in raw:
-                value = raw[name]
-                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                    raise ArgsError(f"{path}{name}", value, "must be an integer >= 1 (or null: no limit)")
-                kw[attr] = value
+                kw[attr] = integer(raw, name, path, None, 1)
         kw["max_migrating_per_workload"] = _int_or_percent(raw, PER_WORKLOAD, path)
         kw["max_unavailable_per_workload"] = _int_or_percent(raw, UNAVAILABLE, path)
         if "evictionQPS" in raw:
@@ -100,17 +101,14 @@ class ArbitrationArgs:
             if isinstance(qps, bool) or not isinstance(qps, int | float) or not math.isfinite(qps) or qps <= 0:
                 raise ArgsError(f"{path}evictionQPS", qps, "must be a positive finite number")
             kw["eviction_qps"] = float(qps)
-        if "evictionBurst" in raw:
-            burst = raw["evictionBurst"]
-            if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-                raise ArgsError(f"{path}evictionBurst", burst, "must be an integer >= 1")
-            kw["eviction_burst"] = burst
+        kw["eviction_burst"] = integer(raw, "evictionBurst", path, 1, 1)
         return cls(**kw)
 
     def max_unavailable(self, replicas: int) -> int:
         if self.max_unavailable_per_workload is None:
             return default_max_unavailable(replicas)
         return scaled(self.max_unavailable_per_workload, replicas)
+
 
     def max_migrating(self, replicas: int) -> int:
         if self.max_migrating_per_workload is None:
@@ -146,7 +144,7 @@ class Budget:
 
 def _rounded_up(value: int | str, total: int) -> int:
     if isinstance(value, str):
-        return math.ceil(total * float(value.rstrip("%")) / 100)
+        return math.ceil(total * percent(value, "") / 100)
     return value
 
 
@@ -165,17 +163,20 @@ class Arbitrator:
     by_workload: Counter[str] = field(default_factory=Counter)
     by_budget: Counter[str] = field(default_factory=Counter)
     total: int = 0
+    unavailable: dict[str, int] = field(default_factory=dict)  # workload -> pods not healthy now
 
     @classmethod
     def over(cls, args: ArbitrationArgs, pods: Iterable[Pod], budgets: Iterable[Budget] = (),
              healthy: Callable[[Pod], bool] = lambda p: p.phase == "Running") -> Arbitrator:
-        """An arbitrator over the running pods (replicas: each workload's pods)."""
+        """An arbitrator over the pods (replicas: each workload's pods; those not `healthy`
+        count as unavailable already, as Koordinator counts them)."""
         pods = list(pods)
         replicas: Counter[str] = Counter(w for w in map(workload_of, pods) if w)
+        down: Counter[str] = Counter(w for p in pods if not healthy(p) and (w := workload_of(p)))
         budgets = tuple(budgets)
         expected = {f"{b.namespace}/{b.name}": sum(1 for p in pods if b.covers(p)) for b in budgets}
         up = {f"{b.namespace}/{b.name}": sum(1 for p in pods if b.covers(p) and healthy(p)) for b in budgets}
-        return cls(args, dict(replicas), budgets, up, expected)
+        return cls(args, dict(replicas), budgets, up, expected, unavailable=dict(down))
 
     def refusal(self, pod: Pod, node: str) -> str:
         """Why moving `pod` off `node` may not start now ("" if it may)."""
@@ -192,9 +193,12 @@ class Arbitrator:
             return PER_NAMESPACE
         if a.max_migrating_globally is not None and self.total >= a.max_migrating_globally:
             return GLOBALLY
+        limit = a.max_unavailable(replicas)
+        if limit >= replicas:
+            return UNAVAILABLE  # a limit that lets every replica go at once protects nothing: refused
         if self.by_workload[workload] >= a.max_migrating(replicas):
             return PER_WORKLOAD
-        if self.by_workload[workload] >= a.max_unavailable(replicas):
+        if self.by_workload[workload] + self.unavailable.get(workload, 0) >= limit:
             return UNAVAILABLE
         for b in self.budgets:
             key = f"{b.namespace}/{b.name}"

@@ -4,6 +4,7 @@ each refused with an `ArgsError` that names the field and the value."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,9 +12,28 @@ from agents.scheduler.plugins.args import ArgsError
 from schemas.quantity import parse_duration
 
 DEFAULT_OBJECTIVE = ("cpu", "memory")
+INT32_MAX = 2**31 - 1
+LONGEST_S = 30 * 86400.0  # a duration past this is a typo, not a setting
+_RESOURCE_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
-def duration_s(raw: Any, path: str) -> float:
+def absent(value: Any, default: Any) -> Any:
+    """`value`, or `default` when the field is left out (None): a present value of the wrong
+    type (`[]` for a mapping, `false` for a list) is the caller's to refuse, never a default."""
+    return default if value is None else value
+
+
+def integer(raw: Mapping[str, Any], name: str, path: str, default: int | None, low: int, high: int = INT32_MAX) -> int | None:
+    """An integer field within [low, high] (Kubernetes' int32 by default), or `default`."""
+    value = raw.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ArgsError(f"{path}{name}", value, f"must be an integer from {low} to {high}")
+    return value
+
+
+def duration_s(raw: Any, path: str, longest: float = LONGEST_S) -> float:
     """Seconds from a number or a Go duration ("90s", "5m", "1h30m")."""
     if isinstance(raw, bool):
         raise ArgsError(path, raw, "must be a duration (\"5m\") or seconds")
@@ -26,8 +46,8 @@ def duration_s(raw: Any, path: str) -> float:
             value = math.nan
         if math.isnan(value):
             raise ArgsError(path, raw, "must be a duration (\"5m\", \"1h30m\") or seconds")
-    if not math.isfinite(value) or value < 0:
-        raise ArgsError(path, raw, "must be a finite duration >= 0")
+    if not math.isfinite(value) or not 0 <= value <= longest:
+        raise ArgsError(path, raw, f"must be a duration from 0 to {longest / 86400:g} days")
     return value
 
 
@@ -48,7 +68,9 @@ def flag(raw: Mapping[str, Any], name: str, default: bool, path: str) -> bool:
 def resources_from(raw: Any, path: str, default: tuple[str, ...] = DEFAULT_OBJECTIVE) -> tuple[str, ...]:
     if raw is None:
         return default
-    if (not isinstance(raw, list) or not raw or not all(isinstance(r, str) and r for r in raw)
-            or len(set(raw)) != len(raw)):
+    if not isinstance(raw, list) or not raw or len(set(map(str, raw))) != len(raw):
         raise ArgsError(path, raw, "must be a non-empty list of distinct resource names")
+    for i, name in enumerate(raw):
+        if not isinstance(name, str) or not _RESOURCE_NAME.fullmatch(name):
+            raise ArgsError(f"{path}[{i}]", name, "not a resource name (such as cpu, memory, nvidia.com/gpu)")
     return tuple(raw)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agents.rebalance.args import DEFAULT_OBJECTIVE, flag, resources_from
+from agents.rebalance.args import DEFAULT_OBJECTIVE, absent, flag, integer, resources_from
 from agents.rebalance.evictor import EvictorArgs, controller_of
 from agents.rebalance.objective import stranded_pct, typical_requests
 from agents.rebalance.selectors import LabelSelector, Namespaces, PodSelectors
@@ -66,15 +66,16 @@ class BinPackArgs:
         strategy = raw.get("strategy", "CalculateOnly")
         if strategy not in STRATEGIES:
             raise ArgsError(f"{path}strategy", strategy, f"must be one of {', '.join(STRATEGIES)}")
-        limit = raw.get("maxPodsToEvict", 0)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ArgsError(f"{path}maxPodsToEvict", limit, "must be an integer > 0")
+        limit = integer(raw, "maxPodsToEvict", path, 0, 1) or 0
         if strategy == "EvictDirectly" and limit < 1:
             raise ArgsError(f"{path}maxPodsToEvict", raw.get("maxPodsToEvict"), "EvictDirectly needs maxPodsToEvict > 0")
-        weights = raw.get("resourceWeights") or {}
+        weights = absent(raw.get("resourceWeights"), {})
         if not isinstance(weights, Mapping):
             raise ArgsError(f"{path}resourceWeights", weights, "must map resource names to positive numbers")
+        resources = resources_from(raw.get("resources"), f"{path}resources")
         for name, w in weights.items():
+            if name not in resources:
+                raise ArgsError(f"{path}resourceWeights.{name}", w, f"not one of resources ({', '.join(resources)})")
             if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w <= 0:
                 raise ArgsError(f"{path}resourceWeights.{name}", w, "must be a positive finite number")
         ranker = raw.get("ranker", "koordstream")
@@ -83,7 +84,7 @@ class BinPackArgs:
         selector = raw.get("nodeSelector")
         return cls(
             strategy=strategy, max_pods_to_evict=limit,
-            resources=resources_from(raw.get("resources"), f"{path}resources"),
+            resources=resources,
             resource_weights={str(k): float(v) for k, v in weights.items()},
             node_selector=None if selector is None else LabelSelector.from_mapping(selector, f"{path}nodeSelector"),
             pod_selectors=PodSelectors.from_list(raw.get("podSelectors"), f"{path}podSelectors"),
@@ -122,6 +123,8 @@ def empty_nodes(view: ClusterView, gone: set[int] | None = None) -> npt.NDArray[
 def plan_scale_down(view: ClusterView, workload: str, remove: int, args: BinPackArgs, *, now: float,
                     evictor: EvictorArgs | None = None, ranker: str | None = None) -> ScaleDownPlan:
     """Rank `workload`'s pods and pick `remove` victims (the ranker: `args.ranker` unless given)."""
+    if remove < 1:
+        raise ValueError(f"replicas={remove}: a scale-down removes at least one pod")
     ranker = ranker or args.ranker
     evictor = evictor or EvictorArgs()
     members = view.workloads.get(workload, [])

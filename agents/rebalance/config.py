@@ -36,7 +36,7 @@ import yaml
 
 from agents.rebalance import binpack, fragmentation
 from agents.rebalance.arbitration import ArbitrationArgs
-from agents.rebalance.args import duration_s
+from agents.rebalance.args import absent, duration_s, integer
 from agents.rebalance.binpack import BinPackArgs
 from agents.rebalance.evictor import EvictorArgs
 from agents.rebalance.fragmentation import FragmentationArgs
@@ -74,10 +74,7 @@ def load(text: str) -> RebalancerConfig:
 
 
 def _limit(raw: Mapping[str, Any], name: str) -> int | None:
-    value = raw.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ArgsError(name, value, "must be an integer >= 1 (or absent: no limit)")
-    return value
+    return integer(raw, name, "", None, 1)
 
 
 def _tighter(a: int | None, b: int | None) -> int | None:
@@ -118,9 +115,9 @@ def _profile(raw: Any, path: str) -> RebalanceProfile:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise ArgsError(f"{path}name", name, "must be a non-empty string")
-    enabled = _enabled(raw.get("plugins") or {}, f"{path}plugins")
+    enabled = _enabled(absent(raw.get("plugins"), {}), f"{path}plugins")
     args: dict[str, Mapping[str, Any]] = {}
-    config = raw.get("pluginConfig") or []
+    config = absent(raw.get("pluginConfig"), [])
     if not isinstance(config, list):
         raise ArgsError(f"{path}pluginConfig", config, "must be a list of {name, args}")
     for i, item in enumerate(config):
@@ -133,7 +130,7 @@ def _profile(raw: Any, path: str) -> RebalanceProfile:
             raise ArgsError(f"{where}.name", plugin, f"unknown plugin (known: {', '.join(BALANCE_PLUGINS + ALWAYS_ON)})")
         if plugin in args:
             raise ArgsError(f"{where}.name", plugin, "configured twice")
-        body = item.get("args") or {}
+        body = absent(item.get("args"), {})
         if not isinstance(body, Mapping):
             raise ArgsError(f"{where}.args", body, "must be a mapping")
         args[plugin] = body
@@ -154,13 +151,13 @@ def _enabled(raw: Any, path: str) -> set[str]:
     if not isinstance(raw, Mapping):
         raise ArgsError(path, raw, "must be {balance: {enabled: [...]}}")
     reject_unknown(raw, {"balance"}, f"{path}.")
-    balance = raw.get("balance") or {}
+    balance = absent(raw.get("balance"), {})
     if not isinstance(balance, Mapping):
         raise ArgsError(f"{path}.balance", balance, "must be {enabled: [...], disabled: [...]}")
     reject_unknown(balance, {"enabled", "disabled"}, f"{path}.balance.")
     out: set[str] = set()
     for key in ("enabled", "disabled"):
-        items = balance.get(key) or []
+        items = absent(balance.get(key), [])
         if not isinstance(items, list):
             raise ArgsError(f"{path}.balance.{key}", items, "must be a list of plugin names")
         for j, item in enumerate(items):

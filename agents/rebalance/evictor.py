@@ -2,12 +2,14 @@
 with its arg names, plus Koordinator's QoS classes.
 
 Never moved unless the args say otherwise: mirror (static) pods, pods already terminating,
-DaemonSet pods (`evictDaemonSetPods`), bare pods without a controller (`evictFailedBarePods`
+DaemonSet pods (any DaemonSet owner reference; `evictDaemonSetPods`), bare pods without a controller (`evictFailedBarePods`
 lets failed ones go), system-critical pods (priority >= 2,000,000,000 or the
 system-*-critical classes; `evictSystemCriticalPods`), pods with local storage (emptyDir or
 hostPath volumes; `evictLocalStoragePods`), pods with a PersistentVolumeClaim when
 `ignorePvcPods`, pods at or above `priorityThreshold`, pods younger than `minPodAge`, and
-pods of the `protectedQoSClasses` (SYSTEM and LSE by default). `refusal` returns the reason
+pods of the `protectedQoSClasses` (SYSTEM and LSE by default; the class read as the
+scheduler reads it, the `koordinator.sh/qosClass` label first; a label that is not a class
+protects the pod). `refusal` returns the reason
 (a constant below), or "" for a pod that may go.
 """
 
@@ -17,9 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agents.rebalance.args import duration_s
+from agents.rebalance.args import INT32_MAX, duration_s, integer
+from agents.scheduler import koordinator
+from agents.scheduler.koordinator import KoordinatorError
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
-from schemas.records import QOS_LABEL, Pod
+from schemas.records import Pod
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 CRITICAL_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
@@ -37,6 +41,7 @@ PVC = "PersistentVolumeClaim"
 PRIORITY = "priority at or above priorityThreshold"
 YOUNG = "younger than minPodAge"
 QOS = "protected QoS class"
+BAD_QOS = "QoS class label not valid"
 
 def controller_of(pod: Pod) -> tuple[str, str, str] | None:
     """(kind, name, uid) of the pod's controller owner reference, if any (the first owner when
@@ -80,10 +85,9 @@ class EvictorArgs:
                 kw[attr] = raw[name]
         if "priorityThreshold" in raw:
             pt = raw["priorityThreshold"]
-            value = pt.get("value") if isinstance(pt, Mapping) else None
-            if not isinstance(pt, Mapping) or set(pt) - {"value"} or isinstance(value, bool) or not isinstance(value, int):
+            if not isinstance(pt, Mapping) or set(pt) != {"value"}:
                 raise ArgsError(f"{path}priorityThreshold", pt, "must be {value: <integer priority>}")
-            kw["priority_threshold"] = value
+            kw["priority_threshold"] = integer(pt, "value", f"{path}priorityThreshold.", None, -INT32_MAX - 1)
         if "minPodAge" in raw:
             kw["min_pod_age_s"] = duration_s(raw["minPodAge"], f"{path}minPodAge")
         if "protectedQoSClasses" in raw:
@@ -102,14 +106,18 @@ class EvictorArgs:
         owner = controller_of(pod)
         if owner is None and not (self.evict_failed_bare_pods and pod.phase == "Failed"):
             return BARE
-        if owner is not None and owner[0] == "DaemonSet" and not self.evict_daemon_set_pods:
+        if not self.evict_daemon_set_pods and any(ref.kind == "DaemonSet" for ref in pod.owner_references):
             return DAEMONSET
         if not self.evict_system_critical_pods and (pod.priority >= SYSTEM_CRITICAL_PRIORITY
                                                     or pod.priority_class_name in CRITICAL_CLASSES):
             return CRITICAL
         if self.priority_threshold is not None and pod.priority >= self.priority_threshold:
             return PRIORITY
-        if (pod.qos_class or pod.labels.get(QOS_LABEL, "")) in self.protected_qos_classes:
+        try:
+            qos = koordinator.qos_class(pod)  # the label first, as the scheduler reads it
+        except KoordinatorError:
+            return BAD_QOS
+        if qos in self.protected_qos_classes:
             return QOS
         if not self.evict_local_storage_pods and LOCAL_STORAGE.intersection(pod.volume_kinds):
             return LOCAL

@@ -26,19 +26,27 @@ arbitration refuses (`Arbitrator`); each skipped pod is counted by reason in the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from agents.rebalance import arbitration
 from agents.rebalance.arbitration import Arbitrator
-from agents.rebalance.args import DEFAULT_OBJECTIVE, duration_s, flag, fraction, resources_from
+from agents.rebalance.args import (
+    DEFAULT_OBJECTIVE,
+    duration_s,
+    flag,
+    fraction,
+    integer,
+    resources_from,
+)
 from agents.rebalance.evictor import EvictorArgs, workload_of
 from agents.rebalance.objective import Objective, measure, typical_requests
 from agents.rebalance.selectors import LabelSelector, Namespaces, PodSelectors
-from agents.rebalance.simulate import Simulator
+from agents.rebalance.simulate import NO_PROFILE, Simulator, unsimulated
 from agents.rebalance.view import ClusterView
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.scheduler.plugins.noderesources.balanced_allocation import balance_std
@@ -54,6 +62,8 @@ YOUNG = "younger than minPodAge"
 RECENT = "moved within moveInterval"
 SMALL_GAIN = "improvement below minImprovementThreshold"
 NO_FIT = "no other node fits (nodeFit)"
+IN_FLIGHT = "a migration of it is in flight or planned"
+NODE_WIDE = frozenset({arbitration.PER_NODE})  # refusals that hold for every pod of the source
 EPSILON = 1e-12  # what float rounding may add to a std that does not change
 
 
@@ -81,9 +91,7 @@ class FragmentationArgs:
         mode = raw.get("mode", GLOBAL)
         if mode not in MODES:
             raise ArgsError(f"{path}mode", mode, f"must be one of {', '.join(MODES)}")
-        moves = raw.get("maxMovesPerCycle", 0)
-        if isinstance(moves, bool) or not isinstance(moves, int) or moves < 0:
-            raise ArgsError(f"{path}maxMovesPerCycle", moves, "must be an integer >= 0 (0: no limit of its own)")
+        moves = integer(raw, "maxMovesPerCycle", path, 0, 0) or 0
         selector = raw.get("nodeSelector")
         return cls(
             mode=mode,
@@ -165,8 +173,11 @@ def _sources(work: _Work) -> list[int]:
     return sorted(rows, key=lambda r: (-work.std[r], r))
 
 
-def _refusal(pod: Pod, args: FragmentationArgs, evictor: EvictorArgs, now: float, moved_at: Mapping[str, float]) -> str:
-    why = evictor.refusal(pod, now)
+def _refusal(pod: Pod, args: FragmentationArgs, evictor: EvictorArgs, now: float, moved_at: Mapping[str, float],
+             busy: Collection[str]) -> str:
+    if pod.uid in busy:
+        return IN_FLIGHT
+    why = evictor.refusal(pod, now) or unsimulated(pod)
     if why:
         return why
     if not args.evictable_namespaces.allows(pod.namespace):
@@ -182,9 +193,11 @@ def _refusal(pod: Pod, args: FragmentationArgs, evictor: EvictorArgs, now: float
 
 
 def plan_moves(view: ClusterView, args: FragmentationArgs, simulator: Simulator, arbitrator: Arbitrator, *,
-               now: float, evictor: EvictorArgs | None = None, moved_at: Mapping[str, float] | None = None) -> MovePlan:
+               now: float, evictor: EvictorArgs | None = None, moved_at: Mapping[str, float] | None = None,
+               busy: Collection[str] = ()) -> MovePlan:
     """One cycle's moves by `args.mode`. `arbitrator` counts what is in flight; every planned
-    move is admitted into it."""
+    move is admitted into it. `busy`: pods whose migration is in flight (their arrivals are
+    the simulator's to know: `Simulator.place`)."""
     columns = view.columns(args.resources)
     typical = typical_requests(view.vectors, columns)
     before = measure(view, columns, typical=typical)
@@ -192,7 +205,7 @@ def plan_moves(view: ClusterView, args: FragmentationArgs, simulator: Simulator,
     if args.paused:
         return MovePlan(args.mode, (), before, before, {"paused": 1})
     planner = _plan_global if args.mode == GLOBAL else _plan_koordinator
-    moves = planner(work, simulator, arbitrator, now, evictor or EvictorArgs(), moved_at or {})
+    moves = planner(work, simulator, arbitrator, now, evictor or EvictorArgs(), moved_at or {}, busy)
     after = measure(view, columns, work.requested, typical)
     return MovePlan(args.mode, tuple(moves), before, after, dict(work.skipped), simulator.evaluations)
 
@@ -208,7 +221,7 @@ def _best_row(total: npt.NDArray[np.int64] | None, feasible: npt.NDArray[np.bool
 
 
 def _plan_koordinator(work: _Work, sim: Simulator, arb: Arbitrator, now: float, evictor: EvictorArgs,
-                      moved_at: Mapping[str, float]) -> list[Move]:
+                      moved_at: Mapping[str, float], busy: Collection[str]) -> list[Move]:
     view, args = work.view, work.args
     moves: list[Move] = []
     for row in _sources(work):
@@ -216,7 +229,8 @@ def _plan_koordinator(work: _Work, sim: Simulator, arb: Arbitrator, now: float, 
             break
         candidates = []
         for i in view.pods_on(row):
-            why = _refusal(view.pods[i], args, evictor, now, moved_at)
+            why = _refusal(view.pods[i], args, evictor, now, moved_at, busy) or (
+                "" if sim.schedules(view.pods[i]) else NO_PROFILE)
             if why:
                 work.skipped[why] += 1
             else:
@@ -254,7 +268,7 @@ def _commit(work: _Work, sim: Simulator, arb: Arbitrator, i: int, source: int, d
     work.move(i, source, destination)
     after = work.std[rows]
     if destination >= 0:
-        sim.place(pod, destination)
+        sim.place(pod, destination, feasibility_only=work.args.mode == GLOBAL)
     arb.admit(pod, view.nodes[source].name)
     dest_std = (float(before[1]), float(after[1])) if destination >= 0 else (0.0, 0.0)
     return Move(pod.uid, pod.namespace, pod.name, workload_of(pod), view.nodes[source].name,
@@ -263,7 +277,7 @@ def _commit(work: _Work, sim: Simulator, arb: Arbitrator, i: int, source: int, d
 
 
 def _plan_global(work: _Work, sim: Simulator, arb: Arbitrator, now: float, evictor: EvictorArgs,
-                 moved_at: Mapping[str, float]) -> list[Move]:
+                 moved_at: Mapping[str, float], busy: Collection[str]) -> list[Move]:
     view, args = work.view, work.args
     # Candidates by equivalence class, then by source node: within a class every pod has the
     # same request, so a move's gain depends only on its source and destination.
@@ -271,11 +285,12 @@ def _plan_global(work: _Work, sim: Simulator, arb: Arbitrator, now: float, evict
     for row in _sources(work):
         for i in view.pods_on(row):
             pod = view.pods[i]
-            why = _refusal(pod, args, evictor, now, moved_at)
-            if why:
-                work.skipped[why] += 1
+            why = _refusal(pod, args, evictor, now, moved_at, busy)
+            key = None if why else sim.key(pod)
+            if why or key is None:
+                work.skipped[why or NO_PROFILE] += 1
             else:
-                groups.setdefault(sim.key(pod), {}).setdefault(row, []).append(int(i))
+                groups.setdefault(key, {}).setdefault(row, []).append(int(i))
     moves: list[Move] = []
     c, allocatable = work.columns, view.allocatable[:, work.columns]
     while groups and not (args.max_moves_per_cycle and len(moves) >= args.max_moves_per_cycle):
@@ -306,11 +321,18 @@ def _plan_global(work: _Work, sim: Simulator, arb: Arbitrator, now: float, evict
         while members and chosen < 0:
             i = members.pop(0)
             why = arb.refusal(view.pods[i], view.nodes[s].name)
+            if why in NODE_WIDE:  # no pod leaves this node any more this cycle, whatever its class
+                members.append(i)
+                for other in list(groups):
+                    work.skipped[why] += len(groups[other].pop(s, ()))
+                    if not groups[other]:
+                        del groups[other]
+                break
             if why:
                 work.skipped[why] += 1
             else:
                 chosen = i
-        if not members:
+        if key in groups and s in groups[key] and not groups[key][s]:
             del groups[key][s]
             if not groups[key]:
                 del groups[key]

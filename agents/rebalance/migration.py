@@ -12,7 +12,8 @@
    actuator sends the EvictionCommand when arbitration and the rate limit allow, `evicted`
    records it). Available on the source, or Failed (expired, node lost): Aborted.
    Succeeded (an allocate-once reservation consumed) after the eviction: the replacement is
-   bound into it, the job Succeeded.
+   bound into it, the job Succeeded; before the eviction (another pod of the workload took
+   it): Aborted, nothing evicted.
 3. `on_unschedulable`: the reservation fits nowhere (its final feedback): Aborted.
 4. `on_pod_gone`: the source pod went before the eviction: Aborted, its reservation deleted.
    After the eviction it is what the job waited for.
@@ -58,6 +59,7 @@ SOURCE_GONE = "source pod gone"
 EVICTION_REFUSED = "eviction refused (PodDisruptionBudget); retrying"
 NO_CONTROLLER = "no controller to recreate the pod"
 DONE = "replacement bound into the reservation"
+CONSUMED_EARLY = "reservation consumed before the eviction"
 EVICTED = "evicted"
 
 Step = tuple[MigrationJob, list[Output]]
@@ -122,7 +124,9 @@ def on_reservation(job: MigrationJob, event: ReservationEvent, now: float) -> St
     if event.phase == reservations.SUCCEEDED:
         if job.step == REPLACING:
             return _end(job, SUCCEEDED, DONE, now, release=False)
-        return job, []  # consumed before the eviction: the replacement is not ours yet
+        # Consumed before the eviction, by another pod of the workload: evicting now would
+        # leave the source's replacement without the capacity it was promised.
+        return _end(job, ABORTED, CONSUMED_EARLY, now, release=False)
     if event.phase == reservations.FAILED:
         reason = EXPIRED if event.reason == reservations.REASON_EXPIRED else f"{RESERVATION_FAILED}: {event.reason}"
         return _end(job, ABORTED, reason, now, release=False)

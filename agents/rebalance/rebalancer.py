@@ -56,23 +56,25 @@ class Rebalancer:
 
     def cycle(self, nodes: Iterable[Node], pods: Iterable[Pod], *, now: float,
               moved_at: Mapping[str, float] | None = None,
-              in_flight: Sequence[tuple[Pod, str]] = ()) -> list[CyclePlan]:
+              in_flight: Sequence[tuple[Pod, str, str]] = ()) -> list[CyclePlan]:
+        """`in_flight`: migrations running, as (pod, source node, destination node or "")."""
         view = self.view(nodes, pods)
-        moved = dict(moved_at or {})
+        simulator = Simulator(view, self.scheduler)  # one for every profile: arrivals add up
         running = list(in_flight)
+        for pod, _, destination in running:
+            if destination in view.index:
+                simulator.place(pod, view.index[destination])
         out = []
         for profile in self.config.profiles:
             if profile.fragmentation is None:
                 continue
             arbitrator = Arbitrator.over(profile.arbitration, view.pods)
-            for pod, node in running:
-                arbitrator.admit(pod, node)
-            plan = plan_moves(view, profile.fragmentation, Simulator(view, self.scheduler), arbitrator, now=now,
-                              evictor=profile.evictor, moved_at=moved)
+            for pod, source, _ in running:
+                arbitrator.admit(pod, source)
+            plan = plan_moves(view, profile.fragmentation, simulator, arbitrator, now=now, evictor=profile.evictor,
+                              moved_at=moved_at, busy={pod.uid for pod, _, _ in running})
             by_uid = {p.uid: p for p in view.pods}
-            for m in plan.moves:
-                moved[m.uid] = now
-                running.append((by_uid[m.uid], m.source))
+            running += [(by_uid[m.uid], m.source, m.destination) for m in plan.moves]
             out.append(CyclePlan(profile.name, plan))
         return out
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.rebalance.args import absent
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
 from agents.state.reservations import selector_matches
 
@@ -28,10 +29,10 @@ class LabelSelector:
         if not isinstance(raw, Mapping):
             raise ArgsError(path, raw, "must be a label selector {matchLabels, matchExpressions}")
         reject_unknown(raw, {"matchLabels", "matchExpressions"}, f"{path}.")
-        labels = raw.get("matchLabels") or {}
+        labels = absent(raw.get("matchLabels"), {})
         if not isinstance(labels, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
             raise ArgsError(f"{path}.matchLabels", labels, "must map label keys to string values")
-        exprs = raw.get("matchExpressions") or []
+        exprs = absent(raw.get("matchExpressions"), [])
         if not isinstance(exprs, Sequence) or isinstance(exprs, str):
             raise ArgsError(f"{path}.matchExpressions", exprs, "must be a list")
         parsed = []
@@ -40,7 +41,7 @@ class LabelSelector:
             if not isinstance(expr, Mapping):
                 raise ArgsError(where, expr, "must be {key, operator, values}")
             reject_unknown(expr, {"key", "operator", "values"}, f"{where}.")
-            key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+            key, op, values = expr.get("key"), expr.get("operator"), absent(expr.get("values"), [])
             if not isinstance(key, str) or not key:
                 raise ArgsError(f"{where}.key", key, "must be a non-empty string")
             if op not in OPERATORS:
@@ -76,7 +77,7 @@ class Namespaces:
             raise ArgsError(path, raw, "include and exclude cannot both be set")
         sets = {}
         for name in ("include", "exclude"):
-            values = raw.get(name) or []
+            values = absent(raw.get(name), [])
             if not isinstance(values, Sequence) or isinstance(values, str) or not all(isinstance(v, str) and v for v in values):
                 raise ArgsError(f"{path}.{name}", values, "must be a list of namespace names")
             sets[name] = frozenset(values)
@@ -109,7 +110,7 @@ class PodSelectors:
             name = item.get("name", "")
             if not isinstance(name, str):
                 raise ArgsError(f"{where}.name", name, "must be a string")
-            out.append((name, LabelSelector.from_mapping(item.get("selector") or {}, f"{where}.selector")))
+            out.append((name, LabelSelector.from_mapping(absent(item.get("selector"), {}), f"{where}.selector")))
         return cls(tuple(out))
 
     def admits(self, labels: Mapping[str, str]) -> bool:

@@ -1,8 +1,8 @@
 """The cluster as the rebalancer plans over it: nodes and the pods bound to them, as numpy
 arrays in the scheduler's resource space.
 
-`requested` counts every bound pod (non-evictable ones included), as kube-scheduler's
-BalancedAllocation counts a node. The view is plain data: planners copy what they change.
+`requested` counts every bound pod that has not finished (non-evictable ones included), as
+kube-scheduler's BalancedAllocation counts a node; Succeeded and Failed pods are left out. The view is plain data: planners copy what they change.
 It is built from the records the schedulers already read (Node records and bound Pod
 records, `node_name` set); pods on unknown nodes are left out and counted in `unplaced`.
 """
@@ -21,6 +21,8 @@ from agents.state import devices
 from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas.records import Node, Pod
 
+TERMINAL = frozenset({"Succeeded", "Failed"})  # finished pods hold nothing (kube-scheduler counts none)
+
 
 @dataclass
 class ClusterView:
@@ -37,16 +39,34 @@ class ClusterView:
 
     @classmethod
     def build(cls, nodes: Iterable[Node], pods: Iterable[Pod], *, resources: Sequence[str] = ()) -> ClusterView:
-        extra = tuple(r for r in resources if r not in DEFAULT_RESOURCES)
-        space = ResourceSpace(DEFAULT_RESOURCES + extra)
+        """Raises ValueError naming the record and field for what cannot be planned over: two
+        nodes or two pods with one name or uid, a negative request."""
         node_list = list(nodes)
-        index = {n.name: i for i, n in enumerate(node_list)}
+        pod_list = [p for p in pods if p.phase not in TERMINAL]
+        names: dict[str, None] = dict.fromkeys(r for r in resources if r not in DEFAULT_RESOURCES)
+        for n in node_list:
+            names.update(dict.fromkeys(devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma)))
+        seen: set[str] = set()
+        for p in pod_list:
+            if p.uid in seen:
+                raise ValueError(f"pods: uid {p.uid!r} appears twice")
+            seen.add(p.uid)
+            for name, amount in p.requests.items():
+                if amount < 0:
+                    raise ValueError(f"pod {p.namespace}/{p.name}: requests.{name}={amount}: a request cannot be negative")
+            names.update(dict.fromkeys(devices.with_gpu_totals(p.requests)))
+        space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in names if r not in DEFAULT_RESOURCES))
+        index: dict[str, int] = {}
+        for i, n in enumerate(node_list):
+            if n.name in index:
+                raise ValueError(f"nodes: name {n.name!r} appears twice")
+            index[n.name] = i
         width = len(space)
         allocatable = np.zeros((len(node_list), width), dtype=np.int64)
         for i, n in enumerate(node_list):
             allocatable[i] = space.allocatable(devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma))
         placed, rows, unplaced = [], [], 0
-        for p in pods:
+        for p in pod_list:
             row = index.get(p.node_name, -1)
             if row < 0:
                 unplaced += 1

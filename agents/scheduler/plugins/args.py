@@ -23,7 +23,13 @@ class NoArgs:
 
 
 def reject_unknown(raw: Mapping[str, Any], known: Iterable[str], prefix: str = "") -> None:
-    """Raise ArgsError for the first field of `raw` not in `known` (under `prefix`)."""
+    """Raise ArgsError when `raw` is not a mapping with string field names, or for its first
+    field not in `known` (under `prefix`)."""
+    if not isinstance(raw, Mapping):
+        raise ArgsError(prefix.rstrip(".") or "args", raw, "must be a mapping of field names to values")
+    for key in raw:
+        if not isinstance(key, str):
+            raise ArgsError(f"{prefix}{key}", raw[key], "a field name must be a string")
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ArgsError(f"{prefix}{unknown[0]}", raw[unknown[0]], "unknown field")

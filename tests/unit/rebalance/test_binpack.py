@@ -68,6 +68,12 @@ def test_evict_directly_stops_at_its_limit() -> None:
     assert len(p.victims) == 2 and len(p.order) == 8
 
 
+def test_a_scale_down_removes_at_least_one_pod() -> None:
+    node_list, pods = spread()
+    with pytest.raises(ValueError, match="replicas=0"):
+        plan_scale_down(ClusterView.build(node_list, pods), WEB, 0, BinPackArgs(), now=NOW)
+
+
 def test_daemonset_pods_do_not_block_a_drain() -> None:
     node_list, pods = spread()
     daemon = (OwnerReference(kind="DaemonSet", name="agent", uid="ds", controller=True),)
@@ -87,7 +93,7 @@ def workloads(draw: st.DrawFn) -> tuple[list[Any], list[Pod], int]:
         labels = {"koordinator.sh/qosClass": "LSE"} if draw(st.integers(0, 9)) == 0 else {}
         pods.append(replica(f"p{k}", node, workload=workload, cpu=draw(st.sampled_from([500, 1000, 2000])),
                             labels=labels, creation_timestamp=float(draw(st.integers(0, 100)))))
-    return node_list, pods, draw(st.integers(0, 40))
+    return node_list, pods, draw(st.integers(1, 40))
 
 
 @settings(max_examples=200, deadline=None)

@@ -85,7 +85,7 @@ def test_profiles_in_turn_do_not_plan_a_pod_twice() -> None:
     two = config.from_mapping({"profiles": [
         {"name": p, "plugins": {"balance": {"enabled": ["FragmentationAware"]}},
          "pluginConfig": [{"name": "FragmentationAware", "args": {"minPodAge": 0}},
-                          {"name": "MigrationController", "args": {"maxUnavailablePerWorkload": 6,
+                          {"name": "MigrationController", "args": {"maxUnavailablePerWorkload": 5,
                                                                    "maxMigratingPerNode": 6}}]}
         for p in ("first", "second")]})
     pods = [replica(f"c{n}{k}", f"n{n}", workload="cpu", cpu=2000) for n in (0, 1) for k in range(3)]

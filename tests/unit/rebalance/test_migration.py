@@ -74,6 +74,8 @@ ABORTS: list[tuple[str, Any, str, bool]] = [
     ("reservation unschedulable", lambda j: mg.on_unschedulable(j, j.reservation, NOW), mg.UNSCHEDULABLE, True),
     ("source pod gone", lambda j: mg.on_pod_gone(j, POD.uid, NOW), mg.SOURCE_GONE, True),
     ("ttl", lambda j: mg.on_tick(j, NOW + j.ttl_s), mg.TTL, True),
+    ("reservation consumed before the eviction", lambda j: mg.on_reservation(j, event(j, "Succeeded"), NOW),
+     mg.CONSUMED_EARLY, False),
 ]
 
 
@@ -131,8 +133,8 @@ def test_any_sequence_ends_cleanly(names: list[str]) -> None:
             reservation_live = False
         if name == "expired" and job.phase == "Aborted" and before.phase not in mg.FINISHED:
             reservation_live = False  # the owner ended it
-        if name == "succeeded" and job.phase == "Succeeded":
-            reservation_live = False  # consumed by the replacement
+        if name == "succeeded" and before.phase not in mg.FINISHED:
+            reservation_live = False  # consumed (by the replacement, or early by another pod)
         if before.step == "evicting" and job.step != "evicting" and job.phase == "Running":
             evicted_once += 1
     if job.phase in ("Aborted", "Failed"):
@@ -140,6 +142,8 @@ def test_any_sequence_ends_cleanly(names: list[str]) -> None:
     assert evicted_once <= 1
     if job.phase == "Succeeded":
         assert job.reason == mg.DONE
+    if job.reason == mg.CONSUMED_EARLY:
+        assert evicted_once == 0
 
 
 def test_the_real_scheduler_places_the_reservation_on_its_pinned_node() -> None:
