@@ -565,10 +565,6 @@ class ReservationEvent(Record):
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
-MIGRATION_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Aborted")
-MIGRATION_MODES = ("ReservationFirst", "EvictDirectly")
-
-
 @dataclass(frozen=True, slots=True)
 class MigrationJob(Record):
     """One move of a running pod (Koordinator's PodMigrationJob), as the rebalancer last

@@ -28,7 +28,6 @@ Finished jobs ignore every later input (a redelivered event changes nothing).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 from agents.ports import Output
@@ -173,7 +172,3 @@ def on_tick(job: MigrationJob, now: float) -> Step:
         return job, []
     return _end(job, ABORTED, TTL, now, release=True)
 
-
-def in_flight(jobs: Sequence[MigrationJob]) -> list[MigrationJob]:
-    """Jobs that still count against the arbitration's limits."""
-    return [j for j in jobs if j.phase not in FINISHED]
