@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.rebalance.args import DEFAULT_OBJECTIVE, absent, flag, integer, resources_from
-from agents.rebalance.evictor import EvictorArgs, controller_of
+from agents.rebalance.evictor import EvictorArgs
 from agents.rebalance.objective import stranded_pct, typical_requests
 from agents.rebalance.selectors import LabelSelector, Namespaces, PodSelectors
 from agents.rebalance.view import ClusterView
@@ -105,17 +105,13 @@ class ScaleDownPlan:
     protected: dict[str, str] = field(default_factory=dict)  # uid -> why it never goes
 
 
-def _is_daemon(pod: Pod) -> bool:
-    owner = controller_of(pod)
-    return owner is not None and owner[0] == "DaemonSet"
-
-
 def empty_nodes(view: ClusterView, gone: set[int] | None = None) -> npt.NDArray[np.bool_]:
     """Nodes with no pods left but DaemonSet pods (after the pods `gone` left)."""
+    staying = ~view.daemons
+    if gone:
+        staying[list(gone)] = False
     busy = np.zeros(len(view.nodes), dtype=bool)
-    for i, p in enumerate(view.pods):
-        if not _is_daemon(p) and (gone is None or i not in gone):
-            busy[view.rows[i]] = True
+    busy[view.rows[staying]] = True
     out: npt.NDArray[np.bool_] = ~busy
     return out
 
@@ -258,11 +254,10 @@ def _koordstream(view: ClusterView, movable: Sequence[int], members: Sequence[in
     by_node, target, others = _node_usage(view, members, args)
     keep = set(movable)
     columns, _ = _weights(view, args)
-    member_set = set(members)
+    others_stay = ~view.daemons
+    others_stay[list(members)] = False
     blocked = np.zeros(len(view.nodes), dtype=bool)  # another pod (not DaemonSet) stays there
-    for i, p in enumerate(view.pods):
-        if i not in member_set and not _is_daemon(p):
-            blocked[view.rows[i]] = True
+    blocked[view.rows[others_stay]] = True
     for row, pods in by_node.items():
         if any(i not in keep for i in pods):
             blocked[row] = True  # a protected replica stays

@@ -117,6 +117,7 @@ def _profile(raw: Any, path: str) -> RebalanceProfile:
         raise ArgsError(f"{path}name", name, "must be a non-empty string")
     enabled = _enabled(absent(raw.get("plugins"), {}), f"{path}plugins")
     args: dict[str, Mapping[str, Any]] = {}
+    paths: dict[str, str] = {}  # plugin -> the path its args are reported under
     config = absent(raw.get("pluginConfig"), [])
     if not isinstance(config, list):
         raise ArgsError(f"{path}pluginConfig", config, "must be a list of {name, args}")
@@ -134,8 +135,8 @@ def _profile(raw: Any, path: str) -> RebalanceProfile:
         if not isinstance(body, Mapping):
             raise ArgsError(f"{where}.args", body, "must be a mapping")
         args[plugin] = body
-    prefix = {p: f"{path}pluginConfig[{[*args].index(p)}].args." if p in args else f"{path}pluginConfig.{p}." for p in
-              BALANCE_PLUGINS + ALWAYS_ON}
+        paths[plugin] = f"{where}.args."
+    prefix = {p: paths.get(p, f"{path}pluginConfig.{p}.") for p in BALANCE_PLUGINS + ALWAYS_ON}
     return RebalanceProfile(
         name=name,
         evictor=EvictorArgs.from_mapping(args.get(EVICTOR, {}), prefix[EVICTOR]),

@@ -36,6 +36,8 @@ class ClusterView:
     requested: npt.NDArray[np.int64]  # [nodes x resources]: every bound pod's request
     unplaced: int = 0
     workloads: dict[str, list[int]] = field(default_factory=dict)  # workload -> pod indices
+    _by_row: list[npt.NDArray[np.intp]] | None = None
+    _daemons: npt.NDArray[np.bool_] | None = None
 
     @classmethod
     def build(cls, nodes: Iterable[Node], pods: Iterable[Pod], *, resources: Sequence[str] = ()) -> ClusterView:
@@ -97,5 +99,17 @@ class ClusterView:
         return balance_std(req[:, columns], self.allocatable[:, columns])
 
     def pods_on(self, row: int) -> npt.NDArray[np.intp]:
-        out: npt.NDArray[np.intp] = np.flatnonzero(self.rows == row)
-        return out
+        """The indices of the pods on node `row`, in pod order (grouped once per view)."""
+        if self._by_row is None:
+            order = np.argsort(self.rows, kind="stable")
+            bounds = np.searchsorted(self.rows[order], np.arange(len(self.nodes) + 1))
+            self._by_row = [order[bounds[r]:bounds[r + 1]] for r in range(len(self.nodes))]
+        return self._by_row[row]
+
+    @property
+    def daemons(self) -> npt.NDArray[np.bool_]:
+        """[pods]: a DaemonSet owns the pod (it stays wherever a node drains)."""
+        if self._daemons is None:
+            self._daemons = np.array([any(r.kind == "DaemonSet" for r in p.owner_references) for p in self.pods],
+                                     dtype=bool)
+        return self._daemons

@@ -165,13 +165,22 @@ def _check_common(view: ClusterView, p: MovePlan, pods: list[Pod], arbitration: 
         assert moved <= b.allowed(len(covered), len(covered))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(clusters())
-def test_global_plan_invariants(case: tuple[list[Any], list[Pod], ArbitrationArgs, tuple[Budget, ...], dict[str, Any]]) -> None:
+Case = tuple[list[Any], list[Pod], ArbitrationArgs, tuple[Budget, ...], dict[str, Any]]
+
+
+def _planned(case: Case, mode: str) -> tuple[ClusterView, MovePlan, dict[str, Any]]:
+    """Plan `case` in `mode` and check what every plan keeps."""
     node_list, pods, arbitration, budgets, args = case
     view, sim, arb = planning(node_list, pods, arbitration, budgets)
-    p = plan_moves(view, FragmentationArgs(mode="global", min_pod_age_s=0.0, **args), sim, arb, now=NOW)
+    p = plan_moves(view, FragmentationArgs(mode=mode, min_pod_age_s=0.0, **args), sim, arb, now=NOW)
     _check_common(view, p, pods, arbitration, budgets)
+    return view, p, args
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters())
+def test_global_plan_invariants(case: Case) -> None:
+    view, p, args = _planned(case, "global")
     assert p.after.std_sum <= p.before.std_sum + 1e-9
     assert p.after.std_max <= p.before.std_max + 1e-9
     for m in p.moves:
@@ -188,11 +197,8 @@ def test_global_plan_invariants(case: tuple[list[Any], list[Pod], ArbitrationArg
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
-def test_koordinator_plan_invariants(case: tuple[list[Any], list[Pod], ArbitrationArgs, tuple[Budget, ...], dict[str, Any]]) -> None:
-    node_list, pods, arbitration, budgets, args = case
-    view, sim, arb = planning(node_list, pods, arbitration, budgets)
-    p = plan_moves(view, FragmentationArgs(mode="koordinator", min_pod_age_s=0.0, **args), sim, arb, now=NOW)
-    _check_common(view, p, pods, arbitration, budgets)
+def test_koordinator_plan_invariants(case: Case) -> None:
+    _, p, args = _planned(case, "koordinator")
     assert max(Counter(m.source for m in p.moves).values(), default=0) <= 1
     for m in p.moves:
         assert m.source_std[0] - m.source_std[1] >= args["min_improvement_threshold"] - 1e-12
