@@ -239,9 +239,18 @@ def cmd_perf_soak(args: argparse.Namespace) -> int:
                           lambda r: not r["pods_double_bound"] and not r["nodes_overcommitted"], args.json)
 
 
+def cmd_perf_rebalance_moves(args: argparse.Namespace) -> int:
+    from perf.rebalance_run import MoveRunConfig, run_moves, succeeded
+
+    cfg = MoveRunConfig(broker=args.broker)
+    return _run_and_print("rebalance-moves", lambda: run_moves(cfg, _settings(args)), succeeded, args.json)
+
+
 def cmd_perf_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if args.scenario == "rebalance-moves":
+        return cmd_perf_rebalance_moves(args)
     if args.scenario == "chaos":
         return cmd_perf_chaos(args)
     if args.scenario == "soak":
@@ -407,12 +416,14 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT (default: embedded broker where possible)")
         sp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker)")
 
+    roles = "comma-separated: scheduler, state, rebalancer (default: scheduler,state)"
     sp = sub.add_parser("up", help="embedded broker (unless --bootstrap), topics, all agents in one worker")
     common(sp)
+    sp.add_argument("--roles", help=roles)
     sp.set_defaults(fn=cmd_up)
     sp = sub.add_parser("worker", help="the agents only, against --bootstrap")
     common(sp)
-    sp.add_argument("--roles", help="comma-separated: scheduler, state (default: both)")
+    sp.add_argument("--roles", help=roles)
     sp.set_defaults(fn=cmd_worker)
     sp = sub.add_parser("broker", help="run a broker in the foreground: the embedded Tansu, or Apache Kafka")
     sp.add_argument("--port", type=int, default=0, help="listen on this port (default: a free one)")
@@ -477,8 +488,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the broker a run starts: the embedded Tansu, or Apache Kafka (`make kafka`)")
     r.add_argument("--seed", type=int, default=1, help="chaos and soak: the seed of the workload (and of the kills)")
     r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go")
-    r.add_argument("--pods", type=int, default=0, help="soak: measured pods (default 500,000; --quick 9,000)")
-    r.add_argument("--rate", type=float, default=0.0, help="soak: offered pods per second (default 1,000; --quick 200)")
+    r.add_argument("--pods", type=int, default=0, help="soak: measured pods (default 500,000; --quick 6,000)")
+    r.add_argument("--rate", type=float, default=0.0, help="soak: offered pods per second (default 1,000; --quick 100)")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
     c.add_argument("baseline")

@@ -589,6 +589,7 @@ class MigrationJob(Record):
     created: float = 0.0
     ttl_s: float = 300.0
     updated: float = 0.0
+    version: int = 0  # bumped each time the job is recorded: of two versions, a reader keeps the higher
     kind: str = field(default="MigrationJob", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -32,6 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client.registry import CollectorRegistry
 
 from agents.adapters import deciders, owners
+from agents.adapters import rebalancer as rebalancer_agent
 from agents.adapters import scheduler as scheduler_agent
 from agents.adapters.positions import CommittedStart
 from agents.adapters.recovery import table_manager
@@ -39,6 +40,9 @@ from agents.adapters.stateful import Transactions
 from agents.adapters.tables import ChangelogRecord, UnreadableState
 from agents.intake import RawMessage, origin_from_headers
 from agents.ports import AgentConfig
+from agents.rebalance import config as rebalance_config
+from agents.rebalance.rebalancer import Rebalancer
+from agents.rebalance.service import RebalancerService
 from agents.scheduler.agent import SchedulerService
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
@@ -135,10 +139,13 @@ def group_id(settings: Settings) -> str:
 
     Workers that run the `state` role share `kafka.app_id`, which also names the tables'
     changelogs; scheduler-only workers form their own group, `<app_id>-scheduler`, since they
-    consume other topics and keep no tables.
+    consume other topics and keep no tables; rebalancer-only workers consume nothing through
+    faust (`<app_id>-rebalancer-worker`; their leadership group is the rebalancer's own).
     """
     roles = settings.worker.roles
-    return settings.kafka.app_id if "state" in roles else f"{settings.kafka.app_id}-scheduler"
+    if "state" in roles:
+        return settings.kafka.app_id
+    return f"{settings.kafka.app_id}-{'scheduler' if 'scheduler' in roles else 'rebalancer-worker'}"
 
 
 def _channel(app: faust.App, *names: str, partitions: int, acks: bool = True) -> faust.TopicT:
@@ -178,9 +185,12 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
             deciders.register(app, _channel(app, topics.HOLDS, partitions=p, acks=not transactions), outbox,
                               config(TABLE_POD_LEDGER), txns),
         ]
+    else:
+        loops = []
+    rebalancing = wire_rebalancer(app, settings, outbox) if "rebalancer" in settings.worker.roles else None
     if "scheduler" not in settings.worker.roles:
         if settings.worker.metrics_port:
-            _serve_metrics(app, registry_for(loops=loops), settings.worker.metrics_port)
+            _serve_metrics(app, registry_for(loops=loops, rebalancer=rebalancing), settings.worker.metrics_port)
         return
 
     service = SchedulerService(build_core(settings), outbox, time.monotonic, s.batch_size, linger_s=s.cycle_linger_s,
@@ -199,8 +209,35 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
         await feed_state_changes(settings, service)
 
     if settings.worker.metrics_port:
-        _serve_metrics(app, registry_for(service.core, loops if "state" in settings.worker.roles else None),
-                       settings.worker.metrics_port)
+        _serve_metrics(app, registry_for(service.core, loops, rebalancing), settings.worker.metrics_port)
+
+
+def rebalancer_service(settings: Settings) -> RebalancerService:
+    """The rebalancer role's service: `rebalancer.config`, simulating with the scheduler's profiles."""
+    s = settings.scheduling
+    config = rebalance_config.load(Path(settings.rebalancer.config).read_text()) if settings.rebalancer.config else None
+    scheduler = profiles.load(Path(s.profiles).read_text()) if s.profiles else None
+    return RebalancerService(Rebalancer(config, scheduler), time.time)
+
+
+async def run_rebalancer(settings: Settings, service: RebalancerService, outbox: PartitionedOutbox) -> None:
+    k = settings.kafka
+    await rebalancer_agent.run(service, outbox, bootstrap=k.bootstrap, partitions=k.partitions, app_id=k.app_id,
+                               tick_s=settings.rebalancer.tick_s, session_timeout_s=k.session_timeout_s,
+                               fetch_max_wait_ms=k.fetch_max_wait_ms)
+
+
+def wire_rebalancer(app: faust.App, settings: Settings, outbox: PartitionedOutbox) -> RebalancerService:
+    """The rebalancer role beside other agents: a task of the faust app
+    (`agents.adapters.rebalancer`); a worker with only this role runs it without faust
+    (`streams.worker`)."""
+    service = rebalancer_service(settings)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def rebalancer() -> None:
+        await run_rebalancer(settings, service, outbox)
+
+    return service
 
 
 def _serve_metrics(app: faust.App, registry: CollectorRegistry, port: int) -> None:

@@ -28,7 +28,20 @@ deciders keep and write (the soak benchmark reads them, `perf/soak.py`):
 - `koordstream_batches_total{agent}` and `koordstream_swept_keys_total{agent}` (keys applied
   with no records because they had something to forget).
 
-Both serve `koordstream_process_cpu_seconds_total` and `koordstream_process_resident_bytes`.
+A worker with the rebalancer role serves what its rebalancer did (on the leader; a follower
+counts nothing):
+
+- `koordstream_rebalancer_leading` (1 on the leader);
+- `koordstream_rebalancer_evictions_total{reason}` (FragmentationAware moves, ScaleDownBinPack
+  victims);
+- `koordstream_rebalancer_migrations_total{phase, reason}`: jobs finished (Succeeded, Aborted,
+  Failed) and why; `koordstream_rebalancer_migrations_in_flight`;
+- `koordstream_rebalancer_objective{profile, measure, when}`: the cluster objective (`std_sum`,
+  `std_max`, `stranded_pct`) at each profile's last cycle (`now`) and as that cycle planned it
+  (`planned`).
+
+Every worker serves `koordstream_process_cpu_seconds_total` and
+`koordstream_process_resident_bytes`.
 """
 
 from __future__ import annotations
@@ -50,7 +63,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from agents.adapters.loop import StatefulLoop
+from agents.rebalance.service import RebalancerService
 from agents.scheduler.core import SchedulerCore
+
+
+class ProcessMetrics(Collector):
+    def collect(self) -> Iterator[Metric]:
+        yield from _process()
 
 
 def _process() -> Iterator[Metric]:
@@ -102,7 +121,6 @@ class SchedulerMetrics(Collector):
         for name, count in sorted(self.core.map_sizes().items()):
             maps.add_metric([name], count)
         yield maps
-        yield from _process()
 
 
 class StateMetrics(Collector):
@@ -141,15 +159,46 @@ class StateMetrics(Collector):
             batches.add_metric([loop.name], loop.batches)
             swept.add_metric([loop.name], loop.swept)
         yield from (keys, entries, stored, sized, written, records, deleted, batches, swept)
-        yield from _process()
 
 
-def registry_for(core: SchedulerCore | None = None, loops: list[StatefulLoop] | None = None) -> CollectorRegistry:
+class RebalancerMetrics(Collector):
+    def __init__(self, service: RebalancerService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.service
+        leading = GaugeMetricFamily("koordstream_rebalancer_leading", "1 when this worker's rebalancer leads.")
+        leading.add_metric([], 1.0 if s.leading else 0.0)
+        evictions = CounterMetricFamily("koordstream_rebalancer_evictions", "Evictions sent, by reason.",
+                                        labels=["reason"])
+        for reason, count in sorted(s.evictions.items()):
+            evictions.add_metric([reason], count)
+        finished = CounterMetricFamily("koordstream_rebalancer_migrations", "Migration jobs finished, by phase "
+                                       "and reason.", labels=["phase", "reason"])
+        for (phase, reason), count in sorted(s.finished.items()):
+            finished.add_metric([phase, reason], count)
+        running = GaugeMetricFamily("koordstream_rebalancer_migrations_in_flight", "Migration jobs not finished.")
+        running.add_metric([], len(s.active))
+        objective = GaugeMetricFamily("koordstream_rebalancer_objective", "The cluster objective at a profile's "
+                                      "last cycle (now) and as it planned it (planned).",
+                                      labels=["profile", "measure", "when"])
+        for profile, pair in sorted(s.objective.items()):
+            for when, measured in zip(("now", "planned"), pair, strict=True):
+                for measure, value in measured.as_dict().items():
+                    objective.add_metric([profile, measure, when], value)
+        yield from (leading, evictions, finished, running, objective)
+
+
+def registry_for(core: SchedulerCore | None = None, loops: list[StatefulLoop] | None = None,
+                 rebalancer: RebalancerService | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     if core is not None:
         registry.register(SchedulerMetrics(core))
     if loops:
         registry.register(StateMetrics(loops))
+    if rebalancer is not None:
+        registry.register(RebalancerMetrics(rebalancer))
+    registry.register(ProcessMetrics())
     return registry
 
 

@@ -21,7 +21,7 @@ class SettingsError(ValueError):
     pass
 
 
-ROLES = ("scheduler", "state")
+ROLES = ("scheduler", "state", "rebalancer")
 TRANSACTIONS = ("auto", "on", "off")
 
 
@@ -91,8 +91,9 @@ class SchedulingSettings:
 @dataclass(frozen=True)
 class WorkerSettings:
     roles: tuple[str, ...] = ("scheduler", "state")
-    """Agents this worker runs: `scheduler` (queue, placement, replica) and/or `state` (node
-    owners and deciders, with their tables). Run them apart to use more cores."""
+    """Agents this worker runs: `scheduler` (queue, placement, replica), `state` (node owners
+    and deciders, with their tables) and `rebalancer` (fragmentation-aware moves and scale-down
+    ranks; one worker of those that run it leads). Run them apart to use more cores."""
     loglevel: str = "warn"
     """faust log level: crit, error, warn, info or debug."""
     gc_threshold: int = 50_000
@@ -124,10 +125,21 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
+class RebalancerSettings:
+    config: str = ""
+    """Path of a DeschedulerConfiguration-like YAML (`deschedulingInterval`, profiles with
+    FragmentationAware / ScaleDownBinPack and their args; README, "Rebalancer"); empty: one
+    profile with both plugins at Koordinator's defaults, every 60 s."""
+    tick_s: float = 0.2
+    """How often the leader looks at its jobs (ttl, evictions to send) between cycles."""
+
+
+@dataclass(frozen=True)
 class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    rebalancer: RebalancerSettings = field(default_factory=RebalancerSettings)
 
     def validate(self) -> Settings:
         if self.kafka.partitions < 1:
@@ -147,6 +159,8 @@ class Settings:
         unknown = set(self.worker.roles) - set(ROLES)
         if unknown or not self.worker.roles:
             raise SettingsError(f"worker.roles: choose from {', '.join(ROLES)}, got {list(self.worker.roles)!r}")
+        if not 0.01 <= self.rebalancer.tick_s <= 60:
+            raise SettingsError(f"rebalancer.tick_s: must be from 0.01 to 60 seconds, got {self.rebalancer.tick_s}")
         if not 0 <= self.worker.metrics_port <= 65535:
             raise SettingsError(f"worker.metrics_port: must be a port number (0: off), got {self.worker.metrics_port}")
         if self.worker.loglevel not in ("crit", "error", "warn", "info", "debug"):

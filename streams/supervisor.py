@@ -36,7 +36,8 @@ def run_up(settings: Settings, config_path: str | None = None) -> int:
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         asyncio.run(prepare(settings))
         env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap}
-        cmd = [sys.executable, "-m", "cli.main", "worker"] + (["--config", config_path] if config_path else [])
+        cmd = [sys.executable, "-m", "cli.main", "worker", "--roles", ",".join(settings.worker.roles)]
+        cmd += ["--config", config_path] if config_path else []
         worker = spawn_tied(cmd, env=env)
         broker_pid = broker.pid if broker else "external"
         print(f"koordstream up: bootstrap={bootstrap} broker_pid={broker_pid} worker_pid={worker.pid}", flush=True)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -25,9 +27,11 @@ from typing import Any
 import faust
 
 from streams.admin import ensure_topics
-from streams.app import build_app, resolve_transactions
+from streams.app import build_app, rebalancer_service, resolve_transactions, run_rebalancer
 from streams.catalogue import catalogue
+from streams.metrics import registry_for, serve_metrics
 from streams.process import tune_gc
+from streams.producer import RecordProducer
 from streams.settings import Settings
 
 
@@ -69,6 +73,10 @@ async def prepare_worker(settings: Settings) -> bool:
 
 def run_worker(settings: Settings) -> None:
     tune_gc(settings.worker.gc_threshold)
+    if set(settings.worker.roles) == {"rebalancer"}:
+        asyncio.run(prepare(settings))
+        asyncio.run(rebalancer_only(settings))
+        return
     transactions = asyncio.run(prepare_worker(settings))
     if "state" in settings.worker.roles:  # say which guarantee runs, whatever the log level
         mode = ("one transaction per input partition per batch (exactly-once within Kafka)" if transactions
@@ -81,6 +89,34 @@ def run_worker(settings: Settings) -> None:
         worker.deadline_s = settings.worker.shutdown_deadline_s
         _silence_banner(worker)
         worker.execute_from_commandline()
+
+
+async def rebalancer_only(settings: Settings) -> None:
+    """A worker with only the rebalancer role: no faust app (it would consume nothing), the
+    rebalancer's loop, its producer and its metrics endpoint; SIGTERM / SIGINT stop it."""
+    levels = {"crit": logging.CRITICAL, "error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO,
+              "debug": logging.DEBUG}
+    logging.basicConfig(level=levels[settings.worker.loglevel], format="[%(asctime)s] [%(process)d] [%(levelname)s] "
+                        "%(message)s")
+    service = rebalancer_service(settings)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    async with RecordProducer(settings.kafka.bootstrap, settings.kafka.partitions) as producer:
+        tasks = [asyncio.create_task(run_rebalancer(settings, service, producer.outbox))]
+        if settings.worker.metrics_port:
+            server = await serve_metrics(registry_for(rebalancer=service), settings.worker.metrics_port)
+            tasks.append(asyncio.create_task(server.serve_forever()))
+        stop = asyncio.create_task(stopping.wait())
+        done, _ = await asyncio.wait([*tasks, stop], return_when=asyncio.FIRST_COMPLETED)
+        for task in [*tasks, stop]:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for task in done - {stop}:
+            task.result()  # a crash of the loop ends the worker with its error
 
 
 @contextlib.contextmanager

@@ -61,6 +61,8 @@ DONE = "replacement bound into the reservation"
 CONSUMED_EARLY = "reservation consumed before the eviction"
 EVICTED = "evicted"
 
+RESERVATION_SUFFIX = "-reservation"  # a job's reservation is named after it
+
 Step = tuple[MigrationJob, list[Output]]
 
 
@@ -78,6 +80,7 @@ def pinned(node: str) -> dict[str, object]:
 
 
 def _record(job: MigrationJob, outputs: list[Output]) -> Step:
+    job = replace(job, version=job.version + 1)
     return job, [*outputs, Output(topics.MIGRATIONS, job.uid, job)]
 
 
@@ -100,7 +103,7 @@ def start(job: MigrationJob, pod: Pod, now: float) -> Step:
         return _end(job, ABORTED, NO_CONTROLLER, now, release=False)
     kind, name, uid = owner
     reservation = Reservation(
-        uid=f"{job.uid}-reservation", name=f"{job.uid}-reservation",
+        uid=job.uid + RESERVATION_SUFFIX, name=job.uid + RESERVATION_SUFFIX,
         owners=(ReservationOwner(controller_uid=uid, controller_namespace=pod.namespace, controller_kind=kind,
                                  controller_name=name),),
         requests=pod.requests, ttl_s=job.ttl_s, allocate_once=True, creation_timestamp=now,

@@ -1,0 +1,301 @@
+"""`koordstream perf run rebalance-moves`: the rebalancer through the real system: a lopsided cluster evened out by ReservationFirst
+moves, then a scale-down ranked by the rebalancer and carried out by the workload's controller.
+
+The system (`perf.demo.system`) runs a state worker, a scheduler worker and a worker with only
+the `rebalancer` role, against the embedded Tansu or Apache Kafka. The harness plays the
+cluster around them (`perf.controller.Workloads`: ReplicaSet-like workloads and the Eviction
+API, PodDisruptionBudgets included):
+
+1. Lopsided on purpose: half the nodes cordoned, the CPU-heavy workload placed on the others;
+   then the other half cordoned, the memory-heavy workload placed. Each node now has its CPU
+   or its memory mostly allocated and the other mostly stranded.
+2. A ScaleDownEvent asks the CPU-heavy workload to lose `scale_down_by` pods. The rebalancer
+   (CalculateOnly) publishes pod-deletion-cost annotations; the controller then deletes in
+   Kubernetes' order, which honours them. Reported: nodes left empty, and how many Kubernetes'
+   order without the costs would have left from the same state.
+3. Every node opens, and is labelled for the FragmentationAware `nodeSelector` (before that the
+   planner had no source node). The rebalancer plans (`deschedulingInterval` short), reserves, and sends EvictionCommands.
+   The harness executes each through the Eviction API: the pod terminates at its node
+   (`PodTerminated` into `node-inbox`) and is deleted (`PodDeleted` on `pods`), and its
+   controller creates the replacement, which the scheduler binds into the reservation. Pods
+   are Running and Ready when bound (the harness publishes the Pod with its node and phase, as a
+   bridge watching the pods would). Availability is sampled from the outside: per workload, ready
+   replicas against desired minus its `maxUnavailablePerWorkload` (the gap, in
+   replica-seconds, must stay 0). The moves are over when no job runs and nothing new arrived
+   for `quiet_s` (or after `moves_timeout_s`).
+
+The result: the scale-down's empty nodes, the objective (sum and max of node std, stranded
+capacity) before and after the moves, the migration jobs by phase and reason, evictions, the
+availability gap, and the consistency check (`perf.checker`) over every binding and
+termination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from agents.rebalance import config as rebalance_config
+from agents.rebalance.arbitration import ArbitrationArgs
+from agents.rebalance.binpack import DELETION_COST, Replica, kubernetes_order
+from agents.rebalance.objective import measure, typical_requests
+from agents.rebalance.view import ClusterView
+from perf.checker import Placement, check
+from perf.collector import Collector
+from perf.controller import Workloads
+from perf.demo import start_up, system
+from schemas import topics
+from schemas.records import (
+    Binding,
+    EvictionCommand,
+    MigrationJob,
+    Node,
+    Pod,
+    PodDeleted,
+    PodTerminated,
+    ResourceList,
+    ScaleDownEvent,
+)
+from streams.producer import RecordProducer
+from streams.settings import Settings
+
+GI = 2**30
+NODE = ResourceList(cpu=8000, memory=32 * GI, pods=110)
+NAMESPACE = "rebalance"
+
+
+@dataclass(frozen=True)
+class MoveRunConfig:
+    broker: str = "tansu"
+    nodes_per_side: int = 3
+    pods_per_node: int = 3  # CPU-heavy pods: 2 CPU, 1 GiB; memory-heavy: 0.25 CPU, 8 GiB
+    interval_s: float = 2.0
+    moves_timeout_s: float = 90.0
+    quiet_s: float = 8.0  # no job running and none started for this long: the moves are over
+    scale_down_by: int = 3  # a node's worth: the rebalancer's ranks can empty one node
+    timeout_s: float = 60.0
+
+    def rebalancer_yaml(self) -> str:
+        return (f"deschedulingInterval: {self.interval_s}s\n"
+                "profiles:\n- name: default\n  plugins: {balance: {enabled: [FragmentationAware, ScaleDownBinPack]}}\n"
+                "  pluginConfig:\n  - {name: FragmentationAware, args: {minPodAge: 0s, moveInterval: 0s,\n"
+                f"      nodeSelector: {{matchLabels: {{{MOVABLE}: 'yes'}}}}}}}}\n")
+
+
+CPU_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=2000, memory=GI))
+MEMORY_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=250, memory=8 * GI))
+MOVABLE = "koordstream.io/rebalance"  # the FragmentationAware nodeSelector: nodes it may move pods off
+
+
+def _node(i: int, cordoned: bool, open_to_moves: bool = False) -> Node:
+    return Node(name=f"node-{i}", allocatable=NODE, capacity=NODE, unschedulable=cordoned,
+                labels={MOVABLE: "yes"} if open_to_moves else {})
+
+
+class Harness:
+    """Bindings, evictions and jobs read back; the controller's answers published."""
+
+    def __init__(self, cfg: MoveRunConfig, producer: RecordProducer, collector: Collector, nodes: list[Node]) -> None:
+        self.cfg, self.producer, self.collector = cfg, producer, collector
+        self.nodes = {n.name: n for n in nodes}
+        self.workloads = Workloads()
+        self.pods: dict[str, Pod] = {}
+        self.node: dict[str, str] = {}
+        self.terminated: list[Placement] = []
+        self.refused: Counter[str] = Counter()
+        self.gap = 0.0  # replica-seconds below desired minus maxUnavailablePerWorkload
+        self.lowest: dict[str, int] = {}  # workload -> fewest ready replicas seen (after it was whole)
+        self.whole: set[str] = set()
+        self._read = 0
+        self._sampled = time.monotonic()
+        self._typical: Any = None  # the request distribution of the first measure, kept for the next
+
+    async def publish(self, topic: str, records: list[Any]) -> None:
+        if records:
+            await self.producer.flush(await self.producer.publish(topic, records))
+
+    async def add(self, name: str, template: Pod, replicas: int) -> list[str]:
+        pods = self.workloads.add(NAMESPACE, name, template, replicas, now=time.time())
+        self.pods.update((p.uid, p) for p in pods)
+        await self.publish(topics.PODS, pods)
+        return [p.uid for p in pods]
+
+    async def step(self) -> None:
+        records = self.collector.records
+        new, self._read = records[self._read:], len(records)
+        created: list[Pod] = []
+        running: list[Pod] = []
+        ended: list[PodTerminated] = []
+        deleted: list[PodDeleted] = []
+        for _, _, r in new:
+            if isinstance(r, Binding) and r.uid in self.pods and r.uid not in self.node:
+                self.node[r.uid] = r.node
+                self.workloads.bound(r.uid, r.node)
+                self.workloads.ready(r.uid, time.time())
+                running.append(replace(self.pods[r.uid], node_name=r.node, phase="Running"))
+            elif isinstance(r, EvictionCommand) and r.uid in self.node:
+                answer = self.workloads.evict(r.uid, now=time.time())
+                if not answer.allowed:
+                    self.refused[answer.reason] += 1
+                    continue
+                ended.append(PodTerminated(uid=r.uid, node=self.node[r.uid], reason="Evicted"))
+                deleted.append(PodDeleted(uid=r.uid, name=r.name, namespace=r.namespace))
+                self.terminated.append(Placement(time.time(), r.uid, self.node[r.uid]))
+                created += answer.replacements
+            elif isinstance(r, Pod) and r.uid in self.pods and DELETION_COST in r.annotations:
+                self.workloads.set_costs({r.uid: int(r.annotations[DELETION_COST])})
+        self.pods.update((p.uid, p) for p in created)
+        await self.publish(topics.NODE_INBOX, ended)
+        await self.publish(topics.PODS, [*running, *deleted, *created])
+        self._sample()
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        dt, self._sampled = now - self._sampled, now
+        for key, (ready, desired) in self.workloads.availability().items():
+            if ready >= desired:
+                self.whole.add(key)
+            if key in self.whole:
+                self.lowest[key] = min(self.lowest.get(key, ready), ready)
+                self.gap += max(0, desired - ArbitrationArgs().max_unavailable(desired) - ready) * dt
+
+    async def until(self, done: Any, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            await self.step()
+            await asyncio.sleep(0.05)
+        return True
+
+    def bound_now(self) -> list[Pod]:
+        """The workloads' pods, placed where their bindings put them."""
+        return [replace(m.pod, node_name=m.node) for w in self.workloads.workloads.values()
+                for m in w.members.values() if m.node]
+
+    def objective(self) -> dict[str, float]:
+        view = ClusterView.build(self.nodes.values(), self.bound_now())
+        columns = view.columns(("cpu", "memory"))
+        if self._typical is None:
+            self._typical = typical_requests(view.vectors, columns)
+        return measure(view, columns, typical=self._typical).as_dict()
+
+    def empty_nodes(self) -> int:
+        busy = {p.node_name for p in self.bound_now()}
+        return sum(1 for n in self.nodes if n not in busy)
+
+    def jobs(self) -> dict[str, MigrationJob]:
+        latest: dict[str, MigrationJob] = {}
+        for _, r in self.collector.of(MigrationJob):
+            if r.uid not in latest or r.version >= latest[r.uid].version:
+                latest[r.uid] = r
+        return latest
+
+
+async def run_moves(cfg: MoveRunConfig, settings: Settings, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    rebalance_config.load(cfg.rebalancer_yaml())  # refused here, naming the field, rather than in the worker
+    with tempfile.TemporaryDirectory(prefix="koordstream-rebalance-") as tmp:
+        path = Path(tmp) / "rebalancer.yaml"
+        path.write_text(cfg.rebalancer_yaml())
+        env = {"KOORDSTREAM_REBALANCER_CONFIG": str(path), "KOORDSTREAM_REBALANCER_TICK_S": "0.1", **(extra_env or {})}
+        async with system(settings, broker_kind=cfg.broker, rebalancer=True, extra_env=env) as (running, _):
+            return await _drive(cfg, running)
+
+
+async def _drive(cfg: MoveRunConfig, settings: Settings) -> dict[str, Any]:
+    bootstrap, partitions = settings.kafka.bootstrap, settings.kafka.partitions
+    half = cfg.nodes_per_side
+    collector = Collector(bootstrap, [topics.BINDINGS, topics.EVICTIONS, topics.MIGRATIONS, topics.PODS], partitions)
+    await collector.start()
+    try:
+        async with RecordProducer(bootstrap, partitions) as producer:
+            nodes = [_node(i, cordoned=i >= half) for i in range(2 * half)]
+            probe = Pod(uid="rebalance-probe", name="rebalance-probe", namespace="perf", requests=ResourceList(cpu=1))
+            await start_up(producer, collector, nodes, probe, partitions, 120.0)
+            h = Harness(cfg, producer, collector, nodes)
+            wanted = set(await h.add("cpu", CPU_HEAVY, half * cfg.pods_per_node))
+            if not await h.until(lambda: wanted <= set(h.node), cfg.timeout_s):
+                raise TimeoutError("the CPU-heavy pods were not all bound")
+            await h.publish(topics.NODES, [_node(i, cordoned=i < half) for i in range(2 * half)])
+            wanted |= set(await h.add("mem", MEMORY_HEAVY, half * cfg.pods_per_node))
+            if not await h.until(lambda: wanted <= set(h.node), cfg.timeout_s):
+                raise TimeoutError("the memory-heavy pods were not all bound")
+            scale_down = await _scale_down(h, cfg)
+            h.nodes = {n.name: n for n in (_node(i, cordoned=False, open_to_moves=True) for i in range(2 * half))}
+            await h.publish(topics.NODES, list(h.nodes.values()))
+            before = h.objective()
+            started = time.monotonic()
+            last_change = [time.monotonic(), 0]
+
+            def settled() -> bool:
+                jobs = h.jobs()
+                if len(collector.records) != last_change[1]:
+                    last_change[:] = [time.monotonic(), len(collector.records)]
+                running = [j for j in jobs.values() if j.phase not in ("Succeeded", "Failed", "Aborted")]
+                return bool(jobs) and not running and time.monotonic() - last_change[0] > cfg.quiet_s
+
+            settled_in_time = await h.until(settled, cfg.moves_timeout_s)
+            moves_s = time.monotonic() - started
+            after = h.objective()
+            jobs = {uid: j for uid, j in h.jobs().items() if j.mode == "ReservationFirst"}
+    finally:
+        await collector.stop()
+    requests = {uid: dict(p.requests) for uid, p in h.pods.items()}
+    checked = check(allocatable={n: dict(NODE) for n in h.nodes}, requests=requests,
+                    bindings=[Placement(ts, b.uid, b.node) for ts, b in collector.of(Binding) if b.uid in h.pods],
+                    terminations=h.terminated)
+    phases = Counter(f"{j.phase}: {j.reason}" if j.reason else j.phase for j in jobs.values())
+    return {
+        "scenario": "rebalance (through the broker)", "broker": cfg.broker,
+        "pods_double_bound": checked.pods_double_bound, "nodes_overcommitted": checked.nodes_overcommitted,
+        "overcommitted": checked.overcommitted,
+        "before": before, "after": after, "moves_s": round(moves_s, 1), "settled": settled_in_time,
+        "migrations": dict(phases), "migrations_succeeded": sum(1 for j in jobs.values() if j.phase == "Succeeded"),
+        "migrations_aborted": sum(1 for j in jobs.values() if j.phase == "Aborted"),
+        "evictions": len(collector.of(EvictionCommand)), "evictions_refused": dict(h.refused),
+        "availability_gap": round(h.gap, 3), "lowest_ready": dict(h.lowest),
+        "availability": {k: list(v) for k, v in h.workloads.availability().items()},
+        "scale_down": scale_down,
+    }
+
+
+async def _scale_down(h: Harness, cfg: MoveRunConfig) -> dict[str, Any]:
+    """Ask the CPU-heavy workload to lose `scale_down_by` pods; once the rebalancer published
+    its pods' deletion costs, the controller deletes in Kubernetes' order. Also counts the nodes
+    Kubernetes' order without the costs would have left empty, from the same state."""
+    key = f"{NAMESPACE}/ReplicaSet/cpu"
+    w = h.workloads.workloads[key]
+    desired = w.replicas - cfg.scale_down_by
+    members = list(w.members.values())
+    plain = kubernetes_order([Replica(m.pod.uid, m.node, "Running", m.ready, 0, m.ready_since,
+                                      m.pod.creation_timestamp) for m in members])
+    default_gone = {members[i].pod.uid for i in plain[:cfg.scale_down_by]}
+    default_empty = len(set(h.nodes) - {p.node_name for p in h.bound_now() if p.uid not in default_gone})
+    empty_before = h.empty_nodes()
+    asked = len(h.collector.records)
+    await h.publish(topics.SCALE_DOWN, [ScaleDownEvent(workload="cpu", namespace=NAMESPACE, replicas=desired)])
+    uids = set(w.members)
+
+    def ranked() -> bool:
+        return uids <= {r.uid for _, _, r in h.collector.records[asked:]
+                        if isinstance(r, Pod) and DELETION_COST in r.annotations}
+
+    in_time = await h.until(ranked, cfg.timeout_s)
+    await h.step()
+    removed, _ = h.workloads.scale(key, desired, now=time.time())
+    await h.publish(topics.NODE_INBOX, [PodTerminated(uid=u, node=h.node[u], reason="ScaledDown") for u in removed])
+    await h.publish(topics.PODS, [PodDeleted(uid=u, name=u, namespace=NAMESPACE) for u in removed])
+    h.terminated += [Placement(time.time(), u, h.node[u]) for u in removed]
+    return {"ranked": in_time, "removed": len(removed), "empty_nodes_before": empty_before,
+            "empty_nodes_after": h.empty_nodes(), "empty_nodes_kubernetes": default_empty}
+
+
+def succeeded(r: dict[str, Any]) -> bool:
+    """Consistent, no availability gap, every workload whole at the end."""
+    return (not r["pods_double_bound"] and not r["nodes_overcommitted"] and r["availability_gap"] == 0
+            and all(ready == desired for ready, desired in r["availability"].values()))

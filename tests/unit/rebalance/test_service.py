@@ -1,0 +1,152 @@
+"""The rebalancer service, pure: records in, records out, on an injected clock. A ReservationFirst
+move from plan to Succeeded, the ttl, the eviction rate limit, both scale-down strategies and a
+bad event; a follower writes nothing, a late read-back never undoes a step, and a new leader
+finishes what the last one missed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agents.rebalance import config
+from agents.rebalance import migration as mg
+from agents.rebalance.binpack import DELETION_COST
+from agents.rebalance.rebalancer import Rebalancer
+from agents.rebalance.service import RebalancerService
+from schemas.records import (
+    Binding,
+    EvictionCommand,
+    MigrationJob,
+    Pod,
+    PodDeleted,
+    Reservation,
+    ReservationEvent,
+    ScaleDownEvent,
+    SchedulingFeedback,
+)
+from tests.unit.rebalance.conftest import NOW
+from tests.unit.rebalance.test_fragmentation import lopsided
+
+MOVES = ("profiles: [{name: p, plugins: {balance: {enabled: [FragmentationAware]}}, "
+         "pluginConfig: [{name: FragmentationAware, args: {minPodAge: 0}}]}]")
+
+
+def service(text: str = MOVES, leading: bool = True) -> tuple[RebalancerService, list[float]]:
+    now = [NOW]
+    svc = RebalancerService(Rebalancer(config.load(text)), lambda: now[0], leading=leading)
+    node_list, pods = lopsided()
+    svc.on_records([*node_list, *[replace(p, node_name="") for p in pods]])
+    svc.on_records([Binding(uid=p.uid, namespace=p.namespace, name=p.name, node=p.node_name, attempt=0,
+                            decision_key=p.uid) for p in pods])
+    return svc, now
+
+
+def available(job: MigrationJob, node: str = "") -> ReservationEvent:
+    return ReservationEvent(name=job.reservation, uid=job.reservation, phase="Available", node=node or job.destination)
+
+
+def test_a_move_from_plan_to_succeeded() -> None:
+    svc, now = service()
+    out = svc.cycle(now[0])
+    reservations = [o.record for o in out if isinstance(o.record, Reservation)]
+    assert reservations and len(svc.jobs) == len(reservations)
+    assert svc.objective["p"][1].std_sum < svc.objective["p"][0].std_sum  # the cycle's objective, as planned
+    first = {j.pod_uid for j in svc.jobs.values()}
+    again = [o.record for o in svc.cycle(now[0]) if isinstance(o.record, MigrationJob)]
+    assert not first & {j.pod_uid for j in again}  # a pod in flight is not planned again
+    job = next(iter(svc.jobs.values()))
+    svc.on_records([available(job)])
+    evicted = [o.record for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+    assert [e.uid for e in evicted] == [job.pod_uid]
+    assert svc.actuate(now[0]) == []  # burst 1, 10/s: the next one waits
+    svc.on_records([PodDeleted(uid=job.pod_uid, name=job.pod_name)])
+    done = ReservationEvent(name=job.reservation, uid=job.reservation, phase="Succeeded", node=job.destination)
+    svc.on_records([done])
+    assert svc.jobs[job.uid].phase == "Succeeded" and svc.finished[("Succeeded", mg.DONE)] == 1
+    assert svc.on_records([done]) == []  # redelivered: nothing changes
+    assert svc.evictions == {"rebalance: FragmentationAware": 1}
+
+
+def test_jobs_past_their_ttl_abort_and_release() -> None:
+    svc, now = service()
+    svc.cycle(now[0])
+    out = svc.tick(now[0] + 301)
+    assert {j.phase for j in svc.jobs.values()} == {"Aborted"}
+    assert len([o for o in out if isinstance(o.record, PodDeleted)]) == len(svc.jobs)
+    assert not svc.active
+
+
+def test_a_reservation_that_fits_nowhere_aborts_its_job() -> None:
+    svc, now = service()
+    svc.cycle(now[0])
+    job = next(iter(svc.jobs.values()))
+    out = svc.on_records([SchedulingFeedback(uid=job.reservation, namespace="default", name=job.reservation, attempt=1,
+                                             message="0/4 nodes are available", final=True)])
+    assert svc.jobs[job.uid].phase == "Aborted" and svc.jobs[job.uid].reason == mg.UNSCHEDULABLE
+    assert [o.record.uid for o in out if isinstance(o.record, PodDeleted)] == [job.reservation]
+
+
+def test_a_scale_down_evicts_directly_when_asked() -> None:
+    svc, now = service("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
+                       "pluginConfig: [{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
+    _, problems = svc.scale_down(ScaleDownEvent(workload="ReplicaSet/mem", replicas=3), now[0])
+    [(_, plan)] = svc.scale_downs
+    assert not problems and len(plan.victims) == 2 and len(svc.jobs) == 2
+    sent = []
+    for _ in range(3):
+        sent += [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+        now[0] += 0.1  # the rate limit: one eviction per 0.1 s
+    assert sorted(sent) == sorted(plan.victims)
+    assert {j.phase for j in svc.jobs.values()} == {"Succeeded"} and svc.evictions["rebalance: ScaleDownBinPack"] == 2
+
+
+def test_calculate_only_publishes_the_ranks_as_deletion_costs() -> None:
+    svc, now = service("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}}]")
+    out, problems = svc.scale_down(ScaleDownEvent(workload="mem", replicas=3), now[0])
+    [(_, plan)] = svc.scale_downs
+    annotated = {o.record.uid: o.record for o in out if isinstance(o.record, Pod)}
+    assert not problems and set(annotated) == set(plan.costs) and not svc.jobs
+    assert all(p.annotations[DELETION_COST] == str(plan.costs[uid]) and p.node_name for uid, p in annotated.items())
+    again, _ = svc.scale_down(ScaleDownEvent(workload="mem", replicas=3), now[0])
+    assert again == []  # the same ranks again: nothing to write
+
+
+def test_a_scale_down_of_no_workload_here_is_a_problem_naming_it() -> None:
+    svc, now = service("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}}]")
+    out, [problem] = svc.scale_down(ScaleDownEvent(workload="nothing", replicas=1), now[0])
+    assert out == [] and problem.field == "workload" and "default/nothing" in problem.error
+    out, [problem] = svc.scale_down(ScaleDownEvent(workload="mem", replicas=-1), now[0])
+    assert out == [] and problem.field == "replicas" and problem.value == "-1"
+
+
+def test_a_follower_writes_nothing_and_a_new_leader_finishes_what_was_missed() -> None:
+    leader, now = service()
+    written = [o.record for o in leader.cycle(now[0]) if isinstance(o.record, MigrationJob)]
+    job = written[0]
+    follower, _ = service(leading=False)
+    assert follower.cycle(now[0]) == [] and follower.actuate(now[0]) == []
+    follower.on_records(written)
+    # The leader saw the reservation Available and recorded it, then died before the eviction.
+    stepped = [o.record for o in leader.on_records([available(job)]) if isinstance(o.record, MigrationJob)]
+    assert follower.on_records([available(job), *stepped]) == []
+    assert follower.jobs[job.uid].step == mg.EVICTING
+    follower.on_records([written[0]])  # read again, older: nothing undone
+    assert follower.jobs[job.uid].step == mg.EVICTING
+    # Another job's source pod went while nobody led.
+    other = written[1]
+    follower.on_records([PodDeleted(uid=other.pod_uid, name=other.pod_name)])
+    out = follower.lead(now[0])
+    assert follower.jobs[other.uid].phase == "Aborted" and follower.jobs[other.uid].reason == mg.SOURCE_GONE
+    assert other.reservation in {o.record.uid for o in out if isinstance(o.record, PodDeleted)}
+    evicted = [o.record.uid for o in follower.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+    assert evicted == [job.pod_uid]
+
+
+def test_a_finished_job_read_back_leaves_memory() -> None:
+    svc, now = service(leading=False)
+    leader, _ = service()
+    written = [o.record for o in leader.cycle(now[0]) if isinstance(o.record, MigrationJob)]
+    svc.on_records(written)
+    ended = [o.record for o in leader.tick(now[0] + 301) if isinstance(o.record, MigrationJob)]
+    svc.on_records(ended)
+    assert not svc.jobs and not svc.active
+    assert all(svc.moved_at[j.pod_uid] == now[0] for j in written)  # still not moved again too soon
