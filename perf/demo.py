@@ -83,11 +83,11 @@ async def wait_decided(collector: Collector, uids: set[str], stall_s: float) -> 
 @contextlib.asynccontextmanager
 async def system(settings: Settings, bootstrap: str = "", layout: str = "split", broker_kind: str = "tansu",
                  metrics_ports: Sequence[int] = (), extra_env: Mapping[str, str] | None = None,
-                 rebalancer: bool = False) -> AsyncIterator[tuple[Settings, list[Any]]]:
+                 rebalancers: int = 0) -> AsyncIterator[tuple[Settings, list[Any]]]:
     """The real system for a run: a broker (unless `bootstrap` names one: the embedded Tansu,
     or with `broker_kind="kafka"` Apache Kafka from `make kafka`), the topics, and the workers
-    (`split`: a state process and a scheduler process, in that order; `single`: one; with
-    `rebalancer`, then a process with only the rebalancer role). With `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to every worker.
+    (`split`: a state process and a scheduler process, in that order; `single`: one; then
+    `rebalancers` processes with only the rebalancer role). With `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to every worker.
     Yields the settings pointing at the broker and the worker processes; stops everything
     after."""
     broker: Any = None
@@ -113,7 +113,7 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
         await prepare(settings)
         worker = [sys.executable, "-m", "cli.main", "worker"]
         commands = [worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if layout == "split" else [worker]
-        commands += [worker + ["--roles", "rebalancer"]] if rebalancer else []
+        commands += [worker + ["--roles", "rebalancer"]] * rebalancers
         workers = [spawn_tied(cmd, env={**env, **({"KOORDSTREAM_WORKER_METRICS_PORT": str(metrics_ports[i])}
                                                    if i < len(metrics_ports) else {})})
                    for i, cmd in enumerate(commands)]

@@ -1,8 +1,9 @@
 """`koordstream perf run rebalance-moves`: the rebalancer through the real system: a lopsided cluster evened out by ReservationFirst
 moves, then a scale-down ranked by the rebalancer and carried out by the workload's controller.
 
-The system (`perf.demo.system`) runs a state worker, a scheduler worker and a worker with only
-the `rebalancer` role, against the embedded Tansu or Apache Kafka. The harness plays the
+The system (`perf.demo.system`) runs a state worker, a scheduler worker and `rebalancers`
+workers with only the `rebalancer` role (one leads; with `kill_leader`, the leader is killed
+with SIGKILL once the first moves began, and the run measures how long until another leads), against the embedded Tansu or Apache Kafka. The harness plays the
 cluster around them (`perf.controller.Workloads`: ReplicaSet-like workloads and the Eviction
 API, PodDisruptionBudgets included):
 
@@ -33,6 +34,8 @@ termination.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import tempfile
 import time
 from collections import Counter
@@ -49,6 +52,7 @@ from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.controller import Workloads
 from perf.demo import start_up, system
+from perf.soak import free_port, metric, scrape
 from schemas import topics
 from schemas.records import (
     Binding,
@@ -79,6 +83,8 @@ class MoveRunConfig:
     quiet_s: float = 8.0  # no job running and none started for this long: the moves are over
     scale_down_by: int = 3  # a node's worth: the rebalancer's ranks can empty one node
     timeout_s: float = 60.0
+    rebalancers: int = 1  # workers with only the rebalancer role; one leads
+    kill_leader: bool = False  # kill -9 the leading one once the first moves began (needs 2 or more)
 
     def rebalancer_yaml(self) -> str:
         return (f"deschedulingInterval: {self.interval_s}s\n"
@@ -203,11 +209,22 @@ async def run_moves(cfg: MoveRunConfig, settings: Settings, extra_env: dict[str,
         path = Path(tmp) / "rebalancer.yaml"
         path.write_text(cfg.rebalancer_yaml())
         env = {"KOORDSTREAM_REBALANCER_CONFIG": str(path), "KOORDSTREAM_REBALANCER_TICK_S": "0.1", **(extra_env or {})}
-        async with system(settings, broker_kind=cfg.broker, rebalancer=True, extra_env=env) as (running, _):
-            return await _drive(cfg, running)
+        ports = [free_port() for _ in range(cfg.rebalancers)]
+        async with system(settings, broker_kind=cfg.broker, rebalancers=cfg.rebalancers, extra_env=env,
+                          metrics_ports=[0, 0, *ports]) as (running, workers):
+            return await _drive(cfg, running, dict(zip(ports, workers[2:], strict=True)))
 
 
-async def _drive(cfg: MoveRunConfig, settings: Settings) -> dict[str, Any]:
+async def _leader(rebalancers: dict[int, Any]) -> tuple[int, Any] | None:
+    """The rebalancer worker that leads now (its metrics port and process), if one does."""
+    for port, proc in rebalancers.items():
+        with contextlib.suppress(OSError):
+            if proc.poll() is None and metric(await scrape(port), "koordstream_rebalancer_leading") == 1.0:
+                return port, proc
+    return None
+
+
+async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, Any]) -> dict[str, Any]:
     bootstrap, partitions = settings.kafka.bootstrap, settings.kafka.partitions
     half = cfg.nodes_per_side
     collector = Collector(bootstrap, [topics.BINDINGS, topics.EVICTIONS, topics.MIGRATIONS, topics.PODS], partitions)
@@ -231,6 +248,9 @@ async def _drive(cfg: MoveRunConfig, settings: Settings) -> dict[str, Any]:
             before = h.objective()
             started = time.monotonic()
             last_change = [time.monotonic(), 0]
+            failover: dict[str, Any] = {}
+            if cfg.kill_leader:
+                failover = await _kill_the_leader(h, rebalancers, cfg)
 
             def settled() -> bool:
                 jobs = h.jobs()
@@ -260,8 +280,30 @@ async def _drive(cfg: MoveRunConfig, settings: Settings) -> dict[str, Any]:
         "evictions": len(collector.of(EvictionCommand)), "evictions_refused": dict(h.refused),
         "availability_gap": round(h.gap, 3), "lowest_ready": dict(h.lowest),
         "availability": {k: list(v) for k, v in h.workloads.availability().items()},
-        "scale_down": scale_down,
+        "scale_down": scale_down, "failover": failover,
+        "jobs_unfinished": sum(1 for j in jobs.values() if j.phase not in ("Succeeded", "Failed", "Aborted")),
     }
+
+
+async def _kill_the_leader(h: Harness, rebalancers: dict[int, Any], cfg: MoveRunConfig) -> dict[str, Any]:
+    """Once a move has begun, kill -9 the leading rebalancer; wait until another one leads."""
+    if not await h.until(lambda: bool(h.jobs()), cfg.timeout_s):
+        raise TimeoutError("no migration began before the leader was to be killed")
+    found = await _leader(rebalancers)
+    if found is None:
+        raise TimeoutError("migrations began but no rebalancer says it leads")
+    port, proc = found
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at, jobs_then = time.monotonic(), len(h.jobs())
+    successor = None
+    while successor is None and time.monotonic() - killed_at < cfg.timeout_s:
+        await h.step()
+        successor = await _leader({p: pr for p, pr in rebalancers.items() if p != port})
+        await asyncio.sleep(0.2)
+    if successor is None:
+        raise TimeoutError("no rebalancer took over the lead after the leader was killed")
+    return {"jobs_when_killed": jobs_then, "takeover_s": round(time.monotonic() - killed_at, 1)}
 
 
 async def _scale_down(h: Harness, cfg: MoveRunConfig) -> dict[str, Any]:
@@ -278,7 +320,7 @@ async def _scale_down(h: Harness, cfg: MoveRunConfig) -> dict[str, Any]:
     default_empty = len(set(h.nodes) - {p.node_name for p in h.bound_now() if p.uid not in default_gone})
     empty_before = h.empty_nodes()
     asked = len(h.collector.records)
-    await h.publish(topics.SCALE_DOWN, [ScaleDownEvent(workload="cpu", namespace=NAMESPACE, replicas=desired)])
+    await h.publish(topics.SCALE_DOWN, [ScaleDownEvent(workload="cpu", namespace=NAMESPACE, replicas=cfg.scale_down_by)])
     uids = set(w.members)
 
     def ranked() -> bool:

@@ -1,8 +1,8 @@
 """aiokafka side of the rebalancer (`agents.rebalance.service`): who leads, what it reads, what
 it writes.
 
-Every worker with the `rebalancer` role reads `nodes`, `pods`, `bindings`, `reservations`,
-`feedback` and `migrations` whole and then as they grow (no group, committed records only),
+Every worker with the `rebalancer` role reads `nodes`, `pods`, `bindings`, `evictions`,
+`reservations`, `feedback` and `migrations` whole and then as they grow (no group, committed records only),
 so that its view is current whenever it takes over.
 
 Leadership is a partition owner: the workers join the group `<app_id>-rebalancer` on
@@ -48,7 +48,8 @@ from schemas.records import MigrationJob, ScaleDownEvent
 
 log = logging.getLogger("koordstream.rebalancer")
 
-READ = (topics.NODES, topics.PODS, topics.BINDINGS, topics.RESERVATIONS, topics.FEEDBACK, topics.MIGRATIONS)
+READ = (topics.NODES, topics.PODS, topics.BINDINGS, topics.EVICTIONS, topics.RESERVATIONS, topics.FEEDBACK,
+        topics.MIGRATIONS)
 
 
 class OneLeader(AbstractPartitionAssignor):  # type: ignore[misc]
@@ -113,9 +114,7 @@ async def run(service: RebalancerService, outbox: Outbox, *, bootstrap: str, par
             batches = await tail.getmany(timeout_ms=int(tick_s * 1000), max_records=5000)
             messages = [RawMessage(m.value, m.topic, m.partition, m.offset) for ms in batches.values() for m in ms]
             out: list[Output] = []
-            if messages:
-                out += service.on_records(intake(messages).records)  # bad ones were dead-lettered where produced
-            if leadership.changed:
+            if leadership.changed:  # before the records: a deposed leader steps nothing more
                 leadership.changed = False
                 if leadership.held:
                     catch_up = await tail.end_offsets(tps)
@@ -124,6 +123,9 @@ async def run(service: RebalancerService, outbox: Outbox, *, bootstrap: str, par
                     service.follow()
                     catch_up = None
                     log.info("rebalancer: lost the lead")
+            if messages:
+                out += service.on_records(intake(messages).records)  # bad ones were dead-lettered where produced
+            service.prune(clock())
             if catch_up is not None and leadership.held and await _read_up_to(tail, catch_up):
                 catch_up = None
                 out += service.lead(clock())
@@ -152,8 +154,10 @@ async def run(service: RebalancerService, outbox: Outbox, *, bootstrap: str, par
                                                                          for o in planned),
                              {p: (a.as_dict(), b.as_dict()) for p, (a, b) in service.objective.items()})
                 out += service.tick(now) + service.actuate(now)
-            if out:
-                await deliver(outbox, out)
+            jobs = [o for o in out if o.topic == topics.MIGRATIONS]
+            for wave in (jobs, [o for o in out if o.topic != topics.MIGRATIONS]):
+                if wave:  # the jobs' records first: a job is never behind what it did
+                    await deliver(outbox, wave)
             if sent and service.leading:
                 with contextlib.suppress(Exception):  # a lost lead: the next leader answers again
                     await group.commit({tp: ms[-1].offset + 1 for tp, ms in sent.items()})

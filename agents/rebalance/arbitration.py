@@ -230,15 +230,17 @@ class TokenBucket:
     rate: float
     burst: int
     clock: Callable[[], float]
-    tokens: float = -1.0
-    stamp: float = 0.0
+    tokens: float = 0.0
+    stamp: float | None = None  # None: not started (a full burst at the first take)
 
     def take(self) -> bool:
+        """A backward step of the clock adds nothing (and takes nothing away)."""
         now = self.clock()
-        if self.tokens < 0:
-            self.tokens, self.stamp = float(self.burst), now
-        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
+        if self.stamp is None:
+            self.tokens = float(self.burst)
+        else:
+            self.tokens = min(float(self.burst), self.tokens + max(0.0, now - self.stamp) * self.rate)
+        self.stamp = now if self.stamp is None else max(self.stamp, now)
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return True

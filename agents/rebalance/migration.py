@@ -118,8 +118,8 @@ def on_reservation(job: MigrationJob, event: ReservationEvent, now: float) -> St
     if job.phase in FINISHED or event.uid != job.reservation:
         return job, []
     if event.phase == reservations.AVAILABLE:
-        if job.step != RESERVING:
-            return job, []
+        if job.step != RESERVING or not event.node:
+            return job, []  # an Available event that names no node says nothing about where
         if event.node == job.source:
             return _end(job, ABORTED, ON_SOURCE, now, release=True)
         return _record(replace(job, step=EVICTING, reserved_on=event.node, updated=now), [])
@@ -131,7 +131,7 @@ def on_reservation(job: MigrationJob, event: ReservationEvent, now: float) -> St
         return _end(job, ABORTED, CONSUMED_EARLY, now, release=False)
     if event.phase == reservations.FAILED:
         reason = EXPIRED if event.reason == reservations.REASON_EXPIRED else f"{RESERVATION_FAILED}: {event.reason}"
-        return _end(job, ABORTED, reason, now, release=False)
+        return _end(job, ABORTED, reason, now, release=True)  # it holds nothing, but the record goes too
     return job, []
 
 
@@ -145,6 +145,11 @@ def eviction(job: MigrationJob, reason: str = "rebalance: FragmentationAware") -
     """The eviction a job waits to send (None when it waits for nothing)."""
     if job.phase != RUNNING or job.step != EVICTING:
         return None
+    return command(job, reason)
+
+
+def command(job: MigrationJob, reason: str) -> EvictionCommand:
+    """The job's EvictionCommand (sent again, unchanged, by a leader that took over)."""
     return EvictionCommand(uid=job.pod_uid, namespace=job.namespace, name=job.pod_name, node=job.source,
                            reason=f"{reason} (migration {job.uid})")
 

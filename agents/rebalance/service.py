@@ -3,7 +3,8 @@ time is injected. Its adapter (`agents.adapters.rebalancer`) reads the topics, d
 leads and produces what comes out.
 
 Inputs (`on_records`): Node / NodeDeleted (`nodes`), Pod / PodDeleted (`pods`), Binding
-(`bindings`), ReservationEvent (`reservations`), SchedulingFeedback (`feedback`: a final one
+(`bindings`), EvictionCommand (`evictions`: a pod being evicted is neither planned nor
+evicted again), ReservationEvent (`reservations`), SchedulingFeedback (`feedback`: a final one
 for a migration's reservation means it fits nowhere) and its own MigrationJob records
 (`migrations`: of two versions of a job the higher wins, so a record read back late never
 undoes a step).
@@ -24,12 +25,26 @@ pod on `pods`, which the scheduler ignores and a ReplicaSet controller, or the b
 patches the pod, acts on); with EvictDirectly the victims are evicted by jobs of mode
 EvictDirectly (no replacement is reserved: the workload is shrinking).
 
+The adapter delivers outputs in two waves: the MigrationJob records first, then what they
+do. A leader that dies between the two left its jobs recorded one step ahead; `lead` then
+sends the eviction of every job recorded as evicted that `evictions` does not show, while its
+pod is still there. So nothing the jobs say happened is left undone; an eviction is sent
+twice only when the last leader's landed but was not read yet (the Eviction API answers a pod
+already going with nothing new).
+
+Memory holds the live view and the jobs in flight, not the history (`prune`, called by the
+adapter): a finished job leaves `jobs` at once and is remembered as finished (`done`, so that
+no late version brings it back) for `DONE_KEEP_S`; reservation events and feedback are kept
+only for jobs not known to be finished, and those of jobs never seen for `ORPHAN_KEEP_S`;
+`moved_at` for the longest `moveInterval`; a scale-down plan per profile and workload.
+
 Counted for the metrics: evictions by reason, migrations finished by phase and reason, and
 each profile's cluster objective as its last cycle measured it.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -45,6 +60,7 @@ from agents.state import reservations
 from schemas import topics
 from schemas.records import (
     Binding,
+    EvictionCommand,
     MigrationJob,
     Node,
     NodeDeleted,
@@ -59,6 +75,11 @@ from schemas.records import (
 RESERVATION_SUFFIX = mg.RESERVATION_SUFFIX
 MOVE_REASON = "rebalance: FragmentationAware"
 SCALE_DOWN_REASON = "rebalance: ScaleDownBinPack"
+DONE_KEEP_S = 3600.0  # a finished job's uid is remembered this long (no later version revives it)
+ORPHAN_KEEP_S = 600.0  # an event for a job not seen yet is kept this long
+EVICTED_KEEP_S = 600.0  # a pod an eviction was sent for is left alone this long, unless deleted
+PRUNE_EVERY_S = 10.0
+_SEQUENCE = re.compile(r"-([0-9]+)$")
 
 
 @dataclass
@@ -69,17 +90,20 @@ class RebalancerService:
     nodes: dict[str, Node] = field(default_factory=dict)
     pods: dict[str, Pod] = field(default_factory=dict)
     bound: dict[str, str] = field(default_factory=dict)  # pod uid -> node
-    jobs: dict[str, MigrationJob] = field(default_factory=dict)
-    moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
-    events: dict[str, ReservationEvent] = field(default_factory=dict)  # a job's reservation -> its last event
-    unschedulable: set[str] = field(default_factory=set)  # reservations that fit nowhere
-    gone: set[str] = field(default_factory=set)  # pods of unfinished jobs deleted
+    jobs: dict[str, MigrationJob] = field(default_factory=dict)  # unfinished, by job uid
     active: dict[str, str] = field(default_factory=dict)  # pod uid -> its unfinished job
-    scale_downs: list[tuple[str, ScaleDownPlan]] = field(default_factory=list)
+    done: dict[str, float] = field(default_factory=dict)  # finished job uid -> when it was seen finished
+    departed: dict[str, Pod] = field(default_factory=dict)  # deleted pods of unfinished jobs
+    evicted: dict[str, float] = field(default_factory=dict)  # pod uid -> when its eviction was sent
+    moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
+    events: dict[str, tuple[ReservationEvent, float]] = field(default_factory=dict)  # reservation -> last event
+    unschedulable: dict[str, float] = field(default_factory=dict)  # reservations that fit nowhere
+    scale_downs: dict[tuple[str, str], ScaleDownPlan] = field(default_factory=dict)  # (profile, workload) -> plan
     evictions: Counter[str] = field(default_factory=Counter)
     finished: Counter[tuple[str, str]] = field(default_factory=Counter)  # (phase, reason) -> jobs
     objective: dict[str, tuple[Objective, Objective]] = field(default_factory=dict)  # profile -> (now, planned)
     sequence: int = 0
+    pruned: float = 0.0
     bucket: TokenBucket = field(init=False)
 
     def __post_init__(self) -> None:
@@ -100,84 +124,125 @@ class RebalancerService:
             elif isinstance(r, Pod):
                 self.pods[r.uid] = r
             elif isinstance(r, PodDeleted):
-                self.pods.pop(r.uid, None)
-                self.bound.pop(r.uid, None)
-                if r.uid in self.active:
-                    self.gone.add(r.uid)
-                    out += self._apply(self.active[r.uid], partial(mg.on_pod_gone, uid=r.uid, now=now))
-                else:
-                    self.moved_at.pop(r.uid, None)
+                out += self._deleted(r.uid, now)
             elif isinstance(r, Binding):
                 self.bound[r.uid] = r.node
+            elif isinstance(r, EvictionCommand):
+                if r.uid in self.pods:
+                    self.evicted[r.uid] = now  # whoever sent it (a past leader, a preemption): the pod is going
             elif isinstance(r, ReservationEvent) and r.uid.endswith(RESERVATION_SUFFIX):
                 if r.phase in (reservations.SUCCEEDED, reservations.FAILED):
                     self.bound.pop(r.uid, None)  # a reservation's Binding: it holds nothing any more
-                self.events[r.uid] = r
-                out += self._apply(r.uid.removesuffix(RESERVATION_SUFFIX), partial(mg.on_reservation, event=r, now=now))
+                job = r.uid.removesuffix(RESERVATION_SUFFIX)
+                if job not in self.done:
+                    self.events[r.uid] = (r, now)
+                    out += self._apply(job, partial(mg.on_reservation, event=r, now=now))
             elif isinstance(r, SchedulingFeedback) and r.final and r.uid.endswith(RESERVATION_SUFFIX):
-                self.unschedulable.add(r.uid)
-                out += self._apply(r.uid.removesuffix(RESERVATION_SUFFIX),
-                                   partial(mg.on_unschedulable, reservation_uid=r.uid, now=now))
+                job = r.uid.removesuffix(RESERVATION_SUFFIX)
+                if job not in self.done:
+                    self.unschedulable[r.uid] = now
+                    out += self._apply(job, partial(mg.on_unschedulable, reservation_uid=r.uid, now=now))
             elif isinstance(r, MigrationJob):
-                self._read_back(r)
+                self._read_back(r, now)
         return out
 
-    def _read_back(self, job: MigrationJob) -> None:
-        """A job as `migrations` has it. Finished, it leaves memory (no older version of it can
-        follow in the log); otherwise it is kept unless this worker holds a newer version."""
+    def _deleted(self, uid: str, now: float) -> list[Output]:
+        pod = self.pods.pop(uid, None)
+        node = self.bound.pop(uid, None)
+        self.evicted.pop(uid, None)
+        job = self.active.get(uid)
+        if job is None:
+            self.moved_at.pop(uid, None)
+            return []
+        if pod is not None:  # counted against the limits until its job ends
+            self.departed[uid] = replace(pod, node_name=node or self.jobs[job].source)
+        return self._apply(job, partial(mg.on_pod_gone, uid=uid, now=now))
+
+    def _read_back(self, job: MigrationJob, now: float) -> None:
+        """A job as `migrations` has it. A finished one leaves memory and is remembered as
+        finished; an unfinished one is kept unless this worker holds it at an equal or newer
+        version, or knows it finished."""
+        if job.uid in self.done:
+            return
         mine = self.jobs.get(job.uid)
-        if mine is not None and mine.version > job.version:
+        if mine is not None and mine.version >= job.version and job.phase not in mg.FINISHED:
             return
         self.moved_at[job.pod_uid] = max(self.moved_at.get(job.pod_uid, 0.0), job.created)
-        self.sequence = max(self.sequence, int(job.uid.rsplit("-", 1)[-1]) if job.uid[-1:].isdigit() else 0)
+        found = _SEQUENCE.search(job.uid)
+        self.sequence = max(self.sequence, int(found.group(1)) if found else 0)
         if job.phase in mg.FINISHED:
-            self.jobs.pop(job.uid, None)
-            self._forget(job)
-        elif mine is None or job.version > mine.version:
+            self._finish(job, now)
+        else:
             self.jobs[job.uid] = job
             self.active[job.pod_uid] = job.uid
 
-    def _forget(self, job: MigrationJob) -> None:
+    def _finish(self, job: MigrationJob, now: float) -> None:
+        self.jobs.pop(job.uid, None)
+        self.done[job.uid] = now
         self.events.pop(job.reservation, None)
-        self.unschedulable.discard(job.reservation)
-        self.gone.discard(job.pod_uid)
+        self.unschedulable.pop(job.reservation, None)
+        self.departed.pop(job.pod_uid, None)
         if self.active.get(job.pod_uid) == job.uid:
             del self.active[job.pod_uid]
+        if job.pod_uid not in self.pods:
+            self.moved_at.pop(job.pod_uid, None)
 
     def _apply(self, uid: str, step: Callable[[MigrationJob], mg.Step]) -> list[Output]:
         """Step one unfinished job (when leading)."""
         job = self.jobs.get(uid)
-        if not self.leading or job is None or job.phase in mg.FINISHED:
+        if not self.leading or job is None:
             return []
-        return self._step(uid, step(job))
+        return self._step(step(job))
 
-    def _step(self, uid: str, step: mg.Step) -> list[Output]:
+    def _step(self, step: mg.Step) -> list[Output]:
         job, outputs = step
-        before = self.jobs.get(uid)
-        self.jobs[uid] = job
-        if job.phase not in mg.FINISHED:
-            self.active[job.pod_uid] = uid
-        elif before is None or before.phase not in mg.FINISHED:
+        if job.phase in mg.FINISHED:
             self.finished[(job.phase, job.reason)] += 1
-            self._forget(job)
+            self._finish(job, self.clock())
+        else:
+            self.jobs[job.uid] = job
+            self.active[job.pod_uid] = job.uid
         return outputs
+
+    def prune(self, now: float) -> None:
+        """Forget what only history would keep (see the module docstring); at most every
+        `PRUNE_EVERY_S`."""
+        if now - self.pruned < PRUNE_EVERY_S:
+            return
+        self.pruned = now
+        jobs = self.jobs
+        self.done = {uid: t for uid, t in self.done.items() if now - t < DONE_KEEP_S}
+        self.events = {k: v for k, v in self.events.items()
+                       if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - v[1] < ORPHAN_KEEP_S}
+        self.unschedulable = {k: t for k, t in self.unschedulable.items()
+                              if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - t < ORPHAN_KEEP_S}
+        self.evicted = {uid: t for uid, t in self.evicted.items() if now - t < EVICTED_KEEP_S}
+        keep = max((p.fragmentation.move_interval_s for p in self.rebalancer.config.profiles if p.fragmentation),
+                   default=0.0)
+        self.moved_at = {uid: t for uid, t in self.moved_at.items() if uid in self.active or now - t < keep}
 
     # -- leadership --------------------------------------------------------------------------
 
     def lead(self, now: float) -> list[Output]:
         """Become the leader (the jobs read back whole): apply what the jobs in flight may have
-        missed, then end those past their ttl."""
+        missed, send the evictions recorded as sent that `evictions` does not show (their pods
+        still there), then end the jobs past their ttl."""
         self.leading = True
         out: list[Output] = []
-        for uid in [uid for uid, job in self.jobs.items() if job.phase not in mg.FINISHED]:
+        for uid in list(self.jobs):
             job = self.jobs[uid]
-            event = self.events.get(job.reservation)
-            if event is not None:
-                out += self._step(uid, mg.on_reservation(self.jobs[uid], event, now))
+            seen = self.events.get(job.reservation)
+            steps = [partial(mg.on_reservation, event=seen[0], now=now)] if seen else []
             if job.reservation in self.unschedulable:
-                out += self._step(uid, mg.on_unschedulable(self.jobs[uid], job.reservation, now))
-            if job.pod_uid in self.gone or job.pod_uid not in self.pods:
-                out += self._step(uid, mg.on_pod_gone(self.jobs[uid], job.pod_uid, now))
+                steps.append(partial(mg.on_unschedulable, reservation_uid=job.reservation, now=now))
+            if job.pod_uid not in self.pods:
+                steps.append(partial(mg.on_pod_gone, uid=job.pod_uid, now=now))
+            for step in steps:
+                out += self._apply(uid, step)
+            job = self.jobs.get(uid, job)
+            if (job.step == mg.REPLACING and job.phase not in mg.FINISHED and job.pod_uid in self.pods
+                    and job.pod_uid not in self.evicted):
+                out += self._evict(job, now)
         return out + self.tick(now)
 
     def follow(self) -> None:
@@ -190,21 +255,27 @@ class RebalancerService:
         return [replace(p, node_name=self.bound[uid]) for uid, p in self.pods.items() if uid in self.bound]
 
     def in_flight(self) -> list[tuple[Pod, str, str]]:
-        return [(self.pods[j.pod_uid], j.source, j.reserved_on or j.destination) for j in self.jobs.values()
-                if j.phase not in mg.FINISHED and j.pod_uid in self.pods]
+        """Every unfinished job's pod (deleted or not), source and destination."""
+        out = []
+        for j in self.jobs.values():
+            pod = self.pods.get(j.pod_uid) or self.departed.get(j.pod_uid)
+            if pod is not None:
+                out.append((pod, j.source, j.reserved_on or j.destination))
+        return out
 
     def _start(self, pod: Pod, source: str, destination: str, now: float, mode: str) -> list[Output]:
         self.sequence += 1
         job = mg.new_job(pod, source=source, destination=destination, now=now, mode=mode, sequence=self.sequence)
         self.moved_at[pod.uid] = now
-        return self._step(job.uid, mg.start(job, pod, now))
+        return self._step(mg.start(job, pod, now))
 
     def cycle(self, now: float) -> list[Output]:
         """Plan, and start a migration job per planned move (unless the profile is a dry run)."""
         if not self.leading:
             return []
         out: list[Output] = []
-        plans = self.rebalancer.cycle(self.nodes.values(), self.placed(), now=now, moved_at=self.moved_at,
+        staying = [p for p in self.placed() if p.uid not in self.evicted]
+        plans = self.rebalancer.cycle(self.nodes.values(), staying, now=now, moved_at=self.moved_at,
                                       in_flight=self.in_flight())
         for c in plans:
             self.objective[c.profile] = (c.moves.before, c.moves.after)
@@ -216,29 +287,39 @@ class RebalancerService:
         return out
 
     def actuate(self, now: float) -> list[Output]:
-        """Evictions that jobs wait for, within the arbitration and the rate limit."""
+        """Evictions that jobs wait for, within the arbitration and the rate limit. Every
+        unfinished job counts against the limits, its pod deleted or not."""
         if not self.leading or not self.rebalancer.config.profiles:
             return []
         out: list[Output] = []
-        arbitrator = Arbitrator.over(self.rebalancer.config.profiles[0].arbitration, self.placed())
+        departed = [p for p in self.departed.values() if p.uid not in self.pods]
+        arbitrator = Arbitrator.over(self.rebalancer.config.profiles[0].arbitration, [*self.placed(), *departed])
+        waiting = []
         for job in self.jobs.values():
-            if job.phase not in mg.FINISHED and job.step == mg.REPLACING and job.pod_uid in self.pods:
-                arbitrator.admit(self.pods[job.pod_uid], job.source)
-        for uid, job in list(self.jobs.items()):
-            moving = job.mode == mg.RESERVATION_FIRST
-            command = mg.eviction(job, MOVE_REASON if moving else SCALE_DOWN_REASON)
-            pod = self.pods.get(job.pod_uid)
-            if command is None or pod is None:
+            pod = self.pods.get(job.pod_uid) or self.departed.get(job.pod_uid)
+            if pod is None:
                 continue
-            if moving and arbitrator.refusal(pod, job.source):
+            if mg.eviction(job) is None:
+                arbitrator.admit(pod, job.source)
+            else:
+                waiting.append((job, pod))
+        for job, pod in waiting:
+            moving = job.mode == mg.RESERVATION_FIRST
+            if job.pod_uid not in self.pods or (moving and arbitrator.refusal(pod, job.source)):
                 continue
             if not self.bucket.take():
                 break
-            if moving:
-                arbitrator.admit(pod, job.source)
-            self.evictions[MOVE_REASON if moving else SCALE_DOWN_REASON] += 1
-            out += [Output(topics.EVICTIONS, command.uid, command), *self._step(uid, mg.evicted(job, now))]
+            arbitrator.admit(pod, job.source)
+            out += self._step(mg.evicted(job, now))
+            out += self._evict(job, now)
         return out
+
+    def _evict(self, job: MigrationJob, now: float) -> list[Output]:
+        reason = MOVE_REASON if job.mode == mg.RESERVATION_FIRST else SCALE_DOWN_REASON
+        command = mg.command(job, reason)
+        self.evictions[reason] += 1
+        self.evicted[job.pod_uid] = now
+        return [Output(topics.EVICTIONS, command.uid, command)]
 
     def tick(self, now: float) -> list[Output]:
         out: list[Output] = []
@@ -249,23 +330,29 @@ class RebalancerService:
     # -- scale-down --------------------------------------------------------------------------
 
     def scale_down(self, event: ScaleDownEvent, now: float) -> tuple[list[Output], list[Problem]]:
-        """Rank the workload's pods (every profile with ScaleDownBinPack). CalculateOnly: the
-        ranks as pod-deletion-cost annotations; EvictDirectly: the victims evicted by jobs.
-        An event naming no workload here, or asking for a bad count, is a problem."""
-        if event.replicas < 0:
-            return [], [Problem("replicas", str(event.replicas), f"replicas={event.replicas}: must be 0 or more",
-                                event)]
+        """Rank the workload's pods (every profile with ScaleDownBinPack), leaving out pods in
+        flight or being evicted. CalculateOnly: the ranks as pod-deletion-cost annotations;
+        EvictDirectly: the victims evicted by jobs. An event naming no workload here, or
+        asking to remove fewer than one pod, is a problem naming the field. A follower answers
+        nothing."""
+        if not self.leading:
+            return [], []
+        if event.replicas < 1:
+            return [], [Problem("replicas", str(event.replicas),
+                                f"replicas={event.replicas}: a scale-down removes at least one pod", event)]
+        staying = [p for p in self.placed() if p.uid not in self.active and p.uid not in self.evicted]
         try:
-            plans = self.rebalancer.scale_down(self.nodes.values(), self.placed(), event, now=now)
+            plans = self.rebalancer.scale_down(self.nodes.values(), staying, event, now=now)
         except ValueError as exc:
             return [], [Problem("workload", f"{event.namespace}/{event.workload}", str(exc), event)]
         out: list[Output] = []
         for profile, plan in plans:
-            self.scale_downs.append((profile, plan))
+            self.scale_downs[(profile, plan.workload)] = plan
             args = next(p.binpack for p in self.rebalancer.config.profiles if p.name == profile)
             if args is not None and args.strategy == "EvictDirectly":
                 for uid in plan.victims:
-                    out += self._start(self.pods[uid], self.bound[uid], "", now, mg.EVICT_DIRECTLY)
+                    if uid not in self.active:
+                        out += self._start(self.pods[uid], self.bound[uid], "", now, mg.EVICT_DIRECTLY)
                 continue
             for uid, cost in plan.costs.items():
                 pod = self.pods[uid]

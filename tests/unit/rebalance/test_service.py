@@ -61,7 +61,7 @@ def test_a_move_from_plan_to_succeeded() -> None:
     svc.on_records([PodDeleted(uid=job.pod_uid, name=job.pod_name)])
     done = ReservationEvent(name=job.reservation, uid=job.reservation, phase="Succeeded", node=job.destination)
     svc.on_records([done])
-    assert svc.jobs[job.uid].phase == "Succeeded" and svc.finished[("Succeeded", mg.DONE)] == 1
+    assert job.uid in svc.done and job.uid not in svc.jobs and svc.finished[("Succeeded", mg.DONE)] == 1
     assert svc.on_records([done]) == []  # redelivered: nothing changes
     assert svc.evictions == {"rebalance: FragmentationAware": 1}
 
@@ -69,10 +69,10 @@ def test_a_move_from_plan_to_succeeded() -> None:
 def test_jobs_past_their_ttl_abort_and_release() -> None:
     svc, now = service()
     svc.cycle(now[0])
+    started = len(svc.jobs)
     out = svc.tick(now[0] + 301)
-    assert {j.phase for j in svc.jobs.values()} == {"Aborted"}
-    assert len([o for o in out if isinstance(o.record, PodDeleted)]) == len(svc.jobs)
-    assert not svc.active
+    assert started and not svc.jobs and not svc.active and svc.finished[("Aborted", mg.TTL)] == started
+    assert len([o for o in out if isinstance(o.record, PodDeleted)]) == started
 
 
 def test_a_reservation_that_fits_nowhere_aborts_its_job() -> None:
@@ -81,7 +81,8 @@ def test_a_reservation_that_fits_nowhere_aborts_its_job() -> None:
     job = next(iter(svc.jobs.values()))
     out = svc.on_records([SchedulingFeedback(uid=job.reservation, namespace="default", name=job.reservation, attempt=1,
                                              message="0/4 nodes are available", final=True)])
-    assert svc.jobs[job.uid].phase == "Aborted" and svc.jobs[job.uid].reason == mg.UNSCHEDULABLE
+    [ended] = [o.record for o in out if isinstance(o.record, MigrationJob)]
+    assert ended.phase == "Aborted" and ended.reason == mg.UNSCHEDULABLE and job.uid not in svc.jobs
     assert [o.record.uid for o in out if isinstance(o.record, PodDeleted)] == [job.reservation]
 
 
@@ -89,20 +90,21 @@ def test_a_scale_down_evicts_directly_when_asked() -> None:
     svc, now = service("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
                        "pluginConfig: [{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
     _, problems = svc.scale_down(ScaleDownEvent(workload="ReplicaSet/mem", replicas=3), now[0])
-    [(_, plan)] = svc.scale_downs
+    [plan] = svc.scale_downs.values()
     assert not problems and len(plan.victims) == 2 and len(svc.jobs) == 2
     sent = []
     for _ in range(3):
         sent += [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
         now[0] += 0.1  # the rate limit: one eviction per 0.1 s
     assert sorted(sent) == sorted(plan.victims)
-    assert {j.phase for j in svc.jobs.values()} == {"Succeeded"} and svc.evictions["rebalance: ScaleDownBinPack"] == 2
+    assert not svc.jobs and svc.finished[("Succeeded", mg.EVICTED)] == 2
+    assert svc.evictions["rebalance: ScaleDownBinPack"] == 2
 
 
 def test_calculate_only_publishes_the_ranks_as_deletion_costs() -> None:
     svc, now = service("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}}]")
     out, problems = svc.scale_down(ScaleDownEvent(workload="mem", replicas=3), now[0])
-    [(_, plan)] = svc.scale_downs
+    [plan] = svc.scale_downs.values()
     annotated = {o.record.uid: o.record for o in out if isinstance(o.record, Pod)}
     assert not problems and set(annotated) == set(plan.costs) and not svc.jobs
     assert all(p.annotations[DELETION_COST] == str(plan.costs[uid]) and p.node_name for uid, p in annotated.items())
@@ -135,7 +137,7 @@ def test_a_follower_writes_nothing_and_a_new_leader_finishes_what_was_missed() -
     other = written[1]
     follower.on_records([PodDeleted(uid=other.pod_uid, name=other.pod_name)])
     out = follower.lead(now[0])
-    assert follower.jobs[other.uid].phase == "Aborted" and follower.jobs[other.uid].reason == mg.SOURCE_GONE
+    assert other.uid in follower.done and follower.finished[("Aborted", mg.SOURCE_GONE)] == 1
     assert other.reservation in {o.record.uid for o in out if isinstance(o.record, PodDeleted)}
     evicted = [o.record.uid for o in follower.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
     assert evicted == [job.pod_uid]
@@ -150,3 +152,22 @@ def test_a_finished_job_read_back_leaves_memory() -> None:
     svc.on_records(ended)
     assert not svc.jobs and not svc.active
     assert all(svc.moved_at[j.pod_uid] == now[0] for j in written)  # still not moved again too soon
+
+
+def test_a_new_leader_sends_an_eviction_recorded_but_not_seen_and_only_that() -> None:
+    """The last leader recorded a job as evicted (its records go first) and died: if
+    `evictions` shows the command, the new leader sends nothing; if not, it sends it."""
+    leader, now = service()
+    written = [o.record for o in leader.cycle(now[0]) if isinstance(o.record, MigrationJob)]
+    log = [*written, *[o.record for o in leader.on_records([available(j) for j in written[:2]])]]
+    sent = leader.actuate(now[0])
+    now[0] += 0.1
+    sent += leader.actuate(now[0])
+    log += [o.record for o in sent if isinstance(o.record, MigrationJob)]
+    commands = [o.record for o in sent if isinstance(o.record, EvictionCommand)]
+    assert len(commands) == 2
+    for seen in (True, False):
+        follower, _ = service(leading=False)
+        follower.on_records([*[available(j) for j in written[:2]], *log, *(commands if seen else [])])
+        again = [o.record.uid for o in follower.lead(now[0]) if isinstance(o.record, EvictionCommand)]
+        assert again == ([] if seen else [c.uid for c in commands])
