@@ -246,11 +246,27 @@ def cmd_perf_rebalance_moves(args: argparse.Namespace) -> int:
     return _run_and_print("rebalance-moves", lambda: run_moves(cfg, _settings(args)), succeeded, args.json)
 
 
+def cmd_perf_rebalance_scenario(args: argparse.Namespace) -> int:
+    from perf import rebalance_scenarios as rs
+
+    def consistent(r: dict[str, Any]) -> bool:
+        return not r["pods_double_bound"] and not r["nodes_overcommitted"]
+
+    if args.scenario == "rebalance-imbalance":
+        imbalance = rs.ImbalanceRun.preset(args.broker, args.quick)
+        return _run_and_print(args.scenario, lambda: rs.run_imbalance(imbalance, _settings(args)), consistent,
+                              args.json)
+    scale_down = rs.ScaleDownRun.preset(args.broker, args.quick)
+    return _run_and_print(args.scenario, lambda: rs.run_scale_down(scale_down, _settings(args)), consistent, args.json)
+
+
 def cmd_perf_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if args.scenario == "rebalance-moves":
         return cmd_perf_rebalance_moves(args)
+    if args.scenario in ("rebalance-imbalance", "scale-down-binpack"):
+        return cmd_perf_rebalance_scenario(args)
     if args.scenario == "chaos":
         return cmd_perf_chaos(args)
     if args.scenario == "soak":

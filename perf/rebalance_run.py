@@ -39,6 +39,7 @@ import signal
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ class MoveRunConfig:
 
 CPU_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=2000, memory=GI))
 MEMORY_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=250, memory=8 * GI))
+SAMPLE_S = 0.25  # availability is sampled this often
 MOVABLE = "koordstream.io/rebalance"  # the FragmentationAware nodeSelector: nodes it may move pods off
 
 
@@ -106,8 +108,8 @@ def _node(i: int, cordoned: bool, open_to_moves: bool = False) -> Node:
 class Harness:
     """Bindings, evictions and jobs read back; the controller's answers published."""
 
-    def __init__(self, cfg: MoveRunConfig, producer: RecordProducer, collector: Collector, nodes: list[Node]) -> None:
-        self.cfg, self.producer, self.collector = cfg, producer, collector
+    def __init__(self, producer: RecordProducer, collector: Collector, nodes: list[Node]) -> None:
+        self.producer, self.collector = producer, collector
         self.nodes = {n.name: n for n in nodes}
         self.workloads = Workloads()
         self.pods: dict[str, Pod] = {}
@@ -119,14 +121,16 @@ class Harness:
         self.whole: set[str] = set()
         self._read = 0
         self._sampled = time.monotonic()
+        self._jobs: dict[str, MigrationJob] = {}
         self._typical: Any = None  # the request distribution of the first measure, kept for the next
 
     async def publish(self, topic: str, records: list[Any]) -> None:
         if records:
             await self.producer.flush(await self.producer.publish(topic, records))
 
-    async def add(self, name: str, template: Pod, replicas: int) -> list[str]:
-        pods = self.workloads.add(NAMESPACE, name, template, replicas, now=time.time())
+    async def add(self, name: str, template: Pod, replicas: int, age_s: float = 0.0) -> list[str]:
+        """A workload's pods published; `age_s`: created that long ago (as if running since)."""
+        pods = self.workloads.add(NAMESPACE, name, template, replicas, now=time.time() - age_s)
         self.pods.update((p.uid, p) for p in pods)
         await self.publish(topics.PODS, pods)
         return [p.uid for p in pods]
@@ -153,6 +157,10 @@ class Harness:
                 deleted.append(PodDeleted(uid=r.uid, name=r.name, namespace=r.namespace))
                 self.terminated.append(Placement(time.time(), r.uid, self.node[r.uid]))
                 created += answer.replacements
+            elif isinstance(r, MigrationJob):
+                mine = self._jobs.get(r.uid)
+                if mine is None or r.version >= mine.version:
+                    self._jobs[r.uid] = r
             elif isinstance(r, Pod) and r.uid in self.pods and DELETION_COST in r.annotations:
                 self.workloads.set_costs({r.uid: int(r.annotations[DELETION_COST])})
         self.pods.update((p.uid, p) for p in created)
@@ -162,6 +170,8 @@ class Harness:
 
     def _sample(self) -> None:
         now = time.monotonic()
+        if now - self._sampled < SAMPLE_S:
+            return
         dt, self._sampled = now - self._sampled, now
         for key, (ready, desired) in self.workloads.availability().items():
             if ready >= desired:
@@ -178,6 +188,20 @@ class Harness:
             await self.step()
             await asyncio.sleep(0.05)
         return True
+
+    def settled(self, quiet_s: float) -> Callable[[], bool]:
+        """A test for `until`: some job began, none runs, and nothing arrived for `quiet_s`."""
+        seen = [time.monotonic(), 0]
+
+        def done() -> bool:
+            if len(self.collector.records) != seen[1]:
+                seen[:] = [time.monotonic(), len(self.collector.records)]
+                return False
+            jobs = self.jobs()
+            running = [j for j in jobs.values() if j.phase not in ("Succeeded", "Failed", "Aborted")]
+            return bool(jobs) and not running and time.monotonic() - seen[0] > quiet_s
+
+        return done
 
     def bound_now(self) -> list[Pod]:
         """The workloads' pods, placed where their bindings put them."""
@@ -196,11 +220,8 @@ class Harness:
         return sum(1 for n in self.nodes if n not in busy)
 
     def jobs(self) -> dict[str, MigrationJob]:
-        latest: dict[str, MigrationJob] = {}
-        for _, r in self.collector.of(MigrationJob):
-            if r.uid not in latest or r.version >= latest[r.uid].version:
-                latest[r.uid] = r
-        return latest
+        """Each migration job as last read (its highest version)."""
+        return self._jobs
 
 
 async def run_moves(cfg: MoveRunConfig, settings: Settings, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -234,7 +255,7 @@ async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, 
             nodes = [_node(i, cordoned=i >= half) for i in range(2 * half)]
             probe = Pod(uid="rebalance-probe", name="rebalance-probe", namespace="perf", requests=ResourceList(cpu=1))
             await start_up(producer, collector, nodes, probe, partitions, 120.0)
-            h = Harness(cfg, producer, collector, nodes)
+            h = Harness(producer, collector, nodes)
             wanted = set(await h.add("cpu", CPU_HEAVY, half * cfg.pods_per_node))
             if not await h.until(lambda: wanted <= set(h.node), cfg.timeout_s):
                 raise TimeoutError("the CPU-heavy pods were not all bound")
@@ -247,19 +268,10 @@ async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, 
             await h.publish(topics.NODES, list(h.nodes.values()))
             before = h.objective()
             started = time.monotonic()
-            last_change = [time.monotonic(), 0]
             failover: dict[str, Any] = {}
             if cfg.kill_leader:
                 failover = await _kill_the_leader(h, rebalancers, cfg)
-
-            def settled() -> bool:
-                jobs = h.jobs()
-                if len(collector.records) != last_change[1]:
-                    last_change[:] = [time.monotonic(), len(collector.records)]
-                running = [j for j in jobs.values() if j.phase not in ("Succeeded", "Failed", "Aborted")]
-                return bool(jobs) and not running and time.monotonic() - last_change[0] > cfg.quiet_s
-
-            settled_in_time = await h.until(settled, cfg.moves_timeout_s)
+            settled_in_time = await h.until(h.settled(cfg.quiet_s), cfg.moves_timeout_s)
             moves_s = time.monotonic() - started
             after = h.objective()
             jobs = {uid: j for uid, j in h.jobs().items() if j.mode == "ReservationFirst"}
