@@ -389,7 +389,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_rebalance_plan(args: argparse.Namespace) -> int:
     from agents.rebalance import config as rebalance_config
-    from agents.rebalance.rebalancer import dry_run, from_manifests
+    from agents.rebalance.rebalancer import budget_of, dry_run, from_manifests
     from agents.scheduler.framework import profiles
     from schemas.records import ScaleDownEvent
     from streams.reader import read_cluster
@@ -405,13 +405,14 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
         config = rebalance_config.load(Path(args.rebalancer_config).read_text()) if args.rebalancer_config else None
         scheduler = profiles.load(Path(args.profiles).read_text()) if args.profiles else None
         if args.state:
-            nodes, pods = from_manifests(Path(args.state).read_text())
+            nodes, pods, budgets = from_manifests(Path(args.state).read_text())
         else:
             settings = _settings(args)
             if not settings.kafka.bootstrap:
                 raise ValueError("give --state FILE or --bootstrap HOST:PORT")
-            nodes, pods = asyncio.run(read_cluster(settings.kafka.bootstrap, settings.kafka.partitions))
-        lines, result = dry_run(nodes, pods, config=config, scheduler=scheduler, scale_downs=events,
+            nodes, pods, pdbs = asyncio.run(read_cluster(settings.kafka.bootstrap, settings.kafka.partitions))
+            budgets = [budget_of(p) for p in pdbs]
+        lines, result = dry_run(nodes, pods, config=config, scheduler=scheduler, scale_downs=events, budgets=budgets,
                                 now=args.now if args.now is not None else time.time())
     except (ValueError, OSError) as exc:
         console.print(f"[red]rebalance plan: {exc}[/red]")

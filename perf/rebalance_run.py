@@ -14,7 +14,9 @@ API, PodDisruptionBudgets included):
    (CalculateOnly) publishes pod-deletion-cost annotations; the controller then deletes in
    Kubernetes' order, which honours them. Reported: nodes left empty, and how many Kubernetes'
    order without the costs would have left from the same state.
-3. Every node opens, and is labelled for the FragmentationAware `nodeSelector` (before that the
+3. With `budget`, a PodDisruptionBudget (at most one pod down) covers the memory-heavy
+   workload, on `disruption-budgets` for the rebalancer and in the harness's Eviction API.
+   Every node opens, and is labelled for the FragmentationAware `nodeSelector` (before that the
    planner had no source node). The rebalancer plans (`deschedulingInterval` short), reserves, and sends EvictionCommands.
    The harness executes each through the Eviction API: the pod terminates at its node
    (`PodTerminated` into `node-inbox`) and is deleted (`PodDeleted` on `pods`), and its
@@ -48,6 +50,7 @@ from agents.rebalance import config as rebalance_config
 from agents.rebalance.arbitration import ArbitrationArgs
 from agents.rebalance.binpack import DELETION_COST, Replica, kubernetes_order
 from agents.rebalance.objective import measure, typical_requests
+from agents.rebalance.rebalancer import budget_of
 from agents.rebalance.view import ClusterView
 from perf.checker import Placement, check
 from perf.collector import Collector
@@ -62,6 +65,7 @@ from schemas.records import (
     Node,
     Pod,
     PodDeleted,
+    PodDisruptionBudget,
     PodTerminated,
     ResourceList,
     ScaleDownEvent,
@@ -86,6 +90,7 @@ class MoveRunConfig:
     timeout_s: float = 60.0
     rebalancers: int = 1  # workers with only the rebalancer role; one leads
     kill_leader: bool = False  # kill -9 the leading one once the first moves began (needs 2 or more)
+    budget: bool = True  # a PodDisruptionBudget on the memory-heavy workload: one pod of it down at a time
 
     def rebalancer_yaml(self) -> str:
         return (f"deschedulingInterval: {self.interval_s}s\n"
@@ -130,6 +135,7 @@ class Harness:
 
     async def add(self, name: str, template: Pod, replicas: int, age_s: float = 0.0) -> list[str]:
         """A workload's pods published; `age_s`: created that long ago (as if running since)."""
+        template = replace(template, labels={**template.labels, "app": name})
         pods = self.workloads.add(NAMESPACE, name, template, replicas, now=time.time() - age_s)
         self.pods.update((p.uid, p) for p in pods)
         await self.publish(topics.PODS, pods)
@@ -236,6 +242,15 @@ async def run_moves(cfg: MoveRunConfig, settings: Settings, extra_env: dict[str,
             return await _drive(cfg, running, dict(zip(ports, workers[2:], strict=True)))
 
 
+async def _disruption_budget(h: Harness, workload: str, max_unavailable: int) -> None:
+    """A PodDisruptionBudget over a workload's pods, published for the rebalancer and kept by
+    the harness's Eviction API (which would answer 429 to an eviction breaking it)."""
+    pdb = PodDisruptionBudget(uid=f"{NAMESPACE}/{workload}", name=workload, namespace=NAMESPACE,
+                              selector={"matchLabels": {"app": workload}}, max_unavailable=str(max_unavailable))
+    h.workloads.budgets = (*h.workloads.budgets, budget_of(pdb))
+    await h.publish(topics.DISRUPTION_BUDGETS, [pdb])
+
+
 async def _leader(rebalancers: dict[int, Any]) -> tuple[int, Any] | None:
     """The rebalancer worker that leads now (its metrics port and process), if one does."""
     for port, proc in rebalancers.items():
@@ -264,6 +279,8 @@ async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, 
             if not await h.until(lambda: wanted <= set(h.node), cfg.timeout_s):
                 raise TimeoutError("the memory-heavy pods were not all bound")
             scale_down = await _scale_down(h, cfg)
+            if cfg.budget:
+                await _disruption_budget(h, "mem", max_unavailable=1)
             h.nodes = {n.name: n for n in (_node(i, cordoned=False, open_to_moves=True) for i in range(2 * half))}
             await h.publish(topics.NODES, list(h.nodes.values()))
             before = h.objective()

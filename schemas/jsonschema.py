@@ -37,6 +37,7 @@ ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "EvictionCommand": ((topics.EVICTIONS, "uid"),),
     "ReservationEvent": ((topics.RESERVATIONS, "uid"),),
     "MigrationJob": ((topics.MIGRATIONS, "uid"),),
+    "PodDisruptionBudget": ((topics.DISRUPTION_BUDGETS, "uid"),),
     "DeadLetter": ((topics.DEAD_LETTER, "topic"),),
     "Requeue": ((topics.REQUEUE, "uid"),),
     "Claim": ((topics.NODE_INBOX, "node"),),

@@ -19,6 +19,7 @@ tolerations, priority); `spec.ttl` is a Go duration ("1h"), `spec.expires` an RF
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -36,6 +37,7 @@ from schemas.records import (
     NumaCell,
     OwnerReference,
     Pod,
+    PodDisruptionBudget,
     RdmaDevice,
     Record,
     Reservation,
@@ -320,8 +322,37 @@ def reservation_from_manifest(obj: dict[str, Any]) -> Reservation:
     )
 
 
+def _int_or_percent(raw: Any, path: str) -> str:
+    if raw is None:
+        return ""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return str(raw)
+    if isinstance(raw, str) and re.fullmatch(r"[0-9]+%?", raw):
+        return raw
+    raise SchemaError(path, raw, "must be a non-negative integer or a percentage such as 10%")
+
+
+def pdb_from_manifest(obj: dict[str, Any]) -> PodDisruptionBudget:
+    """A `policy/v1` PodDisruptionBudget manifest to a `PodDisruptionBudget` record (the
+    selector's operators are checked where it is used, by the rebalancer)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    if not meta.get("name"):
+        raise SchemaError("metadata.name", meta.get("name"), "is required")
+    selector = spec.get("selector") if spec.get("selector") is not None else {}
+    if not isinstance(selector, dict):
+        raise SchemaError("spec.selector", selector, "must be a label selector {matchLabels, matchExpressions}")
+    least, most = (_int_or_percent(spec.get(k), f"spec.{k}") for k in ("minAvailable", "maxUnavailable"))
+    if least and most:
+        raise SchemaError("spec.maxUnavailable", spec.get("maxUnavailable"), "give minAvailable or maxUnavailable, not both")
+    namespace = str(meta.get("namespace") or "default")
+    return PodDisruptionBudget(uid=str(meta.get("uid") or f"{namespace}/{meta['name']}"), name=str(meta["name"]),
+                               namespace=namespace, selector=selector, min_available=least, max_unavailable=most)
+
+
 def from_manifest(obj: Any) -> list[Record]:
-    """One parsed manifest (a Pod, a Node, or a List of them) to records."""
+    """One parsed manifest (a Pod, a Node, a Reservation, a PodDisruptionBudget, or a List of
+    them) to records."""
     if not isinstance(obj, dict):
         raise SchemaError("", obj, "a manifest must be an object")
     kind = obj.get("kind")
@@ -331,6 +362,8 @@ def from_manifest(obj: Any) -> list[Record]:
         return [node_from_manifest(obj)]
     if kind == "Reservation":
         return [reservation_from_manifest(obj)]
+    if kind == "PodDisruptionBudget":
+        return [pdb_from_manifest(obj)]
     if kind == "List" or (isinstance(kind, str) and kind.endswith("List")):
         out: list[Record] = []
         for i, item in enumerate(obj.get("items") or []):
@@ -339,7 +372,7 @@ def from_manifest(obj: Any) -> list[Record]:
             except SchemaError as exc:
                 raise exc.under(f"items[{i}]") from exc
         return out
-    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List, or a Reservation")
+    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List, a Reservation or a PodDisruptionBudget")
 
 
 def load_manifests(text: str) -> list[Record]:

@@ -681,11 +681,30 @@ class AttemptsSample(Record):
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
+@dataclass(frozen=True, slots=True)
+class PodDisruptionBudget(Record):
+    """A `policy/v1` PodDisruptionBudget: pods of `namespace` whose labels match `selector` (a
+    label selector as Kubernetes writes it: matchLabels, matchExpressions); at most one of
+    `min_available` and `max_unavailable`, each an integer or "N%" as text ("" when unset).
+    `uid` ("namespace/name" unless the manifest has one) is its key; `deleted` removes it."""
+
+    KIND: ClassVar[str] = "PodDisruptionBudget"
+    uid: str
+    name: str
+    namespace: str = "default"
+    selector: dict[str, Any] = field(default_factory=dict)
+    min_available: str = ""
+    max_unavailable: str = ""
+    deleted: bool = False
+    kind: str = field(default="PodDisruptionBudget", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
 RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, Binding, Yield, Requeue, SchedulingFeedback,
     EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
-    MigrationJob,
+    MigrationJob, PodDisruptionBudget,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
 

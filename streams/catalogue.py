@@ -87,6 +87,8 @@ def catalogue(partitions: int, app_id: str = "koordstream") -> dict[str, TopicSp
         TopicSpec(topics.RESERVATIONS, "reservation uid", p, doc="ReservationEvent (phase changes)"),
         compacted(topics.MIGRATIONS, "migration job uid", p,
                   doc="MigrationJob: each ReservationFirst move's phase and reason, its latest version per job"),
+        compacted(topics.DISRUPTION_BUDGETS, "budget uid (namespace/name)", p,
+                  doc="PodDisruptionBudget: the budgets the rebalancer's evictions keep to"),
         TopicSpec(topics.PROFILING, "plugin", p, doc="ProfilingSample (plugin time per extension point) and AttemptsSample (attempts by result), each second"),
         TopicSpec(topics.STATE_CHANGES, "node name", p, doc="NodeStateChange, read by every scheduler"),
         TopicSpec(topics.DEAD_LETTER, "source topic", p, doc="DeadLetter envelopes"),

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from schemas import topics
 from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
-from schemas.records import Binding, Node, NodeDeleted, Pod, PodDeleted
+from schemas.records import Binding, Node, NodeDeleted, Pod, PodDeleted, PodDisruptionBudget
 from streams.settings import Settings
 
 
@@ -87,16 +87,19 @@ async def read_to_end(bootstrap: str, names: list[str], partitions: int,
     return count, time.perf_counter() - started
 
 
-async def read_cluster(bootstrap: str, partitions: int) -> tuple[list[Node], list[Pod]]:
+async def read_cluster(bootstrap: str, partitions: int
+                       ) -> tuple[list[Node], list[Pod], list[PodDisruptionBudget]]:
     """The cluster as the topics hold it now (`koordstream rebalance plan --bootstrap`): every
-    node (its latest record, deletions applied) and every pod that a Binding placed and no
-    PodDeleted removed, with `node_name` set to its binding's node. Reads `nodes`, `pods` and
-    `bindings` whole (O(their history): a dry-run tool's price); records that do not decode
+    node (its latest record, deletions applied), every pod that a Binding placed and no
+    PodDeleted removed, with `node_name` set to its binding's node, and every
+    PodDisruptionBudget not deleted. Reads `nodes`, `pods`, `bindings` and
+    `disruption-budgets` whole (O(their history): a dry-run tool's price); records that do not decode
     are skipped (they went to the dead-letter topic when they were produced)."""
     nodes: dict[str, Node] = {}
     pods: dict[str, Pod] = {}
     bound: dict[str, str] = {}
     deleted: set[str] = set()
+    budgets: dict[str, PodDisruptionBudget] = {}
 
     def seen(m: Any) -> None:
         for r in decode_message(m.value):
@@ -110,10 +113,13 @@ async def read_cluster(bootstrap: str, partitions: int) -> tuple[list[Node], lis
                 deleted.add(r.uid)
             elif isinstance(r, Binding):
                 bound[r.uid] = r.node
+            elif isinstance(r, PodDisruptionBudget):
+                budgets[r.uid] = r
 
-    await read_to_end(bootstrap, [topics.NODES, topics.PODS, topics.BINDINGS], partitions, seen)
+    await read_to_end(bootstrap, [topics.NODES, topics.PODS, topics.BINDINGS, topics.DISRUPTION_BUDGETS], partitions,
+                      seen)
     placed = [replace(p, node_name=bound[uid]) for uid, p in pods.items() if uid in bound and uid not in deleted]
-    return list(nodes.values()), placed
+    return list(nodes.values()), placed, [b for b in budgets.values() if not b.deleted]
 
 
 def run_read(settings: Settings, topic: str, from_beginning: bool, limit: int | None, idle_s: float) -> int:

@@ -2,7 +2,7 @@
 it writes.
 
 Every worker with the `rebalancer` role reads `nodes`, `pods`, `bindings`, `evictions`,
-`reservations`, `feedback` and `migrations` whole and then as they grow (no group, committed records only),
+`reservations`, `feedback`, `migrations` and `disruption-budgets` whole and then as they grow (no group, committed records only),
 so that its view is current whenever it takes over.
 
 Leadership is a partition owner: the workers join the group `<app_id>-rebalancer` on
@@ -44,12 +44,12 @@ from agents.intake import RawMessage, intake
 from agents.ports import Outbox, Output, deliver
 from agents.rebalance.service import RebalancerService
 from schemas import topics
-from schemas.records import MigrationJob, ScaleDownEvent
+from schemas.records import DeadLetter, MigrationJob, ScaleDownEvent
 
 log = logging.getLogger("koordstream.rebalancer")
 
 READ = (topics.NODES, topics.PODS, topics.BINDINGS, topics.EVICTIONS, topics.RESERVATIONS, topics.FEEDBACK,
-        topics.MIGRATIONS)
+        topics.MIGRATIONS, topics.DISRUPTION_BUDGETS)
 
 
 class OneLeader(AbstractPartitionAssignor):  # type: ignore[misc]
@@ -124,7 +124,13 @@ async def run(service: RebalancerService, outbox: Outbox, *, bootstrap: str, par
                     catch_up = None
                     log.info("rebalancer: lost the lead")
             if messages:
-                out += service.on_records(intake(messages).records)  # bad ones were dead-lettered where produced
+                got = intake(messages)  # undecodable ones: dead-lettered by the agents that own their topics
+                out += service.on_records(got.records)
+                if service.leading:  # one worker says it; followers drop theirs
+                    out += [d for d in got.dead_letters if isinstance(d.record, DeadLetter)
+                            and d.record.topic == topics.DISRUPTION_BUDGETS]  # no other agent reads these
+                    out += got.problem_letters(service.problems)
+                service.problems.clear()
             service.prune(clock())
             if catch_up is not None and leadership.held and await _read_up_to(tail, catch_up):
                 catch_up = None

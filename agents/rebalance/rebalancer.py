@@ -21,15 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agents.rebalance.arbitration import Arbitrator
+from agents.rebalance.arbitration import Arbitrator, Budget
 from agents.rebalance.binpack import ScaleDownPlan, plan_scale_down
 from agents.rebalance.config import RebalancerConfig
 from agents.rebalance.fragmentation import MovePlan, plan_moves, plan_text
+from agents.rebalance.selectors import LabelSelector
 from agents.rebalance.simulate import Simulator
 from agents.rebalance.view import ClusterView
 from agents.scheduler.framework.profiles import SchedulerConfig
 from schemas.kube import load_manifests
-from schemas.records import Node, Pod, ScaleDownEvent
+from schemas.records import Node, Pod, PodDisruptionBudget, ScaleDownEvent
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class Rebalancer:
 
     def cycle(self, nodes: Iterable[Node], pods: Iterable[Pod], *, now: float,
               moved_at: Mapping[str, float] | None = None,
-              in_flight: Sequence[tuple[Pod, str, str]] = ()) -> list[CyclePlan]:
-        """`in_flight`: migrations running, as (pod, source node, destination node or "")."""
+              in_flight: Sequence[tuple[Pod, str, str]] = (), budgets: Sequence[Budget] = ()) -> list[CyclePlan]:
+        """`in_flight`: migrations running, as (pod, source node, destination node or "");
+        `budgets`: the PodDisruptionBudgets no plan may break."""
         view = self.view(nodes, pods)
         simulator = Simulator(view, self.scheduler)  # one for every profile: arrivals add up
         running = list(in_flight)
@@ -68,7 +70,7 @@ class Rebalancer:
         for profile in self.config.profiles:
             if profile.fragmentation is None:
                 continue
-            arbitrator = Arbitrator.over(profile.arbitration, view.pods)
+            arbitrator = Arbitrator.over(profile.arbitration, view.pods, budgets)
             for pod, source, _ in running:
                 arbitrator.admit(pod, source)
             plan = plan_moves(view, profile.fragmentation, simulator, arbitrator, now=now, evictor=profile.evictor,
@@ -98,22 +100,33 @@ def resolve_workload(view: ClusterView, namespace: str, name: str) -> str:
     return found[0]
 
 
-def from_manifests(text: str) -> tuple[list[Node], list[Pod]]:
-    """Nodes, and the pods bound to them (`nodeName` set), from Kubernetes manifests."""
+def from_manifests(text: str) -> tuple[list[Node], list[Pod], list[Budget]]:
+    """Nodes, the pods bound to them (`nodeName` set) and the PodDisruptionBudgets, from
+    Kubernetes manifests; a budget's bad selector raises ArgsError naming it."""
     records = load_manifests(text)
-    return [r for r in records if isinstance(r, Node)], [r for r in records if isinstance(r, Pod) and r.node_name]
+    return ([r for r in records if isinstance(r, Node)], [r for r in records if isinstance(r, Pod) and r.node_name],
+            [budget_of(r) for r in records if isinstance(r, PodDisruptionBudget)])
+
+
+def budget_of(pdb: PodDisruptionBudget) -> Budget:
+    """The arbitration's Budget for a PodDisruptionBudget record (ArgsError names a bad field)."""
+    def amount(text: str) -> int | str | None:
+        return None if text == "" else text if text.endswith("%") else int(text)
+
+    selector = LabelSelector.from_mapping(pdb.selector, f"PodDisruptionBudget {pdb.uid}: spec.selector")
+    return Budget(pdb.namespace, pdb.name, selector, amount(pdb.min_available), amount(pdb.max_unavailable))
 
 
 def dry_run(nodes: Sequence[Node], pods: Sequence[Pod], *, config: RebalancerConfig | None = None,
             scheduler: SchedulerConfig | None = None, scale_downs: Sequence[ScaleDownEvent] = (),
-            now: float) -> tuple[list[str], dict[str, object]]:
+            budgets: Sequence[Budget] = (), now: float) -> tuple[list[str], dict[str, object]]:
     """`koordstream rebalance plan`: one cycle and the given scale-downs over the nodes and
     their bound pods, as lines to print and as JSON."""
     rebalancer = Rebalancer(config, scheduler)
     lines: list[str] = []
     out: dict[str, object] = {"nodes": len(nodes), "pods": len(pods), "profiles": {}}
     profiles: dict[str, dict[str, Any]] = {}
-    for cycle in rebalancer.cycle(nodes, pods, now=now):
+    for cycle in rebalancer.cycle(nodes, pods, now=now, budgets=budgets):
         lines.append(f"profile {cycle.profile}:")
         lines += plan_text(cycle.moves)
         p = cycle.moves

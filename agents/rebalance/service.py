@@ -7,7 +7,9 @@ Inputs (`on_records`): Node / NodeDeleted (`nodes`), Pod / PodDeleted (`pods`), 
 evicted again), ReservationEvent (`reservations`), SchedulingFeedback (`feedback`: a final one
 for a migration's reservation means it fits nowhere) and its own MigrationJob records
 (`migrations`: of two versions of a job the higher wins, so a record read back late never
-undoes a step).
+undoes a step), and PodDisruptionBudgets (`disruption-budgets`: planners plan no move that
+would break one, and the actuator sends no eviction that would; one whose selector or amounts
+cannot be read is a problem for the dead-letter topic, and protects nothing).
 
 Every worker with the rebalancer role keeps this view; one of them leads (`lead`), and only
 the leader steps jobs and writes. A follower records the last event of each migration's
@@ -52,10 +54,11 @@ from functools import partial
 
 from agents.ports import Output, Problem
 from agents.rebalance import migration as mg
-from agents.rebalance.arbitration import Arbitrator, TokenBucket
+from agents.rebalance.arbitration import Arbitrator, Budget, TokenBucket
 from agents.rebalance.binpack import DELETION_COST, ScaleDownPlan
 from agents.rebalance.objective import Objective
-from agents.rebalance.rebalancer import Rebalancer
+from agents.rebalance.rebalancer import Rebalancer, budget_of
+from agents.scheduler.plugins.args import ArgsError
 from agents.state import reservations
 from schemas import topics
 from schemas.records import (
@@ -66,6 +69,7 @@ from schemas.records import (
     NodeDeleted,
     Pod,
     PodDeleted,
+    PodDisruptionBudget,
     Record,
     ReservationEvent,
     ScaleDownEvent,
@@ -98,6 +102,8 @@ class RebalancerService:
     moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
     events: dict[str, tuple[ReservationEvent, float]] = field(default_factory=dict)  # reservation -> last event
     unschedulable: dict[str, float] = field(default_factory=dict)  # reservations that fit nowhere
+    budgets: dict[str, Budget] = field(default_factory=dict)  # PodDisruptionBudget uid -> budget
+    problems: list[Problem] = field(default_factory=list)  # bad inputs, for the dead-letter topic (drained by the adapter)
     scale_downs: dict[tuple[str, str], ScaleDownPlan] = field(default_factory=dict)  # (profile, workload) -> plan
     evictions: Counter[str] = field(default_factory=Counter)
     finished: Counter[tuple[str, str]] = field(default_factory=Counter)  # (phase, reason) -> jobs
@@ -144,7 +150,21 @@ class RebalancerService:
                     out += self._apply(job, partial(mg.on_unschedulable, reservation_uid=r.uid, now=now))
             elif isinstance(r, MigrationJob):
                 self._read_back(r, now)
+            elif isinstance(r, PodDisruptionBudget):
+                self._budget(r)
         return out
+
+    def _budget(self, pdb: PodDisruptionBudget) -> None:
+        if pdb.deleted:
+            self.budgets.pop(pdb.uid, None)
+            return
+        try:
+            self.budgets[pdb.uid] = budget_of(pdb)
+        except (ArgsError, ValueError) as exc:
+            self.budgets.pop(pdb.uid, None)  # a budget that cannot be read protects nothing: said, not guessed
+            field_name = exc.field if isinstance(exc, ArgsError) else "min_available/max_unavailable"
+            value = exc.value if isinstance(exc, ArgsError) else f"{pdb.min_available}/{pdb.max_unavailable}"
+            self.problems.append(Problem(field_name, str(value), str(exc), pdb))
 
     def _deleted(self, uid: str, now: float) -> list[Output]:
         pod = self.pods.pop(uid, None)
@@ -276,7 +296,7 @@ class RebalancerService:
         out: list[Output] = []
         staying = [p for p in self.placed() if p.uid not in self.evicted]
         plans = self.rebalancer.cycle(self.nodes.values(), staying, now=now, moved_at=self.moved_at,
-                                      in_flight=self.in_flight())
+                                      in_flight=self.in_flight(), budgets=list(self.budgets.values()))
         for c in plans:
             self.objective[c.profile] = (c.moves.before, c.moves.after)
             args = next(p.fragmentation for p in self.rebalancer.config.profiles if p.name == c.profile)
@@ -293,7 +313,8 @@ class RebalancerService:
             return []
         out: list[Output] = []
         departed = [p for p in self.departed.values() if p.uid not in self.pods]
-        arbitrator = Arbitrator.over(self.rebalancer.config.profiles[0].arbitration, [*self.placed(), *departed])
+        arbitrator = Arbitrator.over(self.rebalancer.config.profiles[0].arbitration, [*self.placed(), *departed],
+                                     self.budgets.values())
         waiting = []
         for job in self.jobs.values():
             pod = self.pods.get(job.pod_uid) or self.departed.get(job.pod_uid)

@@ -96,7 +96,7 @@ async def test_rebalance_plan_reads_the_cluster_from_the_topics(harness: Harness
     await harness.publish(topics.PODS, pods)
     await harness.wait_for(Binding, lambda b: b.uid.startswith(f"rb-{run_id}-"), count=3)
     await harness.publish(topics.PODS, [PodDeleted(uid=pods[0].uid, name=pods[0].name)])
-    nodes, bound = await read_cluster(harness.bootstrap, 4)
+    nodes, bound, _ = await read_cluster(harness.bootstrap, 4)
     ours = {p.uid: p.node_name for p in bound if p.uid.startswith(f"rb-{run_id}-")}
     assert node.name in {n.name for n in nodes}
     assert ours == {pods[1].uid: node.name, pods[2].uid: node.name}

@@ -1,4 +1,5 @@
-"""The rebalancer through the real broker and workers (`perf.rebalance_run`): a worker with only
+"""The rebalancer through the real broker and workers (`perf.rebalance_run`; the quick variants
+of `perf.rebalance_scenarios` in `make e2e`): a worker with only
 the rebalancer role leads, ranks a scale-down so that the controller drains a whole node, and
 evens out a lopsided cluster by ReservationFirst moves, each replacement bound into its
 reservation, with no replica lost and no workload below its allowed unavailability; nothing
@@ -10,6 +11,7 @@ import asyncio
 
 import pytest
 
+from perf import rebalance_scenarios as rs
 from perf.rebalance_run import MoveRunConfig, run_moves, succeeded
 from streams.settings import load_settings
 
@@ -34,4 +36,32 @@ def test_a_lopsided_cluster_is_evened_out_by_reservation_first_moves(broker: str
     assert r["after"]["std_sum"] <= r["before"]["std_sum"] / 2, r
     assert r["availability_gap"] == 0 and r["jobs_unfinished"] == 0, r
     assert bool(r["failover"]) == kill_leader, r
+    assert r["lowest_ready"]["rebalance/ReplicaSet/mem"] >= 8, r  # its PodDisruptionBudget: one of 9 down at most
     assert all(ready == desired for ready, desired in r["availability"].values()), r  # no replica lost
+
+
+PLANNER_FIELDS = {"std_sum_before", "std_sum_after", "std_max_after", "stranded_pct_before", "stranded_pct_after",
+                  "evictions", "migrations_succeeded", "migrations_aborted", "availability_gap"}
+
+
+@pytest.mark.e2e
+def test_the_quick_rebalance_imbalance_compares_the_planners_through_the_broker() -> None:
+    r = asyncio.run(rs.run_imbalance(rs.ImbalanceRun.preset("tansu", quick=True), load_settings(env={})))
+    assert r["pods_double_bound"] == 0 and r["nodes_overcommitted"] == 0, r
+    assert set(r["planners"]) == {"koordinator", "global"}
+    for p in r["planners"].values():
+        assert set(p) >= PLANNER_FIELDS and p["finished"] and p["availability_gap"] == 0, p
+        assert p["evictions"] == p["migrations_succeeded"] > 0 and p["std_sum_after"] < p["std_sum_before"], p
+    g = r["planners"]["global"]
+    assert g["std_sum_after"] <= g["std_sum_before"] / 2, g
+
+
+@pytest.mark.e2e
+def test_the_quick_scale_down_binpack_compares_the_rankers_through_the_broker() -> None:
+    r = asyncio.run(rs.run_scale_down(rs.ScaleDownRun.preset("tansu", quick=True), load_settings(env={})))
+    assert r["pods_double_bound"] == 0 and r["nodes_overcommitted"] == 0, r
+    assert set(r["rankers"]) == {"kubernetes", "koordinator", "koordstream"}
+    assert all({"empty_nodes", "stranded_pct", "evictions"} <= set(x) and x["evictions"] == 50 and x["ranked"]
+               for x in r["rankers"].values()), r
+    ours, default = r["rankers"]["koordstream"]["empty_nodes"], r["rankers"]["kubernetes"]["empty_nodes"]
+    assert ours >= max(1, 2 * default), r

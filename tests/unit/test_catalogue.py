@@ -32,7 +32,8 @@ def test_co_partitioned_topics_share_partition_counts() -> None:
 def test_compacted_topics_roll_and_clean_within_a_run() -> None:
     cat = catalogue(4, "app")
     compacted = {name for name, spec in cat.items() if spec.compacted}
-    assert compacted == {topics.NODES, topics.MIGRATIONS, "app-node-state-changelog", "app-pod-ledger-changelog"}
+    assert compacted == {topics.NODES, topics.MIGRATIONS, topics.DISRUPTION_BUDGETS, "app-node-state-changelog",
+                         "app-pod-ledger-changelog"}
     for name in compacted:
         configs = cat[name].configs()
         assert configs["cleanup.policy"] == "compact"

@@ -8,7 +8,7 @@ from schemas.kube import (
     pod_from_manifest,
     reservation_from_manifest,
 )
-from schemas.records import Node, Pod, Reservation
+from schemas.records import Node, Pod, PodDisruptionBudget, Reservation
 
 POD_YAML = """
 apiVersion: v1
@@ -151,3 +151,30 @@ def test_bad_reservation_manifest_names_the_field(change: dict[str, object], fie
     with pytest.raises(SchemaError) as exc:
         reservation_from_manifest(obj)
     assert exc.value.field == field
+
+
+PDB = """apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web, namespace: shop}
+spec: {selector: {matchLabels: {app: web}}, %s}
+"""
+
+
+def test_a_disruption_budget_converts_with_its_amount_as_text() -> None:
+    [pdb] = load_manifests(PDB % "maxUnavailable: 10%")
+    assert isinstance(pdb, PodDisruptionBudget)
+    assert (pdb.uid, pdb.namespace, pdb.max_unavailable, pdb.min_available) == ("shop/web", "shop", "10%", "")
+    assert pdb.selector == {"matchLabels": {"app": "web"}}
+    [pdb] = load_manifests(PDB % "minAvailable: 2")
+    assert pdb.min_available == "2" and pdb.max_unavailable == ""
+
+
+@pytest.mark.parametrize(("spec", "field"), [
+    ("minAvailable: 1, maxUnavailable: 1", "spec.maxUnavailable"),
+    ("minAvailable: -1", "spec.minAvailable"),
+    ("maxUnavailable: lots", "spec.maxUnavailable"),
+])
+def test_a_bad_disruption_budget_is_refused_naming_the_field(spec: str, field: str) -> None:
+    with pytest.raises(SchemaError) as err:
+        load_manifests(PDB % spec)
+    assert err.value.field == field

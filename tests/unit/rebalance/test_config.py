@@ -96,13 +96,20 @@ def test_profiles_in_turn_do_not_plan_a_pod_twice() -> None:
 
 
 def test_dry_run_over_manifests() -> None:
-    lines, result = dry_run(*from_manifests((DATA / "lopsided.yaml").read_text()), now=NOW * 1e6,
+    nodes, pods, budgets = from_manifests((DATA / "lopsided.yaml").read_text())
+    lines, result = dry_run(nodes, pods, budgets=budgets, now=NOW * 1e6,
                             scale_downs=[ScaleDownEvent(workload="ReplicaSet/cpu", namespace="default", replicas=2)])
     moves = result["profiles"]["default"]["moves"]  # type: ignore[index]
     assert moves["after"]["std_sum"] < moves["before"]["std_sum"] and moves["moves"]
     [down] = result["profiles"]["default"]["scale_downs"]  # type: ignore[index]
     assert down["victims"] == ["u0", "u1"] and down["costs"] == {"u0": 0, "u1": 1, "u2": 2}
     assert any("ScaleDownBinPack" in line for line in lines)
+    # A PodDisruptionBudget in the manifests that allows no disruption: nothing moves.
+    text = (DATA / "lopsided.yaml").read_text() + ("\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\n"
+                                                   "metadata: {name: all}\nspec: {maxUnavailable: 0, selector: {}}\n")
+    nodes, pods, budgets = from_manifests(text)
+    _, held = dry_run(nodes, pods, budgets=budgets, now=NOW * 1e6)
+    assert len(budgets) == 1 and not held["profiles"]["default"]["moves"]["moves"]  # type: ignore[index]
 
 
 def test_the_command_prints_and_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

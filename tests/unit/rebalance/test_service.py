@@ -18,6 +18,7 @@ from schemas.records import (
     MigrationJob,
     Pod,
     PodDeleted,
+    PodDisruptionBudget,
     Reservation,
     ReservationEvent,
     ScaleDownEvent,
@@ -171,3 +172,17 @@ def test_a_new_leader_sends_an_eviction_recorded_but_not_seen_and_only_that() ->
         follower.on_records([*[available(j) for j in written[:2]], *log, *(commands if seen else [])])
         again = [o.record.uid for o in follower.lead(now[0]) if isinstance(o.record, EvictionCommand)]
         assert again == ([] if seen else [c.uid for c in commands])
+
+
+def test_a_disruption_budget_holds_moves_back_and_a_bad_one_is_a_problem() -> None:
+    blocked, now = service()
+    blocked.on_records([PodDisruptionBudget(uid="default/all", name="all", selector={},
+                                            max_unavailable="0")])
+    assert blocked.cycle(now[0]) == [] and not blocked.problems  # an empty selector covers every pod
+    blocked.on_records([PodDisruptionBudget(uid="default/all", name="all", deleted=True)])
+    assert [o for o in blocked.cycle(now[0]) if isinstance(o.record, MigrationJob)]
+    bad, _ = service()
+    bad.on_records([PodDisruptionBudget(uid="default/x", name="x", selector={
+        "matchExpressions": [{"key": "app", "operator": "Near", "values": ["a"]}]})])
+    [problem] = bad.problems
+    assert problem.field.endswith("matchExpressions[0].operator") and problem.value == "Near" and not bad.budgets
