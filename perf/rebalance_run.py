@@ -1,11 +1,16 @@
-"""`koordstream perf run rebalance-moves`: the rebalancer through the real system: a lopsided cluster evened out by ReservationFirst
-moves, then a scale-down ranked by the rebalancer and carried out by the workload's controller.
+"""`koordstream perf run rebalance-moves`: the rebalancer through the real system: a lopsided
+cluster evened out by ReservationFirst moves, after a scale-down ranked by the rebalancer and
+carried out by the workload's controller.
 
 The system (`perf.demo.system`) runs a state worker, a scheduler worker and `rebalancers`
 workers with only the `rebalancer` role (one leads; with `kill_leader`, the leader is killed
-with SIGKILL once the first moves began, and the run measures how long until another leads), against the embedded Tansu or Apache Kafka. The harness plays the
-cluster around them (`perf.controller.Workloads`: ReplicaSet-like workloads and the Eviction
-API, PodDisruptionBudgets included):
+with SIGKILL once the first moves began, and the run measures how long until another leads),
+against the embedded Tansu or Apache Kafka. The harness (`Harness`, also used by
+`perf.rebalance_scenarios`) plays the cluster around them: ReplicaSet-like workloads and the
+Eviction API with PodDisruptionBudgets (`perf.controller.Workloads`), and Kwok's pod-ready
+stage (`infra/kwok/pod-ready.yaml`, its delay `ready_delay_s` per pod): a bound pod becomes
+Running and Ready when the stage runs, and the harness then publishes the Pod with its node
+and phase, as a bridge watching the pods would.
 
 1. Lopsided on purpose: half the nodes cordoned, the CPU-heavy workload placed on the others;
    then the other half cordoned, the memory-heavy workload placed. Each node now has its CPU
@@ -17,15 +22,14 @@ API, PodDisruptionBudgets included):
 3. With `budget`, a PodDisruptionBudget (at most one pod down) covers the memory-heavy
    workload, on `disruption-budgets` for the rebalancer and in the harness's Eviction API.
    Every node opens, and is labelled for the FragmentationAware `nodeSelector` (before that the
-   planner had no source node). The rebalancer plans (`deschedulingInterval` short), reserves, and sends EvictionCommands.
-   The harness executes each through the Eviction API: the pod terminates at its node
-   (`PodTerminated` into `node-inbox`) and is deleted (`PodDeleted` on `pods`), and its
-   controller creates the replacement, which the scheduler binds into the reservation. Pods
-   are Running and Ready when bound (the harness publishes the Pod with its node and phase, as a
-   bridge watching the pods would). Availability is sampled from the outside: per workload, ready
-   replicas against desired minus its `maxUnavailablePerWorkload` (the gap, in
-   replica-seconds, must stay 0). The moves are over when no job runs and nothing new arrived
-   for `quiet_s` (or after `moves_timeout_s`).
+   planner had no source node). The rebalancer plans (`deschedulingInterval` short), reserves,
+   and sends EvictionCommands. The harness executes each through the Eviction API: the pod
+   terminates at its node (`PodTerminated` into `node-inbox`) and is deleted (`PodDeleted` on
+   `pods`), and its controller creates the replacement, which the scheduler binds into the
+   reservation. Availability is sampled from the outside: per workload, ready replicas against
+   desired minus its `maxUnavailablePerWorkload` (the gap, in replica-seconds, must stay 0).
+   The moves are over when no job runs and nothing new arrived for `quiet_s` (or after
+   `moves_timeout_s`).
 
 The result: the scale-down's empty nodes, the objective (sum and max of node std, stranded
 capacity) before and after the moves, the migration jobs by phase and reason, evictions, the
@@ -56,6 +60,8 @@ from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.controller import Workloads
 from perf.demo import start_up, system
+from perf.kwok import Lifecycle, load_stages
+from perf.run import pod_object
 from perf.soak import free_port, metric, scrape
 from schemas import topics
 from schemas.records import (
@@ -91,6 +97,7 @@ class MoveRunConfig:
     rebalancers: int = 1  # workers with only the rebalancer role; one leads
     kill_leader: bool = False  # kill -9 the leading one once the first moves began (needs 2 or more)
     budget: bool = True  # a PodDisruptionBudget on the memory-heavy workload: one pod of it down at a time
+    ready_delay_s: float = 1.0  # Kwok's pod-ready stage: a bound pod is Running and Ready this long after
 
     def rebalancer_yaml(self) -> str:
         return (f"deschedulingInterval: {self.interval_s}s\n"
@@ -102,6 +109,8 @@ class MoveRunConfig:
 CPU_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=2000, memory=GI))
 MEMORY_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=250, memory=8 * GI))
 SAMPLE_S = 0.25  # availability is sampled this often
+POD_READY = Path(__file__).resolve().parents[1] / "infra" / "kwok" / "pod-ready.yaml"
+READY_DELAY = "pod-ready.stage.kwok.x-k8s.io/delay"  # the stage's delay, per pod
 MOVABLE = "koordstream.io/rebalance"  # the FragmentationAware nodeSelector: nodes it may move pods off
 
 
@@ -113,8 +122,11 @@ def _node(i: int, cordoned: bool, open_to_moves: bool = False) -> Node:
 class Harness:
     """Bindings, evictions and jobs read back; the controller's answers published."""
 
-    def __init__(self, producer: RecordProducer, collector: Collector, nodes: list[Node]) -> None:
+    def __init__(self, producer: RecordProducer, collector: Collector, nodes: list[Node],
+                 ready_delay_s: float = 0.0) -> None:
         self.producer, self.collector = producer, collector
+        self.ready_delay_s = ready_delay_s
+        self.lifecycle = Lifecycle(load_stages([POD_READY]))
         self.nodes = {n.name: n for n in nodes}
         self.workloads = Workloads()
         self.pods: dict[str, Pod] = {}
@@ -135,7 +147,8 @@ class Harness:
 
     async def add(self, name: str, template: Pod, replicas: int, age_s: float = 0.0) -> list[str]:
         """A workload's pods published; `age_s`: created that long ago (as if running since)."""
-        template = replace(template, labels={**template.labels, "app": name})
+        template = replace(template, labels={**template.labels, "app": name},
+                           annotations={**template.annotations, READY_DELAY: f"{int(self.ready_delay_s * 1000)}ms"})
         pods = self.workloads.add(NAMESPACE, name, template, replicas, now=time.time() - age_s)
         self.pods.update((p.uid, p) for p in pods)
         await self.publish(topics.PODS, pods)
@@ -152,13 +165,13 @@ class Harness:
             if isinstance(r, Binding) and r.uid in self.pods and r.uid not in self.node:
                 self.node[r.uid] = r.node
                 self.workloads.bound(r.uid, r.node)
-                self.workloads.ready(r.uid, time.time())
-                running.append(replace(self.pods[r.uid], node_name=r.node, phase="Running"))
+                self.lifecycle.upsert("Pod", r.uid, pod_object(self.pods[r.uid], r.node), time.monotonic())
             elif isinstance(r, EvictionCommand) and r.uid in self.node:
                 answer = self.workloads.evict(r.uid, now=time.time())
                 if not answer.allowed:
                     self.refused[answer.reason] += 1
                     continue
+                self.lifecycle.forget("Pod", r.uid)
                 ended.append(PodTerminated(uid=r.uid, node=self.node[r.uid], reason="Evicted"))
                 deleted.append(PodDeleted(uid=r.uid, name=r.name, namespace=r.namespace))
                 self.terminated.append(Placement(time.time(), r.uid, self.node[r.uid]))
@@ -169,6 +182,11 @@ class Harness:
                     self._jobs[r.uid] = r
             elif isinstance(r, Pod) and r.uid in self.pods and DELETION_COST in r.annotations:
                 self.workloads.set_costs({r.uid: int(r.annotations[DELETION_COST])})
+        for t in self.lifecycle.due(time.monotonic()):
+            if t.phase == "Running" and t.key in self.pods:  # Ready: the pod-ready stage ran
+                self.workloads.ready(t.key, time.time())
+                running.append(replace(self.pods[t.key], node_name=self.node[t.key], phase="Running"))
+                self.lifecycle.forget("Pod", t.key)
         self.pods.update((p.uid, p) for p in created)
         await self.publish(topics.NODE_INBOX, ended)
         await self.publish(topics.PODS, [*running, *deleted, *created])
@@ -270,7 +288,7 @@ async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, 
             nodes = [_node(i, cordoned=i >= half) for i in range(2 * half)]
             probe = Pod(uid="rebalance-probe", name="rebalance-probe", namespace="perf", requests=ResourceList(cpu=1))
             await start_up(producer, collector, nodes, probe, partitions, 120.0)
-            h = Harness(producer, collector, nodes)
+            h = Harness(producer, collector, nodes, cfg.ready_delay_s)
             wanted = set(await h.add("cpu", CPU_HEAVY, half * cfg.pods_per_node))
             if not await h.until(lambda: wanted <= set(h.node), cfg.timeout_s):
                 raise TimeoutError("the CPU-heavy pods were not all bound")

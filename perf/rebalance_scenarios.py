@@ -11,7 +11,7 @@ planners (or rankers) from the same start: one fresh system per planner, built t
   `minImprovementThreshold` 0.01, every `interval_s`, evictions at `eviction_qps`; the pods
   placed first count as running for a while, and `minPodAge` is longer than the run, so a
   replacement is never moved again: without it a pod's replacement, being a new pod, could
-  move back at once), until it moved nothing for `quiet_s` or `limit_s` passed. Reported per
+  move back at once; a bound pod is Ready `ready_delay_s` later, by Kwok's pod-ready stage), until it moved nothing for `quiet_s` or `limit_s` passed. Reported per
   planner: the objective before and after (sum and max of node std, stranded capacity),
   evictions, migrations Succeeded / Aborted, the availability gap (replica-seconds below
   desired minus maxUnavailablePerWorkload, sampled from the outside), and the trajectory
@@ -78,6 +78,7 @@ class ImbalanceRun:
     limit_s: float = 600.0
     quiet_s: float = 15.0
     place_timeout_s: float = 300.0
+    ready_delay_s: float = 1.0  # Kwok's pod-ready stage: Running and Ready this long after binding
     quick: bool = False
 
     @classmethod
@@ -188,7 +189,7 @@ async def _imbalance_once(cfg: ImbalanceRun, mode: str, producer: RecordProducer
     nodes = [_node(i, cordoned=i >= half) for i in range(cfg.nodes)]
     probe = Pod(uid="perf-probe", name="perf-probe", namespace="perf", requests=ResourceList(cpu=1))
     await start_up(producer, collector, nodes, probe, collector.partitions, 120.0)
-    h = Harness(producer, collector, nodes)
+    h = Harness(producer, collector, nodes, cfg.ready_delay_s)
     replicas = cfg.nodes * cfg.per_node // cfg.workloads
     kinds = cfg.workloads // 2
     for w in range(kinds):
