@@ -13,7 +13,10 @@
    records it). Available on the source, or Failed (expired, node lost): Aborted.
    Succeeded (an allocate-once reservation consumed) after the eviction: the replacement is
    bound into it, the job Succeeded; before the eviction (another pod of the workload took
-   it): Aborted, nothing evicted.
+   it): Aborted, nothing evicted, and `on_sibling_consumed` ends a job of the same workload
+   that evicted and still waits (the pod that took the reservation is its replacement:
+   Succeeded, its own reservation deleted). Several moves of one workload share an owner, so
+   the scheduler may put a replacement into any of their reservations.
 3. `on_unschedulable`: the reservation fits nowhere (its final feedback): Aborted.
 4. `on_pod_gone`: the source pod went before the eviction: Aborted, its reservation deleted.
    After the eviction it is what the job waited for.
@@ -59,6 +62,7 @@ EVICTION_REFUSED = "eviction refused (PodDisruptionBudget); retrying"
 NO_CONTROLLER = "no controller to recreate the pod"
 DONE = "replacement bound into the reservation"
 CONSUMED_EARLY = "reservation consumed before the eviction"
+SIBLING = "replacement bound into another move's reservation"
 EVICTED = "evicted"
 
 RESERVATION_SUFFIX = "-reservation"  # a job's reservation is named after it
@@ -161,6 +165,16 @@ def evicted(job: MigrationJob, now: float) -> Step:
     if job.mode == EVICT_DIRECTLY:
         return _end(job, SUCCEEDED, EVICTED, now, release=False)
     return _record(replace(job, step=REPLACING, updated=now), [])
+
+
+def on_sibling_consumed(job: MigrationJob, now: float) -> Step:
+    """Another job's reservation of the same workload was consumed before that job evicted:
+    the replacement that took it is this job's (the only pods of the workload made since are
+    replacements of evicted ones), so this job is done where the other was planned, and its
+    own reservation, which nobody will take, goes."""
+    if job.phase != RUNNING or job.step != REPLACING:
+        return job, []
+    return _end(job, SUCCEEDED, SIBLING, now, release=True)
 
 
 def on_eviction_refused(job: MigrationJob, now: float) -> Step:

@@ -186,3 +186,20 @@ def test_a_disruption_budget_holds_moves_back_and_a_bad_one_is_a_problem() -> No
         "matchExpressions": [{"key": "app", "operator": "Near", "values": ["a"]}]})])
     [problem] = bad.problems
     assert problem.field.endswith("matchExpressions[0].operator") and problem.value == "Near" and not bad.budgets
+
+
+def test_a_replacement_in_a_sibling_reservation_ends_both_moves_at_once() -> None:
+    """Two moves of one workload: the first evicted its pod, whose replacement the scheduler
+    put into the second's reservation. The second ends (nothing evicted), the first succeeds
+    and gives up its own reservation, which nobody would take: no job waits for its ttl."""
+    svc, now = service()
+    svc.cycle(now[0])
+    first, second = sorted((j for j in svc.jobs.values() if j.workload.endswith("/cpu")), key=lambda j: j.uid)[:2]
+    svc.on_records([available(first), available(second)])
+    assert [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)] == [first.pod_uid]
+    taken = ReservationEvent(name=second.reservation, uid=second.reservation, phase="Succeeded", node=second.destination)
+    out = svc.on_records([taken])
+    ended = {o.record.uid: o.record for o in out if isinstance(o.record, MigrationJob)}
+    assert (ended[second.uid].phase, ended[second.uid].reason) == ("Aborted", mg.CONSUMED_EARLY)
+    assert (ended[first.uid].phase, ended[first.uid].reason) == ("Succeeded", mg.SIBLING)
+    assert [o.record.uid for o in out if isinstance(o.record, PodDeleted)] == [first.reservation]
