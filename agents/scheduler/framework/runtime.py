@@ -295,17 +295,20 @@ class Framework:
             ev.masks[flt.NAME] = mask
             feasible &= mask
         if partial and self.profile.percentage_of_nodes_to_score < 100:
-            ev.searched = self._limit(feasible, pod)
+            room = cycle.reserved_room
+            ev.searched = self._limit(feasible, pod, None if room is None else np.asarray(room.any(axis=1)))
         if not feasible.any():
             ev.diagnosis = self._diagnose(pod, ev)
             return ev
         self._score(pod, ev)
         return ev
 
-    def _limit(self, feasible: Mask, pod: PodInfo) -> bool:
-        """Keep the first k feasible nodes from a rotating start (kube-scheduler's search), and
-        the node the pod is nominated to (kube-scheduler evaluates it first); True if any was
-        cut."""
+    def _limit(self, feasible: Mask, pod: PodInfo, reserved: Mask | None = None) -> bool:
+        """Keep the first k feasible nodes from a rotating start (kube-scheduler's search), the
+        node the pod is nominated to (kube-scheduler evaluates it first), and the nodes holding
+        a reservation the pod may consume (`reserved`: a pod goes to its reservation first,
+        so a search that cut its node would place it elsewhere and leave the reservation
+        unused); True if any was cut."""
         state = self.state
         n = len(feasible)
         k = nodes_to_find(int(state.schedulable_rows().sum()), self.profile.percentage_of_nodes_to_score)
@@ -317,9 +320,12 @@ class Framework:
         nomination = state.nominator.of(pod.uid)
         row = state.index.get(nomination.node, -1) if nomination is not None else -1
         nominated = row >= 0 and bool(feasible[row])
+        kept = feasible & reserved if reserved is not None else None
         feasible[hits[k:]] = False
         if nominated:
             feasible[row] = True
+        if kept is not None:
+            feasible |= kept
         self._next_start = int(hits[k - 1] + 1) % n
         return True
 
