@@ -197,8 +197,9 @@ class RebalancerService:
         if job.uid in self.done:
             return
         mine = self.jobs.get(job.uid)
-        if mine is not None and mine.version >= job.version and job.phase not in mg.FINISHED:
-            return
+        if mine is not None and (mine.version > job.version or (mine.version == job.version
+                                                                 and job.phase not in mg.FINISHED)):
+            return  # older, or as new and not finished (of two equal versions, the finished one wins)
         self.moved_at[job.pod_uid] = max(self.moved_at.get(job.pod_uid, 0.0), job.created)
         found = _SEQUENCE.search(job.uid)
         self.sequence = max(self.sequence, int(found.group(1)) if found else 0)
