@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from agents.rebalance import migration as mg
 from perf import rebalance_scenarios as rs
 from perf.rebalance_run import MoveRunConfig, run_moves, succeeded
 from streams.settings import load_settings
@@ -31,8 +32,13 @@ def test_a_lopsided_cluster_is_evened_out_by_reservation_first_moves(broker: str
     assert sd["ranked"] and sd["removed"] == 3, r
     assert sd["empty_nodes_after"] >= max(1, sd["empty_nodes_kubernetes"]), r  # one node's three pods went
     assert r["settled"] and r["migrations_succeeded"] >= 2, r
-    assert set(r["migrations"]) == {"Succeeded: replacement bound into the reservation"}, r
-    assert r["evictions"] == r["migrations_succeeded"] and not r["evictions_refused"], r
+    # A replacement may be bound into another move of its workload's reservation: that move
+    # ends Aborted (nothing evicted) and the one whose pod went ends Succeeded (migration.py).
+    ends = {f"Succeeded: {mg.DONE}", f"Succeeded: {mg.SIBLING}", f"Aborted: {mg.CONSUMED_EARLY}"}
+    assert set(r["migrations"]) <= ends and f"Succeeded: {mg.DONE}" in r["migrations"], r
+    assert not r["evictions_refused"], r
+    # A new leader sends again an eviction it cannot see yet on `evictions`.
+    assert r["evictions"] >= r["migrations_succeeded"] if kill_leader else r["evictions"] == r["migrations_succeeded"], r
     assert r["after"]["std_sum"] <= r["before"]["std_sum"] / 2, r
     assert r["availability_gap"] == 0 and r["jobs_unfinished"] == 0, r
     assert bool(r["failover"]) == kill_leader, r
@@ -51,7 +57,7 @@ def test_the_quick_rebalance_imbalance_compares_the_planners_through_the_broker(
     assert set(r["planners"]) == {"koordinator", "global"}
     for p in r["planners"].values():
         assert set(p) >= PLANNER_FIELDS and p["finished"] and p["availability_gap"] == 0, p
-        assert p["evictions"] == p["migrations_succeeded"] > 0 and p["std_sum_after"] < p["std_sum_before"], p
+        assert p["evictions"] >= p["migrations_succeeded"] > 0 and p["std_sum_after"] < p["std_sum_before"], p
     g = r["planners"]["global"]
     assert g["std_sum_after"] <= g["std_sum_before"] / 2, g
 
