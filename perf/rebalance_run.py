@@ -213,6 +213,29 @@ class Harness:
             await asyncio.sleep(0.05)
         return True
 
+    async def scale_down(self, workload: str, remove: int, timeout_s: float) -> tuple[list[str], bool]:
+        """Ask `workload` to lose `remove` pods (a ScaleDownEvent); once the rebalancer
+        published every one of its pods' deletion costs (or `timeout_s` passed), the controller
+        deletes in Kubernetes' order, which honours them: the pods go (PodTerminated at their
+        node, PodDeleted). The pods removed, and whether the ranks came in time."""
+        key = f"{NAMESPACE}/ReplicaSet/{workload}"
+        w = self.workloads.workloads[key]
+        asked, uids = len(self.collector.records), set(w.members)
+        await self.publish(topics.SCALE_DOWN, [ScaleDownEvent(workload=workload, namespace=NAMESPACE, replicas=remove)])
+
+        def ranked() -> bool:
+            return uids <= {r.uid for _, _, r in self.collector.records[asked:]
+                            if isinstance(r, Pod) and DELETION_COST in r.annotations}
+
+        in_time = await self.until(ranked, timeout_s)
+        await self.step()
+        removed, _ = self.workloads.scale(key, w.replicas - remove, now=time.time())
+        await self.publish(topics.NODE_INBOX, [PodTerminated(uid=u, node=self.node[u], reason="ScaledDown")
+                                               for u in removed])
+        await self.publish(topics.PODS, [PodDeleted(uid=u, name=u, namespace=NAMESPACE) for u in removed])
+        self.terminated += [Placement(time.time(), u, self.node[u]) for u in removed]
+        return removed, in_time
+
     def settled(self, quiet_s: float) -> Callable[[], bool]:
         """A test for `until`: some job began, none runs, and nothing arrived for `quiet_s`."""
         seen = [time.monotonic(), 0]
@@ -357,29 +380,13 @@ async def _scale_down(h: Harness, cfg: MoveRunConfig) -> dict[str, Any]:
     """Ask the CPU-heavy workload to lose `scale_down_by` pods; once the rebalancer published
     its pods' deletion costs, the controller deletes in Kubernetes' order. Also counts the nodes
     Kubernetes' order without the costs would have left empty, from the same state."""
-    key = f"{NAMESPACE}/ReplicaSet/cpu"
-    w = h.workloads.workloads[key]
-    desired = w.replicas - cfg.scale_down_by
-    members = list(w.members.values())
+    members = list(h.workloads.workloads[f"{NAMESPACE}/ReplicaSet/cpu"].members.values())
     plain = kubernetes_order([Replica(m.pod.uid, m.node, "Running", m.ready, 0, m.ready_since,
                                       m.pod.creation_timestamp) for m in members])
     default_gone = {members[i].pod.uid for i in plain[:cfg.scale_down_by]}
     default_empty = len(set(h.nodes) - {p.node_name for p in h.bound_now() if p.uid not in default_gone})
     empty_before = h.empty_nodes()
-    asked = len(h.collector.records)
-    await h.publish(topics.SCALE_DOWN, [ScaleDownEvent(workload="cpu", namespace=NAMESPACE, replicas=cfg.scale_down_by)])
-    uids = set(w.members)
-
-    def ranked() -> bool:
-        return uids <= {r.uid for _, _, r in h.collector.records[asked:]
-                        if isinstance(r, Pod) and DELETION_COST in r.annotations}
-
-    in_time = await h.until(ranked, cfg.timeout_s)
-    await h.step()
-    removed, _ = h.workloads.scale(key, desired, now=time.time())
-    await h.publish(topics.NODE_INBOX, [PodTerminated(uid=u, node=h.node[u], reason="ScaledDown") for u in removed])
-    await h.publish(topics.PODS, [PodDeleted(uid=u, name=u, namespace=NAMESPACE) for u in removed])
-    h.terminated += [Placement(time.time(), u, h.node[u]) for u in removed]
+    removed, in_time = await h.scale_down("cpu", cfg.scale_down_by, cfg.timeout_s)
     return {"ranked": in_time, "removed": len(removed), "empty_nodes_before": empty_before,
             "empty_nodes_after": h.empty_nodes(), "empty_nodes_kubernetes": default_empty}
 

@@ -41,22 +41,18 @@ from agents.rebalance import config as rebalance_config
 from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.demo import start_up, system
-from perf.rebalance_run import MOVABLE, NAMESPACE, Harness
+from perf.rebalance_run import GI, MOVABLE, NAMESPACE, Harness
 from schemas import topics
 from schemas.records import (
     Binding,
     EvictionCommand,
     Node,
     Pod,
-    PodDeleted,
-    PodTerminated,
     ResourceList,
-    ScaleDownEvent,
 )
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
-GI = 2**30
 NODE = ResourceList(cpu=32_000, memory=128 * GI, pods=110)
 CPU_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=1500, memory=2 * GI))
 MEMORY_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=250, memory=6 * GI))
@@ -255,25 +251,9 @@ async def _scale_down_once(cfg: ScaleDownRun, producer: RecordProducer, collecto
     web = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=500, memory=GI))
     await _place(h, "db", db, cfg.db_pods, cfg.place_timeout_s)
     await _place(h, "web", web, cfg.replicas, cfg.place_timeout_s)
-    key = f"{NAMESPACE}/ReplicaSet/web"
-    w = h.workloads.workloads[key]
-    remove = cfg.replicas - cfg.replicas // 2
     empty_before = h.empty_nodes()
-    asked = len(collector.records)
-    await h.publish(topics.SCALE_DOWN, [ScaleDownEvent(workload="web", namespace=NAMESPACE, replicas=remove)])
-    uids = set(w.members)
-
-    def ranked() -> bool:
-        return uids <= {r.uid for _, _, r in collector.records[asked:] if isinstance(r, Pod)
-                        and binpack.DELETION_COST in r.annotations}
-
     started = time.monotonic()
-    in_time = await h.until(ranked, 120.0)
-    await h.step()
-    removed, _ = h.workloads.scale(key, cfg.replicas - remove, now=time.time())
-    await h.publish(topics.NODE_INBOX, [PodTerminated(uid=u, node=h.node[u], reason="ScaledDown") for u in removed])
-    await h.publish(topics.PODS, [PodDeleted(uid=u, name=u, namespace=NAMESPACE) for u in removed])
-    h.terminated += [Placement(time.time(), u, h.node[u]) for u in removed]
+    removed, in_time = await h.scale_down("web", cfg.replicas - cfg.replicas // 2, 120.0)
     h.node = {u: n for u, n in h.node.items() if u not in set(removed)}
     return {"empty_nodes": h.empty_nodes(), "empty_nodes_before": empty_before,
             "stranded_pct": h.objective()["stranded_pct"], "evictions": len(removed), "ranked": in_time,
