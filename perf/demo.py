@@ -31,6 +31,7 @@ from perf.collector import Collector
 from perf.workload import make_nodes, make_pods
 from schemas import topics
 from schemas.records import Binding, Node, NodeStateChange, Pod, SchedulingFeedback
+from streams.app import guard_gaps
 from streams.broker import EmbeddedBroker, wait_ready
 from streams.process import quiet_gc, spawn_tied, stop
 from streams.producer import RecordProducer
@@ -111,6 +112,7 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
         await wait_ready(bootstrap, timeout_s=120.0)
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         await prepare(settings)
+        await guard_gaps(settings)  # the harness's own consumers (collectors) read the same partitions
         worker = [sys.executable, "-m", "cli.main", "worker"]
         commands = [worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if layout == "split" else [worker]
         commands += [worker + ["--roles", "rebalancer"]] * rebalancers

@@ -323,6 +323,9 @@ def figures(cfg: SoakConfig, churn: Churn, collector: Collector, start: Snapshot
         "replica_maps": by_map,
         "decider_keys": metric(st, "koordstream_table_keys", table=TABLE_POD_LEDGER),
         "owner_holds": metric(st, "koordstream_table_entries", table=TABLE_NODE_STATE),
+        # Offset gaps the workers' consumers waited for (streams/gaps.py), since they started.
+        "offset_gaps": {outcome: sum(metric(m, "koordstream_offset_gaps_total", outcome=outcome) for m in (st, sc))
+                        for outcome in ("held", "filled", "accepted")},
     }
 
 

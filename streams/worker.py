@@ -27,7 +27,13 @@ from typing import Any
 import faust
 
 from streams.admin import ensure_topics
-from streams.app import build_app, rebalancer_service, resolve_transactions, run_rebalancer
+from streams.app import (
+    build_app,
+    guard_gaps,
+    rebalancer_service,
+    resolve_transactions,
+    run_rebalancer,
+)
 from streams.catalogue import catalogue
 from streams.metrics import registry_for, serve_metrics
 from streams.process import tune_gc
@@ -66,15 +72,18 @@ async def prepare(settings: Settings) -> list[str]:
 
 
 async def prepare_worker(settings: Settings) -> bool:
-    """Create missing topics and decide whether the stateful agents use transactions."""
+    """Create missing topics, decide whether the stateful agents use transactions, and guard
+    the process's consumers against offset gaps (`streams.gaps`) where the broker needs it."""
     await prepare(settings)
-    return await resolve_transactions(settings)
+    transactions = await resolve_transactions(settings)
+    await guard_gaps(settings, accepts_transactions=True if transactions else None)
+    return transactions
 
 
 def run_worker(settings: Settings) -> None:
     tune_gc(settings.worker.gc_threshold)
     if set(settings.worker.roles) == {"rebalancer"}:
-        asyncio.run(prepare(settings))
+        asyncio.run(prepare_worker(settings))
         asyncio.run(rebalancer_only(settings))
         return
     transactions = asyncio.run(prepare_worker(settings))
