@@ -28,10 +28,11 @@ test: $(STAMP) kafka
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
 # broker killed -9 under load, then the independent check) on Apache Kafka and on Tansu, the
 # state retention on both brokers, the quick soak (state stays flat) on Tansu, and the quick
-# variants of the shipped perf scenarios, and the rebalancer on Apache Kafka with its leader killed.
+# variants of the shipped perf scenarios, the rebalancer on Apache Kafka with its leader killed,
+# and the longest crash and takeover runs (tests/integration/conftest.py, E2E_ONLY).
 e2e: $(STAMP) kafka
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
-		tests/integration/test_rebalancer.py
+		tests/integration/test_rebalancer.py tests/integration/test_restart.py tests/integration/test_transactions.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

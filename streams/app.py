@@ -29,6 +29,7 @@ from typing import Any
 import faust
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import BrokerResponseError, KafkaError
 from prometheus_client.registry import CollectorRegistry
 
 from agents.adapters import deciders, owners
@@ -64,17 +65,30 @@ log = logging.getLogger("koordstream.app")
 
 async def broker_accepts_transactions(bootstrap: str, timeout_s: float = 15.0) -> bool:
     """Whether the broker grants a producer id (InitProducerId): Apache Kafka does, the
-    embedded Tansu broker answers UnknownError."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
-    try:
-        await asyncio.wait_for(producer.start(), timeout_s)
-        return True
-    except Exception as exc:  # noqa: BLE001 - any refusal means no
-        log.info("the broker at %s refuses InitProducerId (%r): no transactions", bootstrap, exc)
-        return False
-    finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(producer.stop(), 5.0)
+    embedded Tansu broker refuses (UnknownError). Only a refusal in the broker's answer counts
+    as no; a broker not reached, or an answer to try again, is asked again until `timeout_s`,
+    then raises (a guess would turn transactions off on an Apache Kafka that was restarting,
+    and guard its consumers against gaps that are its transaction markers)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+        try:
+            await asyncio.wait_for(producer.start(), max(0.1, deadline - time.monotonic()))
+            return True
+        except BrokerResponseError as exc:
+            if not exc.retriable:
+                log.info("the broker at %s refuses InitProducerId (%r): no transactions", bootstrap, exc)
+                return False
+            failure: BaseException = exc
+        except (TimeoutError, KafkaError, OSError) as exc:
+            failure = exc
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), 5.0)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"kafka.bootstrap={bootstrap}: cannot tell whether the broker grants producer ids "
+                               f"(InitProducerId) within {timeout_s}s: {failure!r}")
+        await asyncio.sleep(0.5)
 
 
 async def resolve_transactions(settings: Settings) -> bool:

@@ -78,6 +78,7 @@ class EmbeddedBroker:
         them before exiting (measured: 5 s and more), and it holds nothing worth waiting for."""
         if self.proc is not None:
             stop(self.proc, deadline_s=1.0)
+        gaps.forget(self.bootstrap)
 
     async def __aenter__(self) -> EmbeddedBroker:
         self.start()

@@ -1,7 +1,9 @@
 """The soak benchmark's quick variant on the embedded broker (`make e2e`): pods churned through
 the real system with a short state retention; every JSON field is there, nothing is bound
 twice or over-committed, the long-running pods stay, and what the owners, deciders and the
-scheduler replica keep stays flat between the first and the last window."""
+scheduler replica keep stays flat between the first and the last window; every pod is bound
+(two CI runs once left 3 and 4 pods unbound: the broker served writes out of order, see
+streams/gaps.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ def test_quick_soak_keeps_state_flat(tmp_path: Path) -> None:
     assert out.exists(), f"no result (exit {done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}"
     r = json.loads(out.read_text())
     assert r["pods_double_bound"] == 0 and r["nodes_overcommitted"] == 0, r
-    assert r["pods_bound"] == r["pods_total"], r
+    # Unbound pods: their trace (every record about them) and the workers' warnings say why.
+    assert r["pods_bound"] == r["pods_total"], f"{r['unbound']}; the workers said: {done.stderr[-3000:]}"
+    # The workers' consumers never read past an offset gap (streams/gaps.py: on Tansu every
+    # offset holds a record, so a gap read past is records lost).
+    assert r["samples"][-1]["offset_gaps"]["accepted"] == 0, r["samples"][-1]["offset_gaps"]
     assert r["long_running_bound"] == r["config"]["long_running"] and r["long_running_terminated"] == 0
     assert [s["progress_pct"] for s in r["samples"]] == [10, 50, 100]
     assert all(set(FIGURES) <= set(s) for s in r["samples"]) and set(r["growth"]) == set(FIGURES)

@@ -68,6 +68,16 @@ ONE_BROKER = {
     "test_shutdown.py::test_a_worker_keeps_its_data_out_of_the_directory_it_started_from[kafka]":
         "where faust's data folder goes; the embedded variant runs",
 }
+# Variants that run in `make e2e` (CI runs it after `make test`), not in `make test`, to keep
+# `make test` within its 10 minutes: the longest crash and takeover runs, whose other variant
+# or a shorter sibling runs in `make test`.
+E2E_ONLY = {
+    "test_restart.py::test_a_waiting_gang_times_out_after_its_partition_moves_to_a_running_worker[kafka]":
+        "42 s; the embedded variant is in ONE_BROKER",
+    "test_restart.py::test_replacement_worker_recovers_committed_capacity[kafka]": "32 s; the embedded variant runs",
+    "test_transactions.py::test_partitions_of_a_killed_state_worker_taken_over_by_a_running_one_lose_nothing":
+        "40 s; test_a_state_worker_killed_mid_run_loses_nothing_and_duplicates_nothing runs",
+}
 KAFKA_KINDS = {"kafka", "kafka-container"}
 
 
@@ -84,16 +94,23 @@ def runs_on_kafka(item: pytest.Item) -> bool:
     return module in KAFKA_MODULES or item.get_closest_marker("kafka") is not None
 
 
+def node_name(item: pytest.Item) -> str:
+    return f"{item.module.__name__.rsplit('.', 1)[-1]}.py::{item.name}" if isinstance(item, pytest.Function) else ""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect the Kafka variants of the modules that run on the embedded broker only, and
-    the variants of `ONE_BROKER`."""
+    the variants of `ONE_BROKER`; mark those of `E2E_ONLY` e2e."""
+    for item in items:
+        if node_name(item) in E2E_ONLY:
+            item.add_marker(pytest.mark.e2e)
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
         kinds = {callspec.params.get(name) for name in ("bootstrap", "broker_factory")} if callspec else set()
-        one_broker = f"{item.module.__name__.rsplit('.', 1)[-1]}.py::{item.name}" in ONE_BROKER \
-            if isinstance(item, pytest.Function) else False
+        one_broker = node_name(item) in ONE_BROKER
         (dropped if one_broker or (kinds & KAFKA_KINDS and not runs_on_kafka(item)) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
