@@ -3,9 +3,8 @@
 It keeps everything in memory and nothing across its own restart, and it can serve a later
 write to a partition before an earlier one is visible: the process that starts it guards its
 own consumers against that (`streams.gaps`), and workers do where `kafka.contiguous_offsets`
-says. Started as a child tied to
-this process (it dies if we are killed) and stopped on a clean exit; `wait_ready` polls until
-it answers Kafka metadata requests.
+says. Started as a child tied to this process (it dies if we are killed) and stopped on a
+clean exit; `wait_ready` polls until it answers Kafka metadata requests.
 """
 
 from __future__ import annotations
