@@ -78,7 +78,6 @@ from schemas.records import (
     ReservationOwner,
     ResourceList,
 )
-from streams.app import guard_gaps
 from streams.broker import EmbeddedBroker, wait_ready
 from streams.catalogue import partition_for
 from streams.process import spawn_tied, stop
@@ -324,7 +323,6 @@ async def run_chaos(cfg: ChaosConfig, settings: Settings) -> dict[str, Any]:
                "KOORDSTREAM_KAFKA_PARTITIONS": str(cfg.partitions)}
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap, partitions=cfg.partitions))
         await prepare(settings)
-        await guard_gaps(settings)  # the harness's own consumers
         fleet = Fleet(env, run_dir / "logs")
         for name in WORKERS:
             fleet.start(name)

@@ -112,7 +112,8 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
         await wait_ready(bootstrap, timeout_s=120.0)
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
         await prepare(settings)
-        await guard_gaps(settings)  # the harness's own consumers (collectors) read the same partitions
+        if broker is None:  # a broker started here guards its own (EmbeddedBroker.start); one given: ask it
+            await guard_gaps(settings)  # the harness's collectors read the same partitions as the workers
         worker = [sys.executable, "-m", "cli.main", "worker"]
         commands = [worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if layout == "split" else [worker]
         commands += [worker + ["--roles", "rebalancer"]] * rebalancers

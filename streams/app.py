@@ -91,12 +91,15 @@ async def broker_accepts_transactions(bootstrap: str, timeout_s: float = 15.0) -
         await asyncio.sleep(0.5)
 
 
-async def resolve_transactions(settings: Settings) -> bool:
-    """`kafka.transactions` as a decision: `auto` asks the broker."""
+async def resolve_transactions(settings: Settings, accepts_transactions: bool | None = None) -> bool:
+    """`kafka.transactions` as a decision: `auto` asks the broker (unless `accepts_transactions`
+    tells what it answered)."""
     mode = settings.kafka.transactions
     if mode == "off" or "state" not in settings.worker.roles:
         return False
-    accepted = await broker_accepts_transactions(settings.kafka.bootstrap)
+    accepted = accepts_transactions
+    if accepted is None:
+        accepted = await broker_accepts_transactions(settings.kafka.bootstrap)
     if mode == "on" and not accepted:
         raise ValueError(f"kafka.transactions: on, but the broker at {settings.kafka.bootstrap} refuses "
                          "InitProducerId (no transactional producers); use auto or off")

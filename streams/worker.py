@@ -28,6 +28,7 @@ import faust
 
 from streams.admin import ensure_topics
 from streams.app import (
+    broker_accepts_transactions,
     build_app,
     guard_gaps,
     rebalancer_service,
@@ -75,8 +76,11 @@ async def prepare_worker(settings: Settings) -> bool:
     """Create missing topics, decide whether the stateful agents use transactions, and guard
     the process's consumers against offset gaps (`streams.gaps`) where the broker needs it."""
     await prepare(settings)
-    transactions = await resolve_transactions(settings)
-    await guard_gaps(settings, accepts_transactions=True if transactions else None)
+    k = settings.kafka
+    asks = (k.transactions != "off" and "state" in settings.worker.roles) or k.contiguous_offsets == "auto"
+    accepts = await broker_accepts_transactions(k.bootstrap) if asks else None  # one probe for both
+    transactions = await resolve_transactions(settings, accepts)
+    await guard_gaps(settings, accepts)
     return transactions
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from streams import app as stream_app
-from streams import transport
+from streams import transport, worker
 from streams.settings import SettingsError, load_settings
 
 
@@ -53,3 +53,23 @@ def test_a_transactional_app_reads_committed_and_leaves_offsets_to_the_transacti
     # Restores end at the changelog's last record read from the partition on every broker (Tansu
     # answers ListOffsets with the base offset of the last record batch plus one).
     assert type(plain.tables).__name__ == "TailTableManager" and not plain.tables.read_committed  # type: ignore[attr-defined]
+
+
+async def test_a_worker_asks_the_broker_once_for_transactions_and_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prepare_worker` probes once and hands the answer to both decisions."""
+    asked: list[str] = []
+
+    async def probe(bootstrap: str, timeout_s: float = 15.0) -> bool:
+        asked.append(bootstrap)
+        return True
+
+    async def no_topics(settings: object) -> list[str]:
+        return []
+
+    monkeypatch.setattr(worker, "broker_accepts_transactions", probe)
+    monkeypatch.setattr(worker, "prepare", no_topics)
+    settings = load_settings(env={"KOORDSTREAM_WORKER_ROLES": "state", "KOORDSTREAM_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    assert await worker.prepare_worker(settings) is True
+    assert asked == ["127.0.0.1:1"]
+    assert await stream_app.resolve_transactions(settings, accepts_transactions=False) is False  # told: not asked
+    assert asked == ["127.0.0.1:1"]
