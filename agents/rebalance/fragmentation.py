@@ -17,6 +17,9 @@ are sources. Two planners, chosen by `mode`:
   So every move lowers the cluster's summed std and never raises its max. The destination is
   the plan's, and the move's reservation is pinned to it. Capacity freed by a planned eviction
   is not counted until the next cycle, so each destination has room in any order of running.
+  A cycle plans from the objective the migrations in flight will leave (their pods off their
+  sources, their replacements on their destinations), so what a run reaches does not depend
+  on when its cycles fall against its moves.
 
 Both planners skip what the evictor protects, namespaces and pods the args exclude, pods
 younger than `minPodAge` or moved within `moveInterval` (no flapping), and moves the
@@ -156,13 +159,31 @@ class _Work:
         return balance_std(requested[:, c], self.view.allocatable[rows][:, c])
 
     def move(self, i: int, source: int, destination: int) -> None:
-        v = self.view.vectors[i]
-        self.requested[source] -= v
-        rows = [source]
+        self._shift(self.view.vectors[i], source, destination)
+
+    def _shift(self, v: npt.NDArray[np.int64], source: int, destination: int) -> None:
+        rows = [r for r in (source, destination) if r >= 0]
+        if source >= 0:
+            self.requested[source] -= v
         if destination >= 0:
             self.requested[destination] += v
-            rows.append(destination)
         self.std[rows] = self.std_rows(rows, self.requested[rows])
+
+    def expect(self, in_flight: Sequence[tuple[Pod, str, str]]) -> None:
+        """Plan from the objective the migrations in flight will leave, not from the moment's:
+        each one's pod gone from its source (if the view still has it there) and its
+        replacement on its destination. Otherwise a cycle that runs while the last cycle's moves
+        are under way plans them again from their other end (draining a source they are already
+        draining, filling a destination they already fill), and what the run reaches depends
+        on when its cycles fall. A replacement bound while its job still runs is counted twice
+        on its destination until the job ends: that node looks fuller, never emptier."""
+        view = self.view
+        where = {p.uid: i for i, p in enumerate(view.pods)}
+        for pod, source, destination in in_flight:
+            i = where.get(pod.uid, -1)
+            v = view.vectors[i] if i >= 0 else view.request_of(pod)
+            leaving = int(view.rows[i]) if i >= 0 and view.nodes[view.rows[i]].name == source else -1
+            self._shift(v, leaving, view.index.get(destination, -1))
 
 
 def _sources(work: _Work) -> list[int]:
@@ -194,17 +215,22 @@ def _refusal(pod: Pod, args: FragmentationArgs, evictor: EvictorArgs, now: float
 
 def plan_moves(view: ClusterView, args: FragmentationArgs, simulator: Simulator, arbitrator: Arbitrator, *,
                now: float, evictor: EvictorArgs | None = None, moved_at: Mapping[str, float] | None = None,
-               busy: Collection[str] = ()) -> MovePlan:
+               in_flight: Sequence[tuple[Pod, str, str]] = ()) -> MovePlan:
     """One cycle's moves by `args.mode`. `arbitrator` counts what is in flight; every planned
-    move is admitted into it. `busy`: pods whose migration is in flight (their arrivals are
-    the simulator's to know: `Simulator.place`)."""
+    move is admitted into it. `in_flight`: migrations running, as (pod, source, destination);
+    their pods are not planned again, their arrivals are the simulator's to know
+    (`Simulator.place`), and the global planner plans from the objective they will leave (see
+    `_Work.expect`)."""
     columns = view.columns(args.resources)
     typical = typical_requests(view.vectors, columns)
     before = measure(view, columns, typical=typical)
     work = _Work(view, args, columns, view.requested.copy(), view.std(columns))
     if args.paused:
         return MovePlan(args.mode, (), before, before, {"paused": 1})
+    if args.mode == GLOBAL:
+        work.expect(in_flight)
     planner = _plan_global if args.mode == GLOBAL else _plan_koordinator
+    busy = {pod.uid for pod, _, _ in in_flight}
     moves = planner(work, simulator, arbitrator, now, evictor or EvictorArgs(), moved_at or {}, busy)
     after = measure(view, columns, work.requested, typical)
     return MovePlan(args.mode, tuple(moves), before, after, dict(work.skipped), simulator.evaluations)

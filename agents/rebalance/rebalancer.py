@@ -74,7 +74,7 @@ class Rebalancer:
             for pod, source, _ in running:
                 arbitrator.admit(pod, source)
             plan = plan_moves(view, profile.fragmentation, simulator, arbitrator, now=now, evictor=profile.evictor,
-                              moved_at=moved_at, busy={pod.uid for pod, _, _ in running})
+                              moved_at=moved_at, in_flight=running)
             by_uid = {p.uid: p for p in view.pods}
             running += [(by_uid[m.uid], m.source, m.destination) for m in plan.moves]
             out.append(CyclePlan(profile.name, plan))

@@ -77,7 +77,7 @@ class ClusterView:
             rows.append(row)
         vectors = np.zeros((len(placed), width), dtype=np.int64)
         for i, p in enumerate(placed):
-            vectors[i] = space.pod_request(devices.with_gpu_totals(p.requests))
+            vectors[i] = request_vector(space, p)
         row_arr = np.array(rows, dtype=np.intp)
         requested = np.zeros_like(allocatable)
         np.add.at(requested, row_arr, vectors)
@@ -87,6 +87,10 @@ class ClusterView:
             if w:
                 workloads.setdefault(w, []).append(i)
         return cls(space, node_list, index, allocatable, placed, row_arr, vectors, requested, unplaced, workloads)
+
+    def request_of(self, pod: Pod) -> npt.NDArray[np.int64]:
+        """`pod`'s request in the view's resource space, placed here or not."""
+        return request_vector(self.space, pod)
 
     def columns(self, resources: Sequence[str]) -> npt.NDArray[np.intp]:
         """The resource space's columns of `resources` (those the space knows)."""
@@ -113,3 +117,7 @@ class ClusterView:
             self._daemons = np.array([any(r.kind == "DaemonSet" for r in p.owner_references) for p in self.pods],
                                      dtype=bool)
         return self._daemons
+
+
+def request_vector(space: ResourceSpace, pod: Pod) -> npt.NDArray[np.int64]:
+    return space.pod_request(devices.with_gpu_totals(pod.requests))

@@ -202,3 +202,33 @@ def test_koordinator_plan_invariants(case: Case) -> None:
     assert max(Counter(m.source for m in p.moves).values(), default=0) <= 1
     for m in p.moves:
         assert m.source_std[0] - m.source_std[1] >= args["min_improvement_threshold"] - 1e-12
+
+
+@pytest.mark.parametrize("evicted", [False, True])
+def test_a_cycle_with_moves_in_flight_plans_from_where_they_leave_the_cluster(evicted: bool) -> None:
+    """The last cycle's moves are still running (their pods on their sources, or evicted and
+    their replacements not bound yet): the next global cycle plans from the objective they will
+    leave, so it does not drain their sources or fill their destinations again, and what both
+    cycles do together is no worse than the first."""
+    node_list, pods = lopsided()
+    generous = ArbitrationArgs(max_unavailable_per_workload=5, max_migrating_per_node=6)
+    first = plan(node_list, pods, generous, mode="global")
+    assert first.moves
+    by_uid = {p.uid: p for p in pods}
+    in_flight = [(by_uid[m.uid], m.source, m.destination) for m in first.moves]
+    staying = [p for p in pods if not evicted or p.uid not in {m.uid for m in first.moves}]
+    view, sim, arb = planning(node_list, staying, generous)
+    for pod, source, destination in in_flight:
+        sim.place(pod, view.index[destination])
+        arb.admit(pod, source)
+    second = plan_moves(view, FragmentationArgs(min_pod_age_s=0.0), sim, arb, now=NOW, in_flight=in_flight)
+    whole = ClusterView.build(node_list, pods)
+    requested = whole.requested.copy()
+    for m in (*first.moves, *second.moves):
+        i = next(k for k, pod in enumerate(whole.pods) if pod.uid == m.uid)
+        requested[whole.index[m.source]] -= whole.vectors[i]
+        requested[whole.index[m.destination]] += whole.vectors[i]
+    both = whole.std(whole.columns(("cpu", "memory")), requested).sum()
+    assert both == pytest.approx(second.after.std_sum, abs=1e-9)
+    assert both <= first.after.std_sum + 1e-9
+    assert not {m.uid for m in second.moves} & {m.uid for m in first.moves}
