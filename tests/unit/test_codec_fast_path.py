@@ -23,7 +23,7 @@ from schemas.records import RECORD_TYPES, ResourceList
 
 TEXT = st.text(max_size=6) | st.sampled_from(["a", "n1", "x\x01y", "1", "ns/p"])
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | TEXT,
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
     max_leaves=8,
 )
