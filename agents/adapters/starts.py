@@ -22,8 +22,14 @@ their committed offsets (`agents.adapters.loop.StatefulLoop._starts_right`):
 A partition that missed its start is sought back to its first record, and what arrives before
 that record comes again is dropped (fetched before the seek); when a run comes without it, or
 nothing comes for `watch_every_s`, the first record is probed again and sought again (faust's
-fetch loop can move its read offset past a seek with a batch fetched before it). What is read
-twice is harmless: the scheduler's adds are idempotent by uid, its requeues by attempt.
+fetch loop can move its read offset past a seek with a batch fetched before it).
+
+Within a generation no offset is taken twice: a run fetched before a seek may bring the
+awaited record too, and then the seek brings it again (seen on CI: the watch sought back a
+partition whose first record was arriving just then, and a bad record was dead-lettered
+twice). Only what a generation took is skipped: what faust lost never reached the scheduler
+and is read again. Across generations records are read again (the scheduler's adds are
+idempotent by uid, its requeues by attempt; a bad record is dead-lettered again).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class ReadFromStart:
         self.owned: set[Key] = set()
         self.started: set[Key] = set()  # read from the first record in this assignment
         self.resume_at: dict[Key, int] = {}  # sought back: the first record, awaited
+        self.taken_to: dict[Key, int] = {}  # the offset after the last one this generation took
         self.restarted = 0  # partitions of an assignment read again from their first record
         self.reseeks = 0  # seeks made again while the first record was awaited
         self._arrived: set[Key] = set()  # runs came since the watch last looked
@@ -69,6 +76,7 @@ class ReadFromStart:
         self.owned = set(keys)
         self.started.clear()
         self.resume_at.clear()
+        self.taken_to.clear()
         self._arrived.clear()
 
     def rebalanced(self) -> None:
@@ -85,6 +93,7 @@ class ReadFromStart:
             self.owned.discard(key)
             self.started.discard(key)
             self.resume_at.pop(key, None)
+            self.taken_to.pop(key, None)
         if not self.owned:
             self.close()
 
@@ -107,12 +116,21 @@ class ReadFromStart:
                 # else fetched in an earlier generation: this one reads it again from the first
                 # record (taken now, an older requeue read after a newer one would be fenced)
             elif key in self.resume_at:
-                out += await self._resumed(key, run)
+                out += self._once(key, await self._resumed(key, run))
             elif key in self.started:
-                out += run.messages
+                out += self._once(key, run.messages)
             else:
-                out += await self._starts_right(key, run)
+                out += self._once(key, await self._starts_right(key, run))
         return out
+
+    def _once(self, key: Key, messages: list[RawMessage]) -> list[RawMessage]:
+        """`messages` less those this generation took already (offsets grow along a run)."""
+        after = self.taken_to.get(key, -1)
+        if messages and messages[0].offset < after:
+            messages = [m for m in messages if m.offset >= after]
+        if messages:
+            self.taken_to[key] = messages[-1].offset + 1
+        return messages
 
     async def _probe(self, key: Key, doing: str) -> tuple[bool, int | None]:
         """The partition's first record, and whether the answer still counts: not when the probe

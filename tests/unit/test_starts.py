@@ -201,3 +201,20 @@ async def test_a_run_of_an_earlier_generation_of_a_partition_owned_again_is_drop
     r.guard.assigned({(topics.REQUEUE, 1)}, generation=3)
     assert await r.guard.admit([run_of(topics.REQUEUE, 1, 2, pods("b"), first_offset=1)]) == []
     assert uids(await r.guard.admit([run_of(topics.REQUEUE, 1, 3, pods("a", "b"))])) == [0, 1]
+
+
+async def test_a_record_fetched_before_the_seek_back_and_again_after_it_is_taken_once() -> None:
+    """Seen on CI: the watch sought a quiet partition back to its first record just as that
+    record arrived; the run fetched before the seek brought it, the seek brought it again, and
+    a bad record was dead-lettered twice. Taken once; what comes after is taken as it comes."""
+    r = Rig(first=0)
+    r.guard.assigned({(PODS, 0)}, generation=2)
+    r.guard.rebalanced()
+    await r.tick()
+    assert r.seeks == [(PODS, 0, 0)]
+    assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("bad", "ok"))])) == [0, 1]  # fetched before the seek
+    assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("bad", "ok", "next"))])) == [2]  # after it
+    assert uids(await r.guard.admit([run_of(PODS, 0, 2, pods("later"), first_offset=3)])) == [3]
+    r.guard.assigned({(PODS, 0)}, generation=3)  # a new generation reads it all again
+    assert uids(await r.guard.admit([run_of(PODS, 0, 3, pods("bad", "ok"))])) == [0, 1]
+    r.guard.close()
