@@ -75,7 +75,7 @@ a new deletion.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from itertools import repeat
 from typing import Any, TypeVar
@@ -165,7 +165,14 @@ class HoldEntry:
 
     def __setattr__(self, name: str, value: Any) -> None:
         attributes = self.__dict__  # (plain attributes: a store in the dict is what object.__setattr__ does)
-        attributes[name] = value
+        member: tuple[Holds, str] | None = attributes.get("_in")
+        if member is not None and name in _TALLIED and dict.get(member[0], member[1]) is self:
+            holds = member[0]
+            holds.untally(self)
+            attributes[name] = value
+            holds.tally(self)
+        else:
+            attributes[name] = value
         attributes["_plain"] = None  # any change: `plain` computes again
 
     def plain(self) -> dict[str, Any]:
@@ -179,6 +186,115 @@ class HoldEntry:
                       if k in _HOLD_REQUIRED or (k in _HOLD_DEFAULTS and v != _HOLD_DEFAULTS[k])}
             object.__setattr__(self, "_plain", cached)
         return cached
+
+
+_TALLIED = frozenset({"status", "requests", "reserving", "devices", "gang_min"})  # what `Holds` counts depends on
+
+
+class Holds(dict[str, HoldEntry]):
+    """One node's holds by hold id, keeping what `NodeState.used` sums: the requests of the
+    counted holds (held or committed) that reserve nothing, per resource, and how many holds
+    reserve (their part depends on the reservation's phase, which changes in place; while
+    there are any, `used` sums afresh). And how many counted holds claim devices, and how many
+    gang members are held: a node with none answers `device_usage` and its report's gang
+    holds without a pass over its holds. Each hold knows the one `Holds` it is in, and tells it
+    when an attribute its part depends on is assigned (the cores assign, never change a hold's
+    requests in place: `HoldEntry.plain`). A hold put into another `Holds`, or under a second
+    hold id, while it is still in the first: the first no longer hears of its changes, and
+    `used` sums that one afresh from then on (`tracked`). The cores never do either."""
+
+    def __init__(self, items: Mapping[str, HoldEntry] | None = None) -> None:
+        super().__init__()
+        self.total: dict[str, int] = {}
+        self.names: dict[str, int] = {}  # resource -> counted holds that name it (a key of `total` while > 0)
+        self.reserving = 0
+        self.with_devices = 0
+        self.gang_held = 0
+        self.tracked = True
+        for hid, hold in (items or {}).items():
+            self[hid] = hold
+
+    def tally(self, hold: HoldEntry, sign: int = 1) -> None:
+        if hold.status not in COUNTED:
+            return
+        if hold.devices:
+            self.with_devices += sign
+        if hold.status == HELD and hold.gang_min > 1:
+            self.gang_held += sign
+        if hold.reserving is not None:
+            self.reserving += sign
+            return
+        total, names = self.total, self.names
+        for name, amount in hold.requests.items():
+            left = names.get(name, 0) + sign
+            if left:
+                names[name] = left
+                total[name] = total.get(name, 0) + sign * amount
+            else:
+                del names[name], total[name]
+
+    def untally(self, hold: HoldEntry) -> None:
+        self.tally(hold, -1)
+
+    def _adopt(self, hid: str, hold: HoldEntry) -> None:
+        attributes = hold.__dict__
+        before: tuple[Holds, str] | None = attributes.get("_in")
+        if before is not None and dict.get(before[0], before[1]) is hold:
+            before[0].tracked = False  # still there too: that tally no longer follows this hold
+        attributes["_in"] = (self, hid)
+        self.tally(hold)
+
+    def _leave(self, hid: str, hold: HoldEntry) -> None:
+        self.untally(hold)
+        member = hold.__dict__.get("_in")
+        if member is not None and member[0] is self and member[1] == hid:
+            del hold.__dict__["_in"]
+
+    def __setitem__(self, hid: str, hold: HoldEntry) -> None:
+        old = self.get(hid)
+        if old is hold:
+            return
+        super().__setitem__(hid, hold)
+        if old is not None:
+            self._leave(hid, old)
+        self._adopt(hid, hold)
+
+    def __delitem__(self, hid: str) -> None:
+        hold = self[hid]
+        super().__delitem__(hid)
+        self._leave(hid, hold)
+
+    _MISSING: Any = object()
+
+    def pop(self, hid: str, default: Any = _MISSING) -> Any:
+        if hid not in self:
+            if default is Holds._MISSING:
+                raise KeyError(hid)
+            return default
+        hold = self[hid]
+        del self[hid]
+        return hold
+
+    def popitem(self) -> tuple[str, HoldEntry]:
+        hid = next(reversed(self))
+        return hid, self.pop(hid)
+
+    def setdefault(self, hid: str, default: Any = None) -> Any:
+        if hid not in self:
+            self[hid] = default
+        return self[hid]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for hid, hold in dict(*args, **kwargs).items():
+            self[hid] = hold
+
+    def clear(self) -> None:
+        for hid in list(self):
+            del self[hid]
+
+    def __ior__(self, other: Any) -> Holds:  # type: ignore[override,misc]
+        self.update(other)
+        return self
 
 
 _HOLD_FIELDS = {f.name: f for f in fields(HoldEntry)}
@@ -202,29 +318,33 @@ class NodeState:
     record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
     # uid -> {hold, phase}; once ended also {reason, allocated, ended_by}: the event its end sent
     reservations: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # (each hold's `plain()` when `used()` last summed them, that sum): see `used`
-    _used_memo: tuple[tuple[dict[str, Any], ...], dict[str, int]] | None = field(
-        default=None, init=False, repr=False, compare=False)
+
+    # The log time after which something this node finished may be forgotten (None: not known,
+    # as after a restore; the next batch looks at everything): `NodeOwner._forget`.
+    _sweep_after: float | None = field(default=None, init=False, repr=False, compare=False)
+    _unstamped: list[str] = field(default_factory=list, init=False, repr=False, compare=False)  # new tombstones
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.holds, Holds):
+            self.holds = Holds(self.holds)
+
+    def bury(self, uid: str) -> None:
+        """A tombstone for `uid`, its time the batch's (`NodeOwner._forget` stamps it)."""
+        if uid not in self.tombstones:
+            self.tombstones[uid] = 0.0
+            self._unstamped.append(uid)
 
     def used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """Pods' full requests, plus what each reservation still holds for its consumers
         (less the holds in `ignoring`).
 
         An owner asks this about four times per pod (the claim, its commit, and the report
-        after each), over every hold the node keeps: the sum is kept while no hold changed.
-        A hold's `plain()` is a new object after any change of a field, and the holds are
-        never changed in place (`HoldEntry.plain`), so the same `plain()` objects, in the same
-        order, mean the same holds. Not with reservations (their phases change in place)."""
-        if ignoring or self.reservations:
-            return self.count_used(ignoring)
-        memo = self._used_memo
+        after each): the holds keep the sum as they change (`Holds`), so it costs no pass
+        over them. Summed afresh with reservations (their phases change in place)."""
         holds = self.holds
-        if memo is not None and len(memo[0]) == len(holds) and all(
-                h.__dict__.get("_plain") is mark for h, mark in zip(holds.values(), memo[0], strict=True)):
-            return dict(memo[1])
-        total = self.count_used()
-        self._used_memo = (tuple(h.plain() for h in holds.values()), total)
-        return dict(total)
+        if ignoring or self.reservations or not isinstance(holds, Holds) or holds.reserving or not holds.tracked:
+            return self.count_used(ignoring)
+        return dict(holds.total)
 
     def count_used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """`used`, summed afresh."""
@@ -241,6 +361,11 @@ class NodeState:
             for name, amount in amounts.items():
                 total[name] = total.get(name, 0) + amount
         return total
+
+    def gang_held(self) -> bool:
+        """Whether a gang member is held here (False only when the holds' tally says so)."""
+        holds = self.holds
+        return not isinstance(holds, Holds) or not holds.tracked or holds.gang_held > 0
 
     def consumptions(self) -> dict[str, tuple[dict[str, int], int]]:
         """Per reservation uid: what its held and committed consumers take of it, and how many
@@ -288,8 +413,11 @@ class NodeState:
     def device_usage(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """Per device, what committed and held claims use (less the holds in `ignoring`): GPU
         core and memory-ratio, RDMA virtual functions, bound CPUs and NUMA memory per cell."""
+        holds = self.holds
+        if isinstance(holds, Holds) and holds.tracked and not holds.with_devices:
+            return {}
         usage: dict[str, int] = {}
-        for hid, hold in self.holds.items():
+        for hid, hold in holds.items():
             if hold.status in COUNTED and hid not in ignoring:
                 devices.add_usage(usage, hold.devices)
         return usage
@@ -408,29 +536,51 @@ class NodeOwner:
         reservations) and what a late or redelivered record may still need."""
         if not now:
             return
+        retention = self.retention_s
+        stamped = False
         for hid in report:
             hold = state.holds.get(hid)
             if hold is not None and hold.status in FINISHED and not hold.finished:
                 hold.finished = now
-        retention = self.retention_s
+                stamped = True
+        tombstones = state.tombstones
+        for uid in state._unstamped:
+            if tombstones.get(uid) == 0.0:
+                tombstones[uid] = now
+                stamped = True
+        state._unstamped.clear()
+        after = state._sweep_after
+        if after is not None:
+            # Nothing expires before the first time stamped expires: only then a pass over the
+            # node (what a batch finishes, it stamps above). Forgetting is never earlier than
+            # the retention says; what an earlier pass missed (a hold that finished outside a
+            # report) is stamped, and forgotten, a pass later.
+            state._sweep_after = min(after, now + retention) if stamped else after
+            if now <= after:
+                return
         gone = []
+        first = float("inf")
         for hid, hold in state.holds.items():
             if hold.status in FINISHED:
                 if not hold.finished:  # a state written before holds had times: from now
                     hold.finished = now
-                elif expired(hold.finished, now, retention):
+                if expired(hold.finished, now, retention):
                     gone.append(hid)
+                else:
+                    first = min(first, hold.finished)
         for hid in gone:
             hold = state.holds.pop(hid)
             entry = state.reservations.get(hold.uid)
             if entry is not None and entry["hold"] == hid:
                 del state.reservations[hold.uid]
-        tombstones = state.tombstones
-        for uid in [u for u, at in tombstones.items() if not at or expired(at, now, retention)]:
-            if tombstones[uid]:
+        for uid, at in list(tombstones.items()):
+            if not at:
+                tombstones[uid] = at = now
+            if expired(at, now, retention):
                 del tombstones[uid]
             else:
-                tombstones[uid] = now
+                first = min(first, at)
+        state._sweep_after = first + retention
 
     @staticmethod
     def current(state: NodeState) -> NodeStateChange:
@@ -462,7 +612,7 @@ class NodeOwner:
                 GangHold(hold_id=hid, decision_key=h.decision_key, priority=h.priority, created=h.created,
                          requests=ResourceList(h.requests))
                 for hid, h in state.holds.items() if h.status == HELD and h.gang_min > 1
-            ),
+            ) if state.gang_held() else (),
         )
 
     def _apply_one(self, state: NodeState, record: Record, result: OwnerResult, report: dict[str, None],
@@ -662,7 +812,7 @@ class NodeOwner:
 
     @staticmethod
     def _terminate(state: NodeState, uid: str) -> None:
-        state.tombstones.setdefault(uid, 0.0)  # its time: the batch's (`_forget`)
+        state.bury(uid)
         for hold in state.holds.values():
             if hold.uid == uid and hold.status == COMMITTED:
                 hold.status = TERMINATED
@@ -688,7 +838,7 @@ class NodeOwner:
             for hold in state.holds.values():
                 if hold.status == COMMITTED:
                     hold.status, hold.terminated_by = TERMINATED, BY_NODE_DELETED
-                    state.tombstones.setdefault(hold.uid, 0.0)
+                    state.bury(hold.uid)
         for uid, entry in state.reservations.items():
             if entry.get("ended_by") == BY_NODE_DELETED:
                 result.outputs.append(self._end_event(state, uid))
