@@ -257,6 +257,7 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     offsets = {r.uid: at for at, r in arrivals if isinstance(r, Pod)}  # the scenario's send times
     out = result(s, nodes, pods, offsets, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
     out["worker_memory_peak_mb"] = memory
+    out["worker_cpu_s"] = {role: round(cpu_workers[p.pid], 2) for role, p in zip(roles, workers, strict=False)}
     # The physical limit, on the same broker once the run is over (the agents idle).
     limit = await noop_limit(bootstrap, partitions, list(pods.values()), batch=settings.scheduling.batch_size)
     out["noop_limit_pods_per_s"] = limit
