@@ -175,6 +175,13 @@ class HoldEntry:
             attributes[name] = value
         attributes["_plain"] = None  # any change: `plain` computes again
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy or a pickle is in no `Holds` (the one it is put into adopts it)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_in", "_plain")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def plain(self) -> dict[str, Any]:
         """As JSON, without the fields that hold their defaults (`HoldEntry(**plain)` restores
         them). Kept until a field is assigned (the cores assign fields, never change their
@@ -213,6 +220,10 @@ class Holds(dict[str, HoldEntry]):
         self.tracked = True
         for hid, hold in (items or {}).items():
             self[hid] = hold
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Copied or pickled as its holds: the copy tallies them afresh."""
+        return Holds, (dict(self),)
 
     def tally(self, hold: HoldEntry, sign: int = 1) -> None:
         if hold.status not in COUNTED:
@@ -343,8 +354,10 @@ class NodeState:
         over them. Summed afresh with reservations (their phases change in place)."""
         holds = self.holds
         if ignoring or self.reservations or not isinstance(holds, Holds) or holds.reserving or not holds.tracked:
-            return self.count_used(ignoring)
-        return dict(holds.total)
+            total = self.count_used(ignoring)
+        else:
+            total = holds.total
+        return dict(sorted(total.items()))  # by name: a report sent again after a restore is the same bytes
 
     def count_used(self, ignoring: frozenset[str] = frozenset()) -> dict[str, int]:
         """`used`, summed afresh."""
@@ -534,7 +547,9 @@ class NodeOwner:
         with `now`, and forget what finished more than the retention before it: the node
         state holds what is live (allocatable, committed and held pods, nominations,
         reservations) and what a late or redelivered record may still need."""
-        if not now:
+        if not now:  # no log time to stamp with: the next batch that has one looks at everything
+            if any(h is not None and h.status in FINISHED and not h.finished for h in map(state.holds.get, report)):
+                state._sweep_after = None
             return
         retention = self.retention_s
         stamped = False

@@ -93,6 +93,20 @@ def test_an_owner_forgets_finished_holds_and_tombstones_a_retention_after_they_f
     assert state.tombstones == {}
 
 
+def test_what_finishes_in_a_batch_without_log_time_is_forgotten_a_retention_after_the_next_one() -> None:
+    """The owner looks at a node's finished holds only once one can have expired; a hold that
+    finished when the batch had no log time is stamped by the next batch that has one (an
+    adversarial review found it kept for ever)."""
+    state = NodeState("n1")
+    owner_run(state, [make_node(cpu=1000)], T0)
+    owner_run(state, [make_claim("big", cpu=5000)], 0.0)  # rejected, and no time to stamp it with
+    assert state.holds["big/0/n1"].finished == 0.0
+    owner_run(state, [make_node(cpu=1000)], T0 + 1)
+    assert state.holds["big/0/n1"].finished == T0 + 1
+    owner_run(state, [make_node(cpu=1000)], T0 + 2 + R)
+    assert state.holds == {}
+
+
 def test_a_reservation_leaves_with_its_hold() -> None:
     state = NodeState("n1")
     owner_run(state, [make_node()], T0)
