@@ -748,6 +748,8 @@ class NodeOwner:
             ))
             return
         state.nominations.pop(hold.uid, None)  # bound here: its nomination is moot
+        if hold.terminated_by == BY_COMMIT_ON_DELETED_NODE:  # (a redelivery too: its first report may be lost)
+            report.update((other, None) for other, h in state.holds.items() if h.uid == hold.uid)
         self._commit_outputs(state, hid, hold, result)
 
     def _committed(self, state: NodeState, hid: str, hold: HoldEntry) -> None:
@@ -827,6 +829,7 @@ class NodeOwner:
 
     @staticmethod
     def _terminate(state: NodeState, uid: str) -> None:
+        """The pod's committed holds here end (the caller reports every hold of the pod)."""
         state.bury(uid)
         for hold in state.holds.values():
             if hold.uid == uid and hold.status == COMMITTED:

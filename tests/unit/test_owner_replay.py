@@ -343,6 +343,21 @@ def test_a_commit_after_the_node_was_deleted_terminates_the_pod_at_once_with_fee
             if isinstance(o.record, (Held, Rejected))] == ["Rejected"]  # tombstoned
 
 
+def test_a_misfit_commit_reports_every_hold_of_the_pod_it_ends() -> None:
+    """A pod committed here and claimed here again; the node shrinks; the second claim's
+    commit no longer fits, and ends the pod: both of its holds are reported terminated, and
+    again when the commit is redelivered (the first was left out of the report, so replicas
+    kept it as committed; an adversarial review found it)."""
+    state = NodeState("n1")
+    run([NODE, make_claim("u", cpu=400), Commit(uid="u", attempt=0, node="n1", decision_key="u"),
+         make_claim("u", attempt=1, cpu=400), make_node("n1", cpu=500)], state)
+    commit = Commit(uid="u", attempt=1, node="n1", decision_key="u")
+    first = run([commit], state)
+    assert reports(first)[0].holds == {"u/1/n1": TERMINATED, "u/0/n1": TERMINATED}
+    again = run([commit], restored(state))  # its first report lost in a crash
+    assert reports(again)[0].holds == {"u/1/n1": TERMINATED, "u/0/n1": TERMINATED}
+
+
 # -- 5. gangs rank by the gang -----------------------------------------------------------------
 
 def test_two_gangs_never_yield_to_each_other_whatever_their_members_creation_times() -> None:
