@@ -159,14 +159,12 @@ class _Work:
         return balance_std(requested[:, c], self.view.allocatable[rows][:, c])
 
     def move(self, i: int, source: int, destination: int) -> None:
-        self._shift(self.view.vectors[i], source, destination)
-
-    def _shift(self, v: npt.NDArray[np.int64], source: int, destination: int) -> None:
-        rows = [r for r in (source, destination) if r >= 0]
-        if source >= 0:
-            self.requested[source] -= v
+        v = self.view.vectors[i]
+        self.requested[source] -= v
+        rows = [source]
         if destination >= 0:
             self.requested[destination] += v
+            rows.append(destination)
         self.std[rows] = self.std_rows(rows, self.requested[rows])
 
     def expect(self, in_flight: Sequence[tuple[Pod, str, str]]) -> None:
@@ -177,13 +175,22 @@ class _Work:
         draining, filling a destination they already fill), and what the run reaches depends
         on when its cycles fall. A replacement bound while its job still runs is counted twice
         on its destination until the job ends: that node looks fuller, never emptier."""
+        if not in_flight:
+            return
         view = self.view
         where = {p.uid: i for i, p in enumerate(view.pods)}
+        vectors, sources, destinations = [], [], []
         for pod, source, destination in in_flight:
             i = where.get(pod.uid, -1)
-            v = view.vectors[i] if i >= 0 else view.request_of(pod)
-            leaving = int(view.rows[i]) if i >= 0 and view.nodes[view.rows[i]].name == source else -1
-            self._shift(v, leaving, view.index.get(destination, -1))
+            vectors.append(view.vectors[i] if i >= 0 else view.request_of(pod))
+            sources.append(int(view.rows[i]) if i >= 0 and view.nodes[view.rows[i]].name == source else -1)
+            destinations.append(view.index.get(destination, -1))
+        v = np.array(vectors, dtype=np.int64)
+        src, dst = np.array(sources, dtype=np.intp), np.array(destinations, dtype=np.intp)
+        np.subtract.at(self.requested, src[src >= 0], v[src >= 0])
+        np.add.at(self.requested, dst[dst >= 0], v[dst >= 0])
+        rows = np.unique(np.concatenate([src[src >= 0], dst[dst >= 0]]))
+        self.std[rows] = self.std_rows(rows, self.requested[rows])
 
 
 def _sources(work: _Work) -> list[int]:
