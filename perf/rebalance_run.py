@@ -137,6 +137,7 @@ class Harness:
         self.lowest: dict[str, int] = {}  # workload -> fewest ready replicas seen (after it was whole)
         self.whole: set[str] = set()
         self._read = 0
+        self._probes = 0
         self._sampled = time.monotonic()
         self._jobs: dict[str, MigrationJob] = {}
         self._typical: Any = None  # the request distribution of the first measure, kept for the next
@@ -144,6 +145,20 @@ class Harness:
     async def publish(self, topic: str, records: list[Any]) -> None:
         if records:
             await self.producer.flush(await self.producer.publish(topic, records))
+
+    async def change_nodes(self, nodes: list[Node], timeout_s: float) -> None:
+        """Publish changed nodes (a cordon moved) and wait until the scheduler places by them:
+        the owners reported each one's new record, then a probe pod went through the whole
+        pipeline. The scheduler hears of a node from the owners (`state-changes`) and of a pod
+        from `pods` directly, so pods published right after the nodes could be placed by the old
+        cordons (a CI run placed memory-heavy pods beside the CPU-heavy ones: nothing was
+        lopsided and nothing moved)."""
+        wanted = {n.name: n.unschedulable for n in nodes}
+        self._probes += 1
+        probe = Pod(uid=f"perf-probe-{self._probes}", name=f"perf-probe-{self._probes}", namespace="perf",
+                    requests=ResourceList(cpu=1))
+        await start_up(self.producer, self.collector, nodes, probe, self.collector.partitions, timeout_s,
+                       ready=lambda n: n.unschedulable == wanted[n.name])
 
     async def add(self, name: str, template: Pod, replicas: int, age_s: float = 0.0) -> list[str]:
         """A workload's pods published; `age_s`: created that long ago (as if running since)."""
@@ -217,9 +232,16 @@ class Harness:
         """Ask `workload` to lose `remove` pods (a ScaleDownEvent); once the rebalancer
         published every one of its pods' deletion costs (or `timeout_s` passed), the controller
         deletes in Kubernetes' order, which honours them: the pods go (PodTerminated at their
-        node, PodDeleted). The pods removed, and whether the ranks came in time."""
+        node, PodDeleted). The pods removed, and whether the workload was ready and the ranks
+        came in time.
+
+        The workload is asked once each of its pods is bound and Ready: Kubernetes deletes a
+        pod not Ready before any Ready one whatever its deletion cost, so a pod whose pod-ready
+        stage had not run yet would go first and the ranks would not decide (a CI run scaled
+        down while the last-bound pod was still starting, and no node emptied)."""
         key = f"{NAMESPACE}/ReplicaSet/{workload}"
         w = self.workloads.workloads[key]
+        settled = await self.until(lambda: all(m.ready and m.node for m in w.members.values()), timeout_s)
         asked, uids = len(self.collector.records), set(w.members)
         await self.publish(topics.SCALE_DOWN, [ScaleDownEvent(workload=workload, namespace=NAMESPACE, replicas=remove)])
 
@@ -227,7 +249,7 @@ class Harness:
             return uids <= {r.uid for _, _, r in self.collector.records[asked:]
                             if isinstance(r, Pod) and DELETION_COST in r.annotations}
 
-        in_time = await self.until(ranked, timeout_s)
+        in_time = await self.until(ranked, timeout_s) and settled
         await self.step()
         removed, _ = self.workloads.scale(key, w.replicas - remove, now=time.time())
         await self.publish(topics.NODE_INBOX, [PodTerminated(uid=u, node=self.node[u], reason="ScaledDown")
@@ -315,7 +337,7 @@ async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, 
             wanted = set(await h.add("cpu", CPU_HEAVY, half * cfg.pods_per_node))
             if not await h.until(lambda: wanted <= set(h.node), cfg.timeout_s):
                 raise TimeoutError("the CPU-heavy pods were not all bound")
-            await h.publish(topics.NODES, [_node(i, cordoned=i < half) for i in range(2 * half)])
+            await h.change_nodes([_node(i, cordoned=i < half) for i in range(2 * half)], cfg.timeout_s)
             wanted |= set(await h.add("mem", MEMORY_HEAVY, half * cfg.pods_per_node))
             if not await h.until(lambda: wanted <= set(h.node), cfg.timeout_s):
                 raise TimeoutError("the memory-heavy pods were not all bound")

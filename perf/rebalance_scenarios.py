@@ -192,7 +192,7 @@ async def _imbalance_once(cfg: ImbalanceRun, mode: str, producer: RecordProducer
     kinds = cfg.workloads // 2
     for w in range(kinds):
         await _place(h, f"cpu-{w:02d}", CPU_HEAVY, replicas, cfg.place_timeout_s, 2 * cfg.min_pod_age_s)
-    await h.publish(topics.NODES, [_node(i, cordoned=i < half) for i in range(cfg.nodes)])
+    await h.change_nodes([_node(i, cordoned=i < half) for i in range(cfg.nodes)], cfg.place_timeout_s)
     for w in range(kinds):
         await _place(h, f"mem-{w:02d}", MEMORY_HEAVY, replicas, cfg.place_timeout_s, 2 * cfg.min_pod_age_s)
     opened = [_node(i, movable=True) for i in range(cfg.nodes)]
