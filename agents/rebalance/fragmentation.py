@@ -187,9 +187,10 @@ class _Work:
             destinations.append(view.index.get(destination, -1))
         v = np.array(vectors, dtype=np.int64)
         src, dst = np.array(sources, dtype=np.intp), np.array(destinations, dtype=np.intp)
-        np.subtract.at(self.requested, src[src >= 0], v[src >= 0])
-        np.add.at(self.requested, dst[dst >= 0], v[dst >= 0])
-        rows = np.unique(np.concatenate([src[src >= 0], dst[dst >= 0]]))
+        leaving, arriving = src >= 0, dst >= 0
+        np.subtract.at(self.requested, src[leaving], v[leaving])
+        np.add.at(self.requested, dst[arriving], v[arriving])
+        rows = np.unique(np.concatenate([src[leaving], dst[arriving]]))
         self.std[rows] = self.std_rows(rows, self.requested[rows])
 
 
