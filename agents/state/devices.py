@@ -231,7 +231,7 @@ def add_usage(usage: dict[str, int], claimed: Iterable[str]) -> None:
     encoded = tuple(claimed)
     if not encoded:  # most pods claim no device
         return
-    added, marked = _usage_of(encoded)
+    added, marked = usage_of(encoded)
     for key, amount in added:
         usage[key] = usage.get(key, 0) + amount
     for key in marked:
@@ -239,7 +239,7 @@ def add_usage(usage: dict[str, int], claimed: Iterable[str]) -> None:
 
 
 @functools.lru_cache(maxsize=65_536)
-def _usage_of(claimed: tuple[str, ...]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
+def usage_of(claimed: tuple[str, ...]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
     """One claim's devices as (key, amount) to add and keys to mark used (its CPUs); parsed
     once per distinct claim (an owner sums every hold's devices in each report)."""
     added: list[tuple[str, int]] = []

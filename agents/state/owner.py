@@ -166,11 +166,15 @@ class HoldEntry:
     def __setattr__(self, name: str, value: Any) -> None:
         attributes = self.__dict__  # (plain attributes: a store in the dict is what object.__setattr__ does)
         member: tuple[Holds, str] | None = attributes.get("_in")
-        if member is not None and name in _TALLIED and dict.get(member[0], member[1]) is self:
+        if member is not None and dict.get(member[0], member[1]) is self:
             holds = member[0]
-            holds.untally(self)
-            attributes[name] = value
-            holds.tally(self)
+            holds.changed.add(member[1])
+            if name in _TALLIED:
+                holds.untally(self)
+                attributes[name] = value
+                holds.tally(self)
+            else:
+                attributes[name] = value
         else:
             attributes[name] = value
         attributes["_plain"] = None  # any change: `plain` computes again
@@ -202,13 +206,15 @@ class Holds(dict[str, HoldEntry]):
     """One node's holds by hold id, keeping what `NodeState.used` sums: the requests of the
     counted holds (held or committed) that reserve nothing, per resource, and how many holds
     reserve (their part depends on the reservation's phase, which changes in place; while
-    there are any, `used` sums afresh). And how many counted holds claim devices, and how many
-    gang members are held: a node with none answers `device_usage` and its report's gang
-    holds without a pass over its holds. Each hold knows the one `Holds` it is in, and tells it
-    when an attribute its part depends on is assigned (the cores assign, never change a hold's
-    requests in place: `HoldEntry.plain`). A hold put into another `Holds`, or under a second
-    hold id, while it is still in the first: the first no longer hears of its changes, and
-    `used` sums that one afresh from then on (`tracked`). The cores never do either."""
+    there are any, `used` sums afresh). And what `device_usage` sums (the devices of the
+    counted holds) and how many gang members are held: a node with none answers its report's
+    gang holds without a pass over its holds. And which hold ids were added, removed or had a
+    field assigned since `NodeState.to_json` last looked (`changed`), so that the table value
+    is made from what changed. Each hold knows the one `Holds` it is in, and tells it when one
+    of its fields is assigned (the cores assign, never change a hold's fields in place:
+    `HoldEntry.plain`). A hold put into another `Holds`, or under a second hold id, while it is
+    still in the first: the first no longer hears of its changes, and its sums and table value
+    are made afresh from then on (`tracked`). The cores never do either."""
 
     def __init__(self, items: Mapping[str, HoldEntry] | None = None) -> None:
         super().__init__()
@@ -216,8 +222,14 @@ class Holds(dict[str, HoldEntry]):
         self.names: dict[str, int] = {}  # resource -> counted holds that name it (a key of `total` while > 0)
         self.reserving = 0
         self.with_devices = 0
+        # `device_usage`'s sum: amounts per key, how many counted holds name each key, and how
+        # many mark each CPU key used (a CPU is 1 while any does).
+        self.device_total: dict[str, int] = {}
+        self.device_names: dict[str, int] = {}
+        self.device_marks: dict[str, int] = {}
         self.gang_held = 0
         self.tracked = True
+        self.changed: set[str] = set()
         for hid, hold in (items or {}).items():
             self[hid] = hold
 
@@ -230,6 +242,22 @@ class Holds(dict[str, HoldEntry]):
             return
         if hold.devices:
             self.with_devices += sign
+            added, marked = devices.usage_of(tuple(hold.devices))
+            total, names = self.device_total, self.device_names
+            for key, amount in added:
+                left = names.get(key, 0) + sign
+                if left:
+                    names[key] = left
+                    total[key] = total.get(key, 0) + sign * amount
+                else:
+                    del names[key], total[key]
+            marks = self.device_marks
+            for key in marked:
+                left = marks.get(key, 0) + sign
+                if left:
+                    marks[key] = left
+                else:
+                    del marks[key]
         if hold.status == HELD and hold.gang_min > 1:
             self.gang_held += sign
         if hold.reserving is not None:
@@ -265,6 +293,7 @@ class Holds(dict[str, HoldEntry]):
         old = self.get(hid)
         if old is hold:
             return
+        self.changed.add(hid)
         super().__setitem__(hid, hold)
         if old is not None:
             self._leave(hid, old)
@@ -272,6 +301,7 @@ class Holds(dict[str, HoldEntry]):
 
     def __delitem__(self, hid: str) -> None:
         hold = self[hid]
+        self.changed.add(hid)
         super().__delitem__(hid)
         self._leave(hid, hold)
 
@@ -334,6 +364,9 @@ class NodeState:
     # as after a restore; the next batch looks at everything): `NodeOwner._forget`.
     _sweep_after: float | None = field(default=None, init=False, repr=False, compare=False)
     _unstamped: list[str] = field(default_factory=list, init=False, repr=False, compare=False)  # new tombstones
+    # (the holds it was made of, their table map) as `to_json` last made it
+    _holds_plain: tuple[dict[str, HoldEntry], dict[str, dict[str, Any]]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.holds, Holds):
@@ -427,9 +460,15 @@ class NodeState:
         """Per device, what committed and held claims use (less the holds in `ignoring`): GPU
         core and memory-ratio, RDMA virtual functions, bound CPUs and NUMA memory per cell."""
         holds = self.holds
-        if isinstance(holds, Holds) and holds.tracked and not holds.with_devices:
-            return {}
-        usage: dict[str, int] = {}
+        if isinstance(holds, Holds) and holds.tracked:
+            if not holds.with_devices:
+                return {}
+            if not any(hid in holds and holds[hid].devices and holds[hid].status in COUNTED for hid in ignoring):
+                usage = dict(holds.device_total)
+                for key in holds.device_marks:
+                    usage[key] = 1
+                return usage
+        usage = {}
         for hid, hold in holds.items():
             if hold.status in COUNTED and hid not in ignoring:
                 devices.add_usage(usage, hold.devices)
@@ -444,13 +483,33 @@ class NodeState:
         return {int(g["minor"]): (int(g.get("core", 100)), int(g.get("memory_ratio", 100)))
                 for g in (self.record or {}).get("gpus", ())}
 
+    def _holds_json(self) -> dict[str, dict[str, Any]]:
+        """The holds as the table value carries them (`HoldEntry.plain` by hold id, in the
+        holds' order): the map made for the last value, with what changed since made again."""
+        holds = self.holds
+        kept = self._holds_plain
+        if kept is None or kept[0] is not holds or not isinstance(holds, Holds) or not holds.tracked:
+            plain = {hid: h.plain() for hid, h in holds.items()}
+        else:
+            plain = kept[1]
+            for hid in holds.changed:
+                hold = dict.get(holds, hid)
+                if hold is None:
+                    plain.pop(hid, None)
+                else:
+                    plain[hid] = hold.plain()
+        if isinstance(holds, Holds):
+            holds.changed.clear()
+        self._holds_plain = (holds, plain)
+        return dict(plain)  # the table's value never changes behind it
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "exists": self.exists,
             "allocatable": self.allocatable,
             "unschedulable": self.unschedulable,
-            "holds": {hid: h.plain() for hid, h in self.holds.items()},
+            "holds": self._holds_json(),
             "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
             "tombstones": self.tombstones,
             "seq": self.seq,

@@ -3,7 +3,8 @@ do `device_usage` and whether a gang member is held: after any sequence of what 
 a node's holds (added, replaced, removed in every way a dict allows, their status, requests,
 reservation, devices or gang size assigned, other fields assigned, a hold copied, or put into
 a second node or under a second hold id), each equals what a pass over the holds gives, on
-every node involved (and `used` on a copy restored from its table value)."""
+every node involved (and `used` on a copy restored from its table value). The same for the
+holds of the table value (`NodeState.to_json`), made from what changed since the last one."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from agents.state.owner import (
 STATUSES = [HELD, COMMITTED, RELEASED, REJECTED, TERMINATED]
 REQUESTS = st.dictionaries(st.sampled_from(["cpu", "memory", "pods", "nvidia.com/gpu"]), st.integers(0, 5000),
                            max_size=3)
-DEVICES = st.sampled_from([[], [], ["gpu/0/50/50"], ["gpu/1/100/100"]])
+DEVICES = st.sampled_from([[], [], ["gpu/0/50/50"], ["gpu/1/100/100"], ["gpu/0/25/50", "rdma/0/1"],
+                           ["cpuset/0/0,1,2,3/2048"], ["cpuset/0/2,3,4,5"], ["cpuset/1/8,9"]])
 HOLD = st.builds(lambda uid, requests, status, reserving, claimed, gang_min: HoldEntry(
     uid=uid, attempt=1, decision_key=uid, requests=requests, priority=0, status=status,
     reserving={"uid": uid} if reserving else None, devices=claimed, gang_min=gang_min),
@@ -99,12 +101,21 @@ def test_the_kept_sum_is_the_sum_afresh(ops: list[tuple[Any, ...]]) -> None:
         for node in nodes:
             assert isinstance(node.holds, Holds)
             assert node.used() == node.count_used(), op
-            assert NodeState.from_json(node.to_json()).used() == node.count_used()
+            if op[0] != "share":  # (a table value made only now and then: whatever changed between)
+                assert NodeState.from_json(node.to_json()).used() == node.count_used()
             usage: dict[str, int] = {}
             for hold in node.holds.values():
                 if hold.status in (HELD, COMMITTED):
                     devices.add_usage(usage, hold.devices)
             assert node.device_usage() == usage, op
+            for hid in node.holds:  # less one hold, as a claim asks again for its own
+                usage = {}
+                for other, hold in node.holds.items():
+                    if hold.status in (HELD, COMMITTED) and other != hid:
+                        devices.add_usage(usage, hold.devices)
+                assert node.device_usage(frozenset({hid})) == usage, op
+            value = node.to_json()["holds"]
+            assert list(value.items()) == [(hid, hold.plain()) for hid, hold in node.holds.items()], op
             gang = any(h.status == HELD and h.gang_min > 1 for h in node.holds.values())
             assert node.gang_held() == gang or not node.holds.tracked and node.gang_held(), op
 
