@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from schemas.records import Record, quick_init
 
@@ -48,6 +48,22 @@ class Problem:
     value: str
     error: str
     record: Record
+
+
+class Entries(dict[str, Any]):
+    """A map-valued field of a table value (a split field, `agents.adapters.tables`) that says
+    what changed since the value it follows: `token` names this map, `after` the map it was
+    made from (None: none known), and every entry not in `changed` is in both maps or in
+    neither, as the same object. A table whose changelog last carried the map `after` then
+    writes only the entries in `changed`."""
+
+    __slots__ = ("token", "after", "changed")
+
+    def __init__(self, items: dict[str, Any], after: object | None = None, changed: Sequence[str] = ()) -> None:
+        super().__init__(items)
+        self.token = object()
+        self.after = after
+        self.changed = tuple(changed)
 
 
 class Outbox(Protocol):

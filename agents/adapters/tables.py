@@ -61,6 +61,8 @@ import faust
 import orjson
 from faust.tables.table import Table
 
+from agents.ports import Entries
+
 log = logging.getLogger("koordstream.tables")
 
 AssignedHook = Callable[[set[Any], set[Any], int], Awaitable[None]]  # (assigned, revoked, generation)
@@ -116,6 +118,10 @@ class ChangelogImage:
         # as restored and as written by this worker since.
         self.parts: dict[bytes, dict[str, dict[str, tuple[int, int, Any]]]] = {}
         self.restored: set[bytes] = set()  # keys whose value in `data` a restore set (not a write since)
+        # key -> split field -> the `Entries.token` of the map whose entries `parts` holds, as
+        # this worker's last write of the key left them; dropped by anything else that changes
+        # the key's `parts` (a restore, a write given back), so that the next write compares all.
+        self.synced: dict[bytes, dict[str, object]] = {}
         self.verdicts: dict[bytes, bool] = {}  # key -> whether the last head read of it applied
 
     def entry_of(self, raw_key: bytes) -> tuple[bytes, str, str] | None:
@@ -134,11 +140,14 @@ class ChangelogImage:
         newest: dict[bytes, Any] = {}
         kept = []
         assemble: set[bytes] = set()
+        synced = self.synced
         for i, (key, value, partition) in enumerate(records):
             entry = self.entry_of(key)
             if entry is not None:
+                synced.pop(entry[0], None)
                 self._apply_entry(key, entry, value, partition, assemble)
                 continue
+            synced.pop(key, None)
             current = newest[key] if key in newest else self.data.get(key)
             applies = supersedes(value, current)
             if self.split:
@@ -231,9 +240,13 @@ class ChangelogImage:
         """The key left with its partition."""
         self.data.pop(key, None)
         self.parts.pop(key, None)
+        self.synced.pop(key, None)
         self.partition_of.pop(key, None)
         self.restored.discard(key)
         self.verdicts.pop(key, None)
+
+
+_ABSENT: Any = object()  # an entry no longer in its map
 
 
 class Unwritten:
@@ -312,6 +325,7 @@ class VersionedState:
         self._deleted: dict[int, set[bytes]] = {}  # partition -> keys deleted since the last write
         # partition -> how to give back what its last write changed in `ChangelogImage.parts` (`settle`)
         self._undo: dict[int, list[tuple[bytes, str | None, str, Any]]] = {}
+        self._written: dict[int, list[bytes]] = {}  # partition -> the keys its last write wrote (`settle`)
         self._seq = 0  # the seq of the last write (`put`)
         # What this worker wrote to the changelog: per key the size of its last value, and the
         # totals written (the soak benchmark's figures, `streams.metrics`).
@@ -407,8 +421,11 @@ class VersionedState:
         """The batch last written for `partition` became durable, or did not: then what its
         write changed in `table.parts` is given back, so that the replay writes it again."""
         undo = self._undo.pop(partition, [])
+        written = self._written.pop(partition, [])
         if durable:
             return
+        for key in written:
+            self.table.image.synced.pop(key, None)
         parts = self.table.parts
         for key, name, entry, previous in reversed(undo):
             if name is None:  # the key was deleted: all of its entries come back
@@ -442,6 +459,7 @@ class VersionedState:
             keys = self._dirty.pop(partition)
             deleted = self._deleted.pop(partition, set())
             undo = self._undo[partition] = []
+            self._written[partition] = list(keys)
             batch, filled = producer.create_batch(), 0  # `filled`: the batch's bytes, as estimated
             for key in keys:
                 wrapped = data.get(key)
@@ -479,9 +497,10 @@ class VersionedState:
         split = self.table.image.split
         if not split:
             return [(key, None if wrapped is None else orjson.dumps(wrapped))]
-        parts = self.table.parts
+        parts, synced = self.table.parts, self.table.image.synced
         if wrapped is None:  # deleted: the head's tombstone and every entry's
             fields = parts.pop(key, {})
+            synced.pop(key, None)
             undo.append((key, None, "", fields))
             gone: list[tuple[bytes, bytes | None]] = [(key, None)]
             return gone + [(key + PART + name.encode() + PART + entry.encode(), None)
@@ -490,18 +509,43 @@ class VersionedState:
         out: list[tuple[bytes, bytes | None]] = [
             (key, orjson.dumps({"epoch": epoch, "seq": seq, "state": {k: v for k, v in state.items() if k not in split}}))]
         fields = parts.setdefault(key, {})
+        last = synced.pop(key, None) or {}
+        tokens: dict[str, object] = {}
         for name in split:
             entries = fields.setdefault(name, {})
             current: dict[str, Any] = state.get(name) or {}
             prefix = key + PART + name.encode() + PART
-            for entry, value in current.items():
-                held = entries.get(entry)
-                if held is not None and (held[2] is value or held[2] == value):
+            if isinstance(current, Entries):
+                tokens[name] = current.token
+                if current.after is not None and last.get(name) is current.after:
+                    # `entries` are the map `after` (this worker wrote it last), and the entries
+                    # not in `changed` are the same objects in both: only those can differ.
+                    for entry in current.changed:
+                        value = current.get(entry, _ABSENT)
+                        self._entry(key, name, entry, value, entries, epoch, seq, prefix, undo, out)
                     continue
-                undo.append((key, name, entry, held))
-                entries[entry] = (epoch, seq, value)
-                out.append((prefix + entry.encode(), orjson.dumps({"epoch": epoch, "seq": seq, "state": value})))
+            for entry, value in current.items():
+                self._entry(key, name, entry, value, entries, epoch, seq, prefix, undo, out)
             for entry in [e for e in entries if e not in current]:
+                self._entry(key, name, entry, _ABSENT, entries, epoch, seq, prefix, undo, out)
+        if tokens:
+            synced[key] = tokens
+        return out
+
+    @staticmethod
+    def _entry(key: bytes, name: str, entry: str, value: Any, entries: dict[str, tuple[int, int, Any]], epoch: int,
+               seq: int, prefix: bytes, undo: list[tuple[bytes, str | None, str, Any]],
+               out: list[tuple[bytes, bytes | None]]) -> None:
+        """One entry of a split field against what the changelog holds of it: written if it
+        changed (by identity, else equality), a tombstone if it left (`value` is `_ABSENT`)."""
+        held = entries.get(entry)
+        if value is _ABSENT:
+            if held is not None:
                 undo.append((key, name, entry, entries.pop(entry)))
                 out.append((prefix + entry.encode(), None))
-        return out
+            return
+        if held is not None and (held[2] is value or held[2] == value):
+            return
+        undo.append((key, name, entry, held))
+        entries[entry] = (epoch, seq, value)
+        out.append((prefix + entry.encode(), orjson.dumps({"epoch": epoch, "seq": seq, "state": value})))

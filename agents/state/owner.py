@@ -80,7 +80,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from itertools import repeat
 from typing import Any, TypeVar
 
-from agents.ports import Output, Problem
+from agents.ports import Entries, Output, Problem
 from agents.state import admission, cpus, devices, gangs
 from agents.state import reservations as rsv
 from agents.state import usage as keys
@@ -168,7 +168,7 @@ class HoldEntry:
         member: tuple[Holds, str] | None = attributes.get("_in")
         if member is not None and dict.get(member[0], member[1]) is self:
             holds = member[0]
-            holds.changed.add(member[1])
+            holds.changed[member[1]] = None
             if name in _TALLIED:
                 holds.untally(self)
                 attributes[name] = value
@@ -229,7 +229,7 @@ class Holds(dict[str, HoldEntry]):
         self.device_marks: dict[str, int] = {}
         self.gang_held = 0
         self.tracked = True
-        self.changed: set[str] = set()
+        self.changed: dict[str, None] = {}  # (a dict: in the order they changed)
         for hid, hold in (items or {}).items():
             self[hid] = hold
 
@@ -293,7 +293,7 @@ class Holds(dict[str, HoldEntry]):
         old = self.get(hid)
         if old is hold:
             return
-        self.changed.add(hid)
+        self.changed[hid] = None
         super().__setitem__(hid, hold)
         if old is not None:
             self._leave(hid, old)
@@ -301,7 +301,7 @@ class Holds(dict[str, HoldEntry]):
 
     def __delitem__(self, hid: str) -> None:
         hold = self[hid]
-        self.changed.add(hid)
+        self.changed[hid] = None
         super().__delitem__(hid)
         self._leave(hid, hold)
 
@@ -365,7 +365,7 @@ class NodeState:
     _sweep_after: float | None = field(default=None, init=False, repr=False, compare=False)
     _unstamped: list[str] = field(default_factory=list, init=False, repr=False, compare=False)  # new tombstones
     # (the holds it was made of, their table map) as `to_json` last made it
-    _holds_plain: tuple[dict[str, HoldEntry], dict[str, dict[str, Any]]] | None = field(
+    _holds_plain: tuple[dict[str, HoldEntry], dict[str, dict[str, Any]], object] | None = field(
         default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -483,13 +483,15 @@ class NodeState:
         return {int(g["minor"]): (int(g.get("core", 100)), int(g.get("memory_ratio", 100)))
                 for g in (self.record or {}).get("gpus", ())}
 
-    def _holds_json(self) -> dict[str, dict[str, Any]]:
+    def _holds_json(self) -> Entries:
         """The holds as the table value carries them (`HoldEntry.plain` by hold id, in the
-        holds' order): the map made for the last value, with what changed since made again."""
+        holds' order): the map made for the last value, with what changed since made again;
+        it tells the table which entries those are (`Entries`)."""
         holds = self.holds
         kept = self._holds_plain
         if kept is None or kept[0] is not holds or not isinstance(holds, Holds) or not holds.tracked:
             plain = {hid: h.plain() for hid, h in holds.items()}
+            made = Entries(plain)
         else:
             plain = kept[1]
             for hid in holds.changed:
@@ -498,10 +500,11 @@ class NodeState:
                     plain.pop(hid, None)
                 else:
                     plain[hid] = hold.plain()
+            made = Entries(plain, kept[2], list(holds.changed))
         if isinstance(holds, Holds):
             holds.changed.clear()
-        self._holds_plain = (holds, plain)
-        return dict(plain)  # the table's value never changes behind it
+        self._holds_plain = (holds, plain, made.token)
+        return made  # a copy: the table's value never changes behind it
 
     def to_json(self) -> dict[str, Any]:
         return {

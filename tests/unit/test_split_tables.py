@@ -6,6 +6,7 @@ zombie's stale entries dropped and the entries of a write that failed written ag
 from __future__ import annotations
 
 import asyncio
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +18,13 @@ from hypothesis import strategies as st
 from agents.adapters.loop import Outcome
 from agents.adapters.owners import OwnerCore
 from agents.adapters.tables import PART, VersionedState
+from agents.ports import Entries
+from agents.state.owner import HELD, HoldEntry, NodeState
 from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
 from schemas.records import Commit, NodeDeleted, PodTerminated, Record
 from tests.builders import make_claim, make_node
+from tests.unit import test_holds_tally as tally
 from tests.unit.test_adapter_loop import FakeMessage, FakeProducer
 
 SPLIT = ("holds", "tombstones")
@@ -264,3 +268,89 @@ def test_a_keys_records_stay_in_one_changelog_batch() -> None:
 def test_a_node_name_with_a_control_character_is_refused_at_intake() -> None:
     [error] = decode_message(encode(make_claim("p1", "n1\x1fholds\x1fzz")))
     assert isinstance(error, SchemaError) and error.field == "node" and "control characters" in str(error)
+
+
+# -- a write from what changed (`agents.ports.Entries`) -----------------------------------------
+
+def whole(state: dict[str, Any]) -> dict[str, Any]:
+    """The same value with its maps as plain dicts: a write of it compares every entry."""
+    return {k: dict(v) if isinstance(v, Entries) else v for k, v in state.items()}
+
+
+step = st.one_of(
+    st.tuples(st.just("ops"), st.lists(tally.OP, min_size=1, max_size=4)),
+    st.tuples(st.just("write"), st.booleans()),  # durable or not
+    st.tuples(st.just("dropped"), st.none()),  # put, but its batch dropped (never written)
+    st.tuples(st.just("reread"), st.none()),  # the worker's own durable log read again
+    st.tuples(st.just("copy"), st.none()),  # the node copied (a simulated crash keeps a deep copy)
+    st.tuples(st.just("delete"), st.none()),
+    # another owner's durable write read into this table (a partition that moved and came back)
+    st.tuples(st.just("foreign"), st.lists(st.sampled_from([f"h{i}" for i in range(6)]), max_size=4)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step, min_size=1, max_size=25))
+def test_a_write_from_what_changed_produces_what_a_write_comparing_every_entry_produces(
+        steps: list[tuple[str, Any]]) -> None:
+    """A node's holds map says which holds changed since the map before it (`Entries`), and a
+    write whose changelog last carried that map compares only those. Through holds changed in
+    every way the tally test knows, writes durable or not, batches dropped, restores of the
+    worker's own log, copies and deletions, it writes exactly the records of a table that
+    compares every entry (each value given as plain dicts), and a restore of its durable log
+    gives the last durable state."""
+    nodes = [NodeState("n1"), NodeState("n2")]
+    epoch = 1
+    quick, full = table()[0], table()[0]
+    log: list[tuple[bytes, bytes | None]] = []
+    durable: dict[str, Any] = {}
+    for seq, (kind, arg) in enumerate(steps):
+        if kind == "ops":
+            for op in arg:
+                tally.apply(nodes, op)
+        elif kind in ("write", "dropped"):
+            state = {**nodes[0].to_json(), "seq": seq}
+            quick.put("n1", state, PARTITION, epoch=epoch)
+            full.put("n1", whole(state), PARTITION, epoch=epoch)
+            if kind == "dropped":
+                quick.discard(PARTITION)
+                full.discard(PARTITION)
+                continue
+            records = write(quick)
+            assert sorted(records, key=lambda r: r[0]) == sorted(write(full), key=lambda r: r[0])
+            quick.settle(PARTITION, durable=arg)
+            full.settle(PARTITION, durable=arg)
+            if arg:
+                log += records
+                durable["n1"] = whole(state)
+        elif kind == "reread":
+            reread(quick, log)
+            reread(full, log)
+        elif kind == "foreign":
+            other = table()[0]  # the other owner restored the log, then wrote the node
+            reread(other, log)
+            epoch += 1
+            holds = {hid: HoldEntry(uid=hid, attempt=epoch, decision_key=hid, requests={}, priority=0,
+                                    status=HELD).plain() for hid in arg}
+            other.put("n1", {**NodeState("n1").to_json(), "holds": holds, "seq": seq}, PARTITION, epoch=epoch)
+            records = write(other)
+            log += records
+            durable["n1"] = other.get("n1")
+            reread(quick, records)
+            reread(full, records)
+            nodes[0] = NodeState.from_json(quick.get("n1"))  # decoded anew
+            epoch += 1
+            nodes[0] = copy.deepcopy(nodes[0])
+        elif kind == "delete" and quick.raw("n1") is not None:
+            quick.delete("n1", PARTITION)
+            full.delete("n1", PARTITION)
+            records = write(quick)
+            assert sorted(records, key=lambda r: r[0]) == sorted(write(full), key=lambda r: r[0])
+            quick.settle(PARTITION, durable=True)
+            full.settle(PARTITION, durable=True)
+            log += records
+            durable["n1"] = None
+    restored = restore(log)
+    if "n1" in durable:
+        got = restored.get("n1")
+        assert (got is None) if durable["n1"] is None else got == durable["n1"]
