@@ -73,8 +73,9 @@ def current_reports(records: Sequence[ChangelogRecord]) -> tuple[list[NodeStateC
 
 class OwnerCore:
     kinds: tuple[type[Record], ...] = INBOX_KINDS
-    # A node's holds and tombstones are its changelog's bulk, and a batch changes few of them.
-    split: tuple[str, ...] = ("holds", "tombstones")
+    # A node's holds and tombstones are its changelog's bulk, and a batch changes few of them;
+    # its Node record (three quarters of the rest, the NUMA topology) changes with the Node.
+    split: tuple[str, ...] = ("holds", "tombstones", "record")
 
     def __init__(self, clock: Callable[[], float] = time.time, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.owner = NodeOwner(retention_s)

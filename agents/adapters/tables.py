@@ -218,7 +218,7 @@ class ChangelogImage:
         for name in self.split:
             if name in state:
                 self.parts.setdefault(key, {})[name] = {
-                    entry: (value["epoch"], value["seq"], Unwritten(v)) for entry, v in state[name].items()}
+                    entry: (value["epoch"], value["seq"], Unwritten(v)) for entry, v in (state[name] or {}).items()}
 
     def assemble(self, keys: Iterable[bytes]) -> None:
         """Each key's value as the restore has it: its head with its entries. Only keys whose

@@ -516,7 +516,7 @@ class NodeState:
             "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
             "tombstones": self.tombstones,
             "seq": self.seq,
-            "record": self.record,
+            "record": self.record or {},  # a map (written field by field), {} while none
             "reservations": self.reservations,
         }
 
@@ -533,7 +533,7 @@ class NodeState:
             tombstones=(dict(raw["tombstones"]) if isinstance(raw["tombstones"], dict)
                         else dict.fromkeys(raw["tombstones"], 0.0)),
             seq=raw["seq"],
-            record=raw.get("record"),
+            record=raw.get("record") or None,
             reservations={uid: dict(e) for uid, e in (raw.get("reservations") or {}).items()},
         )
 

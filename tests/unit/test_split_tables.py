@@ -19,7 +19,7 @@ from agents.adapters.loop import Outcome
 from agents.adapters.owners import OwnerCore
 from agents.adapters.tables import PART, VersionedState
 from agents.ports import Entries
-from agents.state.owner import HELD, HoldEntry, NodeState
+from agents.state.owner import HELD, HoldEntry, NodeOwner, NodeState, OwnerResult
 from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
 from schemas.records import Commit, NodeDeleted, PodTerminated, Record
@@ -38,9 +38,9 @@ class ChangelogEvent:
     message: FakeMessage
 
 
-def table() -> tuple[VersionedState, FakeProducer]:
+def table(split: tuple[str, ...] = SPLIT) -> tuple[VersionedState, FakeProducer]:
     app = faust.App(f"test-{id(object())}", store="memory://", broker="kafka://127.0.0.1:1")
-    t = VersionedState(app, "node-state", 4, split=SPLIT)
+    t = VersionedState(app, "node-state", 4, split=split)
     producer = FakeProducer()
     t.faust_producer = lambda: producer  # type: ignore[method-assign]
     return t, producer
@@ -54,9 +54,9 @@ def write(t: VersionedState) -> list[tuple[bytes, bytes | None]]:
     return [r for _, _, records in producer.sent[before:] for r in records]
 
 
-def restore(log: list[tuple[bytes, bytes | None]], chunk: int = 1000) -> VersionedState:
+def restore(log: list[tuple[bytes, bytes | None]], chunk: int = 1000, split: tuple[str, ...] = SPLIT) -> VersionedState:
     """A fresh table restored from `log`, read in batches of `chunk` records."""
-    t, _ = table()
+    t, _ = table(split)
     events = [ChangelogEvent(k, None if v is None else orjson.loads(v),
                              FakeMessage(t.changelog, PARTITION, i, 1, v))  # type: ignore[arg-type]
               for i, (k, v) in enumerate(log)]
@@ -143,6 +143,27 @@ def test_a_zombies_stale_entry_does_not_win_the_restore_and_a_whole_state_head_s
         (b"n1", False), (b"n1\x1fholds\x1fa/0/n1", True), (b"n1\x1fholds\x1fb/0/n1", False),
         (b"n1\x1ftombstones\x1fz", False)]
     assert restore(legacy + after).get("n1") == node({"b/0/n1": {"uid": "b"}}, {"z": 2.0})
+
+
+def test_a_node_written_with_its_record_in_the_head_restores_and_is_then_written_field_by_field() -> None:
+    """The owners' Node record is a split field since 2026-12-04 (it was three quarters of every
+    head); a head written before, with the record inside (or none yet), restores the same node,
+    and the next write moves the record into entries."""
+    split = OwnerCore.split
+    state = NodeState("n1")
+    NodeOwner().apply(state, [make_node("n1")], OwnerResult(), [0.0], 0.0)
+    value = state.to_json()
+    for record in (value["record"], None):
+        legacy = [(b"n1", orjson.dumps({"epoch": 1, "seq": 1, "state": {**whole(value), "record": record}}))]
+        restored = restore(legacy, split=split)
+        assert NodeState.from_json(restored.get("n1")).record == record  # type: ignore[arg-type]
+        restored.put("n1", NodeState.from_json(restored.get("n1")).to_json(), PARTITION, epoch=2)  # type: ignore[arg-type]
+        after = write(restored)
+        head = orjson.loads(after[0][1])["state"]  # type: ignore[arg-type]
+        assert "record" not in head
+        fields = {k.split(PART)[2].decode() for k, v in after if k.startswith(b"n1" + PART + b"record")}
+        assert fields == set(record or {})
+        assert NodeState.from_json(restore(legacy + after, split=split).get("n1")).record == record  # type: ignore[arg-type]
 
 
 entries = st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.sampled_from(["held", "committed", "released"]),
