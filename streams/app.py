@@ -56,6 +56,7 @@ from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
 from streams.gaps import GapGuard
 from streams.metrics import registry_for, serve_metrics
 from streams.outbox import PartitionedOutbox
+from streams.process import GcPacer
 from streams.reader import read_to_end
 from streams.settings import Settings
 
@@ -223,6 +224,12 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
         ]
     else:
         loops = []
+    pacer = GcPacer(settings.worker.gc_freeze_s, settings.worker.gc_full_s)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def pace_gc() -> None:
+        await pacer.run()
+
     rebalancing = wire_rebalancer(app, settings, outbox) if "rebalancer" in settings.worker.roles else None
     if "scheduler" not in settings.worker.roles:
         if settings.worker.metrics_port:

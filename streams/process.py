@@ -1,14 +1,17 @@
 """Child processes tied to their parent: they die when the parent dies (PR_SET_PDEATHSIG),
-and are stopped with a deadline (SIGTERM, then SIGKILL)."""
+and are stopped with a deadline (SIGTERM, then SIGKILL); and how a process's cyclic garbage
+collector is paced (`tune_gc`, `quiet_gc`, `GcPacer`)."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import gc
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -53,3 +56,45 @@ def tune_gc(threshold: int) -> None:
         _, older, oldest = gc.get_threshold()
         gc.set_threshold(threshold, older, oldest)
 
+
+
+class GcPacer:
+    """Keeps a worker's long-lived state out of its garbage collector's full passes.
+
+    A worker's tables are millions of objects that live for minutes (the owners' holds, the
+    deciders' pods), and Python's collector walks all of them in each full collection: a
+    mixed-100k run's state worker stopped for 1.35 s once (1.5 million objects), and its
+    middle-generation passes for about 0.3 s each, pauses that every pod in flight waits out.
+    Every `freeze_s` what survived so far is moved out of the collector's sight (`gc.freeze`,
+    which costs no pass), so its passes see what was made since. Memory is still freed by
+    reference counting as always; only garbage that forms a cycle while frozen waits: every
+    `full_s` everything comes back (`gc.unfreeze`) for one full collection, a pause as long as
+    the full passes were, but that rarely. `freeze_s` 0: Python's own pacing."""
+
+    def __init__(self, freeze_s: float, full_s: float, clock: Callable[[], float] = time.monotonic,
+                 collector: Any = gc) -> None:
+        self.freeze_s = freeze_s
+        self.full_s = full_s
+        self.clock = clock
+        self.gc = collector
+        self.last_full = clock()
+        self.freezes = 0
+        self.full_collections = 0
+
+    def tick(self) -> None:
+        """One step: a full collection when one is due, else a freeze."""
+        now = self.clock()
+        if self.full_s and now - self.last_full >= self.full_s:
+            self.gc.unfreeze()
+            self.gc.collect()
+            self.last_full = now
+            self.full_collections += 1
+        self.gc.freeze()
+        self.freezes += 1
+
+    async def run(self, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        if self.freeze_s <= 0:
+            return
+        while True:
+            await sleep(self.freeze_s)
+            self.tick()

@@ -110,6 +110,15 @@ class WorkerSettings:
     default is 700). Scheduling allocates a few short-lived records per pod; at the default the
     collector took a fifth of the scheduler's time in `koordstream bench basic --identical`.
     0 keeps Python's default."""
+    gc_freeze_s: float = 1.0
+    """Every this many seconds, what the worker's objects survived so far leaves the garbage
+    collector's sight (`gc.freeze`: its passes then see only what is newer, instead of walking
+    the tables' millions of objects, 1.35 s for a full pass in mixed-100k); see
+    `streams.process.GcPacer`. 0: Python's own pacing."""
+    gc_full_s: float = 3600.0
+    """With `gc_freeze_s`: every this many seconds, one full collection over everything (frees
+    the garbage cycles formed while frozen; it pauses the worker as long as a full pass does).
+    0: never."""
     metrics_port: int = 0
     """Port of the scheduler's Prometheus endpoint (`GET /metrics`, kube-scheduler's metric
     names; see streams/metrics.py); 0: no endpoint. Only workers with the scheduler role serve it."""
@@ -176,6 +185,9 @@ class Settings:
             raise SettingsError(f"worker.roles: choose from {', '.join(ROLES)}, got {list(self.worker.roles)!r}")
         if not 0.01 <= self.rebalancer.tick_s <= 60:
             raise SettingsError(f"rebalancer.tick_s: must be from 0.01 to 60 seconds, got {self.rebalancer.tick_s}")
+        if self.worker.gc_freeze_s < 0 or self.worker.gc_full_s < 0:
+            raise SettingsError(f"worker.gc_freeze_s, worker.gc_full_s: must be 0 (off) or more seconds, got "
+                                f"{self.worker.gc_freeze_s}, {self.worker.gc_full_s}")
         if not 0 <= self.worker.metrics_port <= 65535:
             raise SettingsError(f"worker.metrics_port: must be a port number (0: off), got {self.worker.metrics_port}")
         if self.worker.loglevel not in ("crit", "error", "warn", "info", "debug"):

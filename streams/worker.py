@@ -37,7 +37,7 @@ from streams.app import (
 )
 from streams.catalogue import catalogue
 from streams.metrics import registry_for, serve_metrics
-from streams.process import tune_gc
+from streams.process import GcPacer, tune_gc
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
@@ -118,6 +118,8 @@ async def rebalancer_only(settings: Settings) -> None:
         loop.add_signal_handler(sig, stopping.set)
     async with RecordProducer(settings.kafka.bootstrap, settings.kafka.partitions) as producer:
         tasks = [asyncio.create_task(run_rebalancer(settings, service, producer.outbox))]
+        if settings.worker.gc_freeze_s:  # (a task that ends would end the worker)
+            tasks.append(asyncio.create_task(GcPacer(settings.worker.gc_freeze_s, settings.worker.gc_full_s).run()))
         if settings.worker.metrics_port:
             server = await serve_metrics(registry_for(rebalancer=service), settings.worker.metrics_port)
             tasks.append(asyncio.create_task(server.serve_forever()))

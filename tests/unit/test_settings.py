@@ -20,8 +20,10 @@ def test_defaults_file_then_environment(tmp_path: Path) -> None:
         ("", {"KOORDSTREAM_KAFKA_PARTITIONS": "many"}, "kafka.partitions = 'many'"),
         ("kafka: {partitions: 0}\n", {}, "kafka.partitions: must be at least 1"),
         ("worker: {loglevel: loud}\n", {}, "worker.loglevel"),
+        ("worker: {gc_freeze_s: -1}\n", {}, "worker.gc_freeze_s, worker.gc_full_s: must be 0 (off) or more seconds, "
+                                              "got -1"),
     ],
-    ids=["unknown-field", "unknown-section", "bad-env-value", "out-of-range", "bad-choice"],
+    ids=["unknown-field", "unknown-section", "bad-env-value", "out-of-range", "bad-choice", "negative-gc-pace"],
 )
 def test_bad_settings_name_the_field(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
     f = tmp_path / "k.yaml"
