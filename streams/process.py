@@ -65,11 +65,14 @@ class GcPacer:
     deciders' pods), and Python's collector walks all of them in each full collection: a
     mixed-100k run's state worker stopped for 1.35 s once (1.5 million objects), and its
     middle-generation passes for about 0.3 s each, pauses that every pod in flight waits out.
-    Every `freeze_s` what survived so far is moved out of the collector's sight (`gc.freeze`,
-    which costs no pass), so its passes see what was made since. Memory is still freed by
-    reference counting as always; only garbage that forms a cycle while frozen waits: every
-    `full_s` everything comes back (`gc.unfreeze`) for one full collection, a pause as long as
-    the full passes were, but that rarely. `freeze_s` 0: Python's own pacing."""
+    Every `freeze_s` a young pass collects the garbage cycles made since the last step (a
+    freeze resets the young generation's count: without it, a worker that makes fewer than
+    `worker.gc_threshold` objects a step would never collect them), and what survived is moved
+    out of the collector's sight (`gc.freeze`, which costs no pass), so its passes see what was
+    made since. Memory is still freed by reference counting as always; only a cycle that was
+    alive at a freeze and dies later waits: every `full_s` everything comes back
+    (`gc.unfreeze`) for one full collection, a pause as long as the full passes were, but that
+    rarely. `freeze_s` 0: Python's own pacing."""
 
     def __init__(self, freeze_s: float, full_s: float, clock: Callable[[], float] = time.monotonic,
                  collector: Any = gc) -> None:
@@ -89,6 +92,8 @@ class GcPacer:
             self.gc.collect()
             self.last_full = now
             self.full_collections += 1
+        else:
+            self.gc.collect(1)  # what the last step made: its garbage cycles, before they freeze
         self.gc.freeze()
         self.freezes += 1
 

@@ -185,9 +185,10 @@ class Settings:
             raise SettingsError(f"worker.roles: choose from {', '.join(ROLES)}, got {list(self.worker.roles)!r}")
         if not 0.01 <= self.rebalancer.tick_s <= 60:
             raise SettingsError(f"rebalancer.tick_s: must be from 0.01 to 60 seconds, got {self.rebalancer.tick_s}")
-        if self.worker.gc_freeze_s < 0 or self.worker.gc_full_s < 0:
-            raise SettingsError(f"worker.gc_freeze_s, worker.gc_full_s: must be 0 (off) or more seconds, got "
-                                f"{self.worker.gc_freeze_s}, {self.worker.gc_full_s}")
+        freeze, full = self.worker.gc_freeze_s, self.worker.gc_full_s
+        if not (freeze == 0 or 0.1 <= freeze <= 3600) or not (full == 0 or 1 <= full <= 30 * 86400):
+            raise SettingsError(f"worker.gc_freeze_s, worker.gc_full_s: must be 0 (off) or from 0.1 to 3600 "
+                                f"seconds, and 0 (never) or from 1 second to 30 days, got {freeze}, {full}")
         if not 0 <= self.worker.metrics_port <= 65535:
             raise SettingsError(f"worker.metrics_port: must be a port number (0: off), got {self.worker.metrics_port}")
         if self.worker.loglevel not in ("crit", "error", "warn", "info", "debug"):

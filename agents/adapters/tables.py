@@ -213,12 +213,17 @@ class ChangelogImage:
     def _apply_whole(self, key: bytes, value: dict[str, Any]) -> None:
         """A head that carries split fields whole (written before values were split): they are
         what the changelog holds of those fields, inside a head that compaction removes once a
-        split write replaced it, so the first split write writes every entry anew (`Unwritten`)."""
+        split write replaced it, so the first split write writes every entry anew (`Unwritten`).
+        A field written as a list (the owners' tombstones before they had times, as commit
+        22e8b29 wrote them) is a map of its items to 0.0 (no time: what `NodeState.from_json`
+        makes of such a list), and a field written as null an empty map."""
         state = value["state"]
         for name in self.split:
             if name in state:
+                whole = state[name]
+                entries = dict.fromkeys(whole, 0.0) if isinstance(whole, list) else (whole or {})
                 self.parts.setdefault(key, {})[name] = {
-                    entry: (value["epoch"], value["seq"], Unwritten(v)) for entry, v in (state[name] or {}).items()}
+                    entry: (value["epoch"], value["seq"], Unwritten(v)) for entry, v in entries.items()}
 
     def assemble(self, keys: Iterable[bytes]) -> None:
         """Each key's value as the restore has it: its head with its entries. Only keys whose

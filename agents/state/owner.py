@@ -372,6 +372,11 @@ class NodeState:
         if not isinstance(self.holds, Holds):
             self.holds = Holds(self.holds)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy or a pickle makes its next table value afresh: its holds are tallied anew,
+        and what changed before the copy (a hold removed) is not known to them."""
+        return {**self.__dict__, "_holds_plain": None}
+
     def bury(self, uid: str) -> None:
         """A tombstone for `uid`, its time the batch's (`NodeOwner._forget` stamps it)."""
         if uid not in self.tombstones:

@@ -130,6 +130,11 @@ def test_copies_and_pickles_tally_their_own_holds() -> None:
         twin.holds["a"].status = RELEASED
         assert twin.used() == twin.count_used() == {"cpu": 200}
         assert node.used() == node.count_used() == {"cpu": 700}  # the original is untouched
+    node.to_json()
+    del node.holds["b"]  # removed after a table value was made, then copied: the copy's value lacks it too
+    for twin in (copy.deepcopy(node), pickle.loads(pickle.dumps(node))):
+        assert list(twin.to_json()["holds"]) == ["a"] == list(node.to_json()["holds"])
+    node.holds["b"] = a_hold("b", 200, COMMITTED)
     for hold in (copy.copy(node.holds["a"]), copy.deepcopy(node.holds["a"]), pickle.loads(pickle.dumps(node.holds["a"]))):
         hold.status = RELEASED  # no member of the original
         assert node.holds.tracked and node.used() == node.count_used() == {"cpu": 700}

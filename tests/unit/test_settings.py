@@ -20,10 +20,11 @@ def test_defaults_file_then_environment(tmp_path: Path) -> None:
         ("", {"KOORDSTREAM_KAFKA_PARTITIONS": "many"}, "kafka.partitions = 'many'"),
         ("kafka: {partitions: 0}\n", {}, "kafka.partitions: must be at least 1"),
         ("worker: {loglevel: loud}\n", {}, "worker.loglevel"),
-        ("worker: {gc_freeze_s: -1}\n", {}, "worker.gc_freeze_s, worker.gc_full_s: must be 0 (off) or more seconds, "
-                                              "got -1"),
+        ("worker: {gc_freeze_s: -1}\n", {}, "worker.gc_freeze_s, worker.gc_full_s: must be 0 (off) or from 0.1 "
+                                              "to 3600 seconds, and 0 (never) or from 1 second to 30 days, got -1"),
+        ("", {"KOORDSTREAM_WORKER_GC_FREEZE_S": "nan"}, "got nan"),
     ],
-    ids=["unknown-field", "unknown-section", "bad-env-value", "out-of-range", "bad-choice", "negative-gc-pace"],
+    ids=["unknown-field", "unknown-section", "bad-env-value", "out-of-range", "bad-choice", "negative-gc-pace", "nan-gc-pace"],
 )
 def test_bad_settings_name_the_field(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
     f = tmp_path / "k.yaml"

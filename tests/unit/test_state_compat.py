@@ -101,3 +101,16 @@ def test_an_old_waiting_gang_completes_with_a_new_member() -> None:
                                  namespace="default", gang_min=2)], again)
     assert sorted(o.record.uid for o in again.after_commit if isinstance(o.record, Binding)) == ["g1", "g2"]
 
+
+
+def test_an_old_node_state_restores_through_the_split_changelog_as_from_json_reads_it() -> None:
+    """The old code wrote a node whole, its tombstones a list of uids: a restore of that record
+    through the owners' split changelog gives the node `from_json` gives."""
+    from agents.adapters.owners import OwnerCore
+    from agents.adapters.tables import ChangelogImage
+
+    image = ChangelogImage("node-state", OwnerCore.split)
+    image.apply([(b"n1", OLD["owner"]["n1"], 0)])
+    restored = NodeState.from_json(image.data[b"n1"]["state"])
+    assert isinstance(OLD["owner"]["n1"]["state"]["tombstones"], list)
+    assert restored.to_json() == owner_state().to_json()
