@@ -364,7 +364,7 @@ class NodeState:
     # as after a restore; the next batch looks at everything): `NodeOwner._forget`.
     _sweep_after: float | None = field(default=None, init=False, repr=False, compare=False)
     _unstamped: list[str] = field(default_factory=list, init=False, repr=False, compare=False)  # new tombstones
-    # (the holds it was made of, their table map) as `to_json` last made it
+    # (the holds it was made of, their table map, that map's `Entries.token`) as `to_json` last made it
     _holds_plain: tuple[dict[str, HoldEntry], dict[str, dict[str, Any]], object] | None = field(
         default=None, init=False, repr=False, compare=False)
 
