@@ -202,6 +202,18 @@ class HoldEntry:
 _TALLIED = frozenset({"status", "requests", "reserving", "devices", "gang_min"})  # what `Holds` counts depends on
 
 
+def _count(total: dict[str, int], names: dict[str, int], amounts: Iterable[tuple[str, int]], sign: int) -> None:
+    """Add (`sign` 1) or take back (-1) one hold's amounts in a sum that keeps, per key, how
+    many holds name it: a key leaves the sum when none does (as a pass over the holds gives)."""
+    for name, amount in amounts:
+        left = names.get(name, 0) + sign
+        if left:
+            names[name] = left
+            total[name] = total.get(name, 0) + sign * amount
+        else:
+            del names[name], total[name]
+
+
 class Holds(dict[str, HoldEntry]):
     """One node's holds by hold id, keeping what `NodeState.used` sums: the requests of the
     counted holds (held or committed) that reserve nothing, per resource, and how many holds
@@ -243,14 +255,7 @@ class Holds(dict[str, HoldEntry]):
         if hold.devices:
             self.with_devices += sign
             added, marked = devices.usage_of(tuple(hold.devices))
-            total, names = self.device_total, self.device_names
-            for key, amount in added:
-                left = names.get(key, 0) + sign
-                if left:
-                    names[key] = left
-                    total[key] = total.get(key, 0) + sign * amount
-                else:
-                    del names[key], total[key]
+            _count(self.device_total, self.device_names, added, sign)
             marks = self.device_marks
             for key in marked:
                 left = marks.get(key, 0) + sign
@@ -263,14 +268,7 @@ class Holds(dict[str, HoldEntry]):
         if hold.reserving is not None:
             self.reserving += sign
             return
-        total, names = self.total, self.names
-        for name, amount in hold.requests.items():
-            left = names.get(name, 0) + sign
-            if left:
-                names[name] = left
-                total[name] = total.get(name, 0) + sign * amount
-            else:
-                del names[name], total[name]
+        _count(self.total, self.names, hold.requests.items(), sign)
 
     def untally(self, hold: HoldEntry) -> None:
         self.tally(hold, -1)
