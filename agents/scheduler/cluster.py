@@ -226,7 +226,7 @@ class CpuTable:
         self._assumed_memory: dict[int, dict[int, int]] = {}
         # Per row, a counter bumped whenever its CPUs or cells change; and the rows with cells.
         self.changes: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
-        self.rows: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)
+        self._rows: npt.NDArray[np.intp] | None = np.zeros(0, dtype=np.intp)  # None: made again when read
         # Filter answers by request: per row, the answer and the row's counter when computed,
         # so the exact choice runs again only on rows that changed since (one per placement).
         self.fit_cache: dict[Hashable, tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]] = {}
@@ -254,11 +254,21 @@ class CpuTable:
             self._changed(size - 1)
         return self.changes[:size]
 
+    @property
+    def rows(self) -> npt.NDArray[np.intp]:
+        """The rows whose node has NUMA cells, in order (made again only after a node gained or
+        lost its cells: registering N nodes one by one must not cost N sorts of N rows)."""
+        if self._rows is None:
+            self._rows = np.array(sorted(r for r, c in self.cells.items() if c), dtype=np.intp)
+        return self._rows
+
     def set_node(self, row: int, node: Node) -> None:
-        self.cells[row] = cpus.cells_of(node.numa)
+        cells = cpus.cells_of(node.numa)
+        if bool(cells) != bool(self.cells.get(row)):
+            self._rows = None
+        self.cells[row] = cells
         self.policy[row] = node.labels.get(cpus.NUMA_POLICY_LABEL, "None")
         self._changed(row)
-        self.rows = np.array(sorted(r for r, c in self.cells.items() if c), dtype=np.intp)
 
     def report(self, row: int, usage: Mapping[str, int]) -> bool:
         used = {cpu for cpu, bound in keys.by_index(usage, "cpu").items() if bound}

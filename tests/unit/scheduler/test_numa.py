@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
@@ -182,3 +184,20 @@ def test_memory_per_cell_through_the_scheduler_the_owner_and_the_binding() -> No
     assert verdicts == {"a": "held", "x": "Insufficient memory in NUMA node 0"}
     assert json.loads(cpus.annotation(cpus.decode(got["a"])))["numaNodeResources"] == [
         {"node": 0, "resources": {"cpu": "2", "memory": str(6 * GIB)}}]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.booleans()), max_size=40))
+def test_the_cpu_tables_rows_are_the_nodes_with_cells_whatever_the_order_of_updates(
+        updates: list[tuple[int, bool]]) -> None:
+    """`CpuTable.rows` (the rows NodeNUMAResource looks at) is made again only when a node gains
+    or loses its cells; after any sequence of registrations and updates it lists exactly the
+    rows whose node has cells, in order."""
+    from agents.scheduler.cluster import CpuTable
+
+    table, has = CpuTable(), {}
+    for row, with_cells in updates:
+        numa = (NumaCell(id=0, cpus=(0, 1)), NumaCell(id=1, cpus=(2, 3))) if with_cells else ()
+        table.set_node(row, Node(name=f"n{row}", numa=numa))
+        has[row] = with_cells
+        assert table.rows.tolist() == sorted(r for r, c in has.items() if c)
