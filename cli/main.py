@@ -294,6 +294,7 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
             result = asyncio.run(run_scenario(s, settings, RunOptions(
                 bootstrap=settings.kafka.bootstrap,  # empty: a broker of --broker's kind for the run
                 broker=args.broker,
+                floor=args.floor,
                 on_progress=lambda done, total: bar.update(task, completed=done, total=total))))
     except (ValueError, TimeoutError, OSError) as exc:  # ScenarioError, StageError, bad trace files
         console.print(f"[red]perf run: {exc}[/red]")
@@ -503,6 +504,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--pods-csv", help="a trace scenario's pod list (alibaba: openb_pod_list_default.csv)")
     r.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                    help="the broker a run starts: the embedded Tansu, or Apache Kafka (`make kafka`)")
+    r.add_argument("--floor", action="store_true",
+                   help="also measure the protocol's floor: the same pods through the commit protocol's records "
+                        "with no decisions (the most a run can reach against the no-op limit)")
     r.add_argument("--seed", type=int, default=1, help="chaos and soak: the seed of the workload (and of the kills)")
     r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go")
     r.add_argument("--pods", type=int, default=0, help="soak: measured pods (default 500,000; --quick 6,000)")

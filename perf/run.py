@@ -20,8 +20,10 @@ gang's last member's publish; time per plugin and extension point (the scheduler
 ProfilingSamples on `profiling`); the independent consistency check (`perf.checker`, terminations
 included); CPU seconds of the worker processes (read from /proc) and of this harness process
 apart; and the physical limit (`perf.noop`: the same pods through a one-hop no-op pipeline on
-the same broker, once the run is over) with the run's ratio to it. The result is a JSON dict
-(`result`) and a Markdown report (`report`).
+the same broker, once the run is over) with the run's ratio to it; with `floor`, also the
+protocol's floor (`perf.floor`: the same pods through the commit protocol's records and waits,
+no decision taken), its ratio to the no-op limit (the most any run can reach there) and the
+run's ratio to it. The result is a JSON dict (`result`) and a Markdown report (`report`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.demo import percentiles, start_up, system, wait_decided
 from perf.figures import allocation
+from perf.floor import protocol_floor
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
 from schemas import topics
@@ -81,6 +84,7 @@ class RunOptions:
     startup_timeout_s: float = 180.0
     on_progress: Callable[[int, int], None] | None = None
     """Called as the run goes with (pods bound, pods of the scenario): the CLI's progress bar."""
+    floor: bool = False  # also measure the protocol's floor (`perf.floor`) after the no-op limit
 
 
 def _cpu_s(pid: int) -> float:
@@ -264,6 +268,12 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     # With bursts, the scheduler's pace is its burst throughput (between bursts it waits).
     pace = out.get("burst_throughput_pods_per_s") or out["throughput_pods_per_s"]
     out["ratio_to_limit"] = round(pace / limit, 3) if limit else 0.0
+    if opts.floor:
+        floor = await protocol_floor(bootstrap, partitions, list(pods.values()), len(nodes),
+                                     batch=settings.scheduling.batch_size)
+        out["floor_pods_per_s"] = floor
+        out["floor_ratio_to_limit"] = round(floor / limit, 3) if limit else 0.0
+        out["ratio_to_floor"] = round(pace / floor, 3) if floor else 0.0
     return out
 
 

@@ -41,7 +41,7 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     spec, out = tmp_path / "small-mixed.yaml", tmp_path / "run.json"
     spec.write_text(yaml.safe_dump(SCENARIO))
     done = subprocess.run([sys.executable, "-m", "cli.main", "perf", "run", str(spec), "--json", str(out),
-                           "--report", str(tmp_path / "report")], capture_output=True, text=True, timeout=240)
+                           "--report", str(tmp_path / "report"), "--floor"], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert set(result) >= KEYS
@@ -51,6 +51,8 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     assert result["gang_latency_ms"]["p99"] > 0 and result["start_latency_ms"]["p50"] > 0
     assert set(result["throughput_samples_pods_per_s"]) == {"p50", "p90", "p95", "p99"}
     assert result["noop_limit_pods_per_s"] > 0 and result["ratio_to_limit"] > 0
+    # The protocol's floor moved every pod through its records in two processes of its own.
+    assert result["floor_pods_per_s"] > 0 and result["floor_ratio_to_limit"] > 0 and result["ratio_to_floor"] > 0
     assert result["plugins"]["NodeResourcesFit"]["Filter"] > 0  # the scheduler's profiling samples
     assert result["attempts"]["scheduled"] >= 400  # the scheduler's AttemptsSamples
     assert 0 < result["allocation_pct"]["cpu_peak"] <= 100 and result["allocation_pct"]["gpu_peak"] > 0
