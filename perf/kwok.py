@@ -64,8 +64,22 @@ class Jq:
     text: str
     stages: tuple[tuple[Any, ...], ...]
 
+    def __post_init__(self) -> None:
+        # One path of keys (most selectors: `.spec.nodeName`) yields at most one value: it is
+        # looked up directly (the harness evaluates selectors about ten times per pod).
+        simple = (self.stages[0][1] if len(self.stages) == 1 and self.stages[0][0] == "path"
+                  and ITERATE not in self.stages[0][1] else None)
+        object.__setattr__(self, "_keys", simple)
+
     def values(self, obj: Any) -> list[Any]:
         """Every value the expression yields on `obj` (jq's stream), nulls left out."""
+        keys: tuple[str, ...] | None = self.__dict__["_keys"]
+        if keys is not None:
+            for key in keys:
+                if not isinstance(obj, dict):
+                    return []
+                obj = obj.get(key)
+            return [] if obj is None else [obj]
         stream: list[Any] = [obj]
         for stage in self.stages:
             if stage[0] == "select":

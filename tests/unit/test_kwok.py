@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from perf.kwok import Lifecycle, StageError, compile_jq, load_stages, parse_stage, read_status
+from perf.kwok import Jq, Lifecycle, StageError, compile_jq, load_stages, parse_stage, read_status
 
 STAGES = sorted((Path(__file__).parents[2] / "infra" / "kwok").glob("*.yaml"))
 NODE: dict[str, Any] = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
@@ -30,6 +32,21 @@ def pod(name: str = "p", owner: str = "Job", **annotations: str) -> dict[str, An
 ])
 def test_the_jq_subset(expr: str, expected: list[Any]) -> None:
     assert compile_jq(expr).values(NODE) == expected
+
+
+_leaf = st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["a", "b", ""])
+_objects = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_objects, st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=4))
+def test_a_path_of_keys_yields_what_the_general_evaluation_yields(obj: Any, keys: list[str]) -> None:
+    """A one-path expression without `[]` is looked up directly; on any object (lists, nulls,
+    scalars on the way) it yields what the stage-by-stage evaluation yields."""
+    direct = compile_jq("".join(f".{k}" for k in keys))
+    general = Jq(direct.text, (*direct.stages, ("path", ())))  # a second, empty stage: no shortcut
+    assert direct.values(obj) == general.values(obj)
 
 
 @pytest.mark.parametrize("expr", ["metadata", ".a | map(.b)", '.a | select(.b == "x"', ""])
