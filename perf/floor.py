@@ -27,11 +27,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents.ports import Output
+from agents.ports import Output, deliver
 from perf.collector import Collector
 from schemas.codec import decode_message
 from schemas.records import Binding, Claim, Commit, Held, NodeStateChange, Pod
@@ -55,7 +55,7 @@ async def protocol_floor(bootstrap: str, partitions: int, pods: Sequence[Pod], n
     run = uuid.uuid4().hex[:8]
     names = topic_names(run)
     await ensure_topics(bootstrap, [TopicSpec(n, "as the protocol's", partitions) for n in names.values()])
-    args = ["--bootstrap", bootstrap, "--run", run, "--partitions", str(partitions), "--nodes", str(nodes),
+    args = ["--bootstrap", bootstrap, "--run", run, "--partitions", str(partitions), "--nodes", str(max(nodes, 1)),
             "--batch", str(batch)]
     procs = [spawn_tied([sys.executable, "-m", "perf.floor", role, *args], stdout=subprocess.PIPE)
              for role in ("scheduler", "state")]
@@ -65,16 +65,21 @@ async def protocol_floor(bootstrap: str, partitions: int, pods: Sequence[Pod], n
             assert proc.stdout is not None
             line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60.0)
             if line.strip() != b"ready":
-                raise RuntimeError(f"perf.floor: a process ended before it was ready (exit {proc.poll()})")
+                raise ChildProcessError(f"perf.floor: a process ended before it was ready (exit {proc.poll()})")
         await collector.start()
         async with RecordProducer(bootstrap, partitions) as producer:
             start = time.perf_counter()
             await producer.flush(await producer.publish(names["pods"], pods))
             deadline = time.monotonic() + timeout_s
-            while len(collector.records) < len(pods):  # the topic holds Bindings only
+            bound: set[str] = set()  # the pods with a Binding (the topic holds Bindings only)
+            read = 0
+            while len(bound) < len(pods):
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     return 0.0
                 await asyncio.sleep(0.01)
+                new = collector.records[read:]
+                read += len(new)
+                bound.update(getattr(r, "uid", "") for _, _, r in new)
             elapsed = time.perf_counter() - start
     finally:
         await collector.stop()
@@ -89,12 +94,6 @@ async def _consumer(bootstrap: str, topic_list: Sequence[str], partitions: int) 
     await consumer.start()
     consumer.assign([TopicPartition(t, p) for t in topic_list for p in range(partitions)])
     return consumer
-
-
-async def _acked(producer: RecordProducer, outputs: list[Output]) -> None:
-    futures: list[Awaitable[object]] = await producer.outbox.send(outputs) if outputs else []
-    for fut in futures:
-        await fut
 
 
 async def _scheduler(producer: RecordProducer, consumer: AIOKafkaConsumer, names: dict[str, str], nodes: int,
@@ -144,10 +143,10 @@ async def _state(producer: RecordProducer, consumer: AIOKafkaConsumer, names: di
             continue
         seq += 1
         changes = {node: NodeStateChange(node=node, seq=seq, holds=holds) for node, holds in reports.items()}
-        await _acked(producer, [Output(names["owners"], n, c) for n, c in changes.items()]
+        await deliver(producer.outbox, [Output(names["owners"], n, c) for n, c in changes.items()]
                      + [Output(names["deciders"], h.decision_key, h) for h in accepted])
-        await _acked(producer, outputs + [Output(names["state"], n, c) for n, c in changes.items()])
-        await _acked(producer, [Output(names["bindings"], h.uid, Binding(
+        await deliver(producer.outbox, outputs + [Output(names["state"], n, c) for n, c in changes.items()])
+        await deliver(producer.outbox, [Output(names["bindings"], h.uid, Binding(
             uid=h.uid, namespace=h.namespace, name=h.name, node=h.node, attempt=h.attempt,
             decision_key=h.decision_key)) for h in accepted])
 
