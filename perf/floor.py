@@ -16,18 +16,21 @@ wave per kind of write), so its pods per second, over the no-op limit in the sam
 the ratio a run of the real workers can reach on that machine and broker.
 
 `protocol_floor` runs it and returns pods per second from the first pod published to the last
-Binding read back; `python -m perf.floor scheduler|state ...` are its two processes.
+Binding read back, and the CPU its two processes used per pod; `python -m perf.floor
+scheduler|state ...` are those processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -48,10 +51,15 @@ def topic_names(run: str) -> dict[str, str]:
     return {name: f"floor-{name}-{run}" for name in TOPICS}
 
 
+class Floor(NamedTuple):
+    pods_per_s: float  # 0.0 when it did not finish in time
+    cpu_us_per_pod: float  # the two processes' CPU (user + system) over the pods
+
+
 async def protocol_floor(bootstrap: str, partitions: int, pods: Sequence[Pod], nodes: int, batch: int = 1000,
-                         timeout_s: float = 120.0) -> float:
-    """Pods per second through the protocol's records with no decisions (0.0 when it did not
-    finish within `timeout_s`)."""
+                         timeout_s: float = 120.0) -> Floor:
+    """Pods per second through the protocol's records with no decisions, and its CPU per pod."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # its processes' CPU counts once they are reaped
     run = uuid.uuid4().hex[:8]
     names = topic_names(run)
     await ensure_topics(bootstrap, [TopicSpec(n, "as the protocol's", partitions) for n in names.values()])
@@ -73,19 +81,23 @@ async def protocol_floor(bootstrap: str, partitions: int, pods: Sequence[Pod], n
             deadline = time.monotonic() + timeout_s
             bound: set[str] = set()  # the pods with a Binding (the topic holds Bindings only)
             read = 0
+            elapsed = 0.0
             while len(bound) < len(pods):
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    return 0.0
+                    break
                 await asyncio.sleep(0.01)
                 new = collector.records[read:]
                 read += len(new)
                 bound.update(getattr(r, "uid", "") for _, _, r in new)
-            elapsed = time.perf_counter() - start
+            else:
+                elapsed = time.perf_counter() - start
     finally:
         await collector.stop()
         for proc in procs:
             stop(proc, deadline_s=2.0)
-    return round(len(pods) / elapsed, 1)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime
+    return Floor(round(len(pods) / elapsed, 1) if elapsed else 0.0, round(cpu_s / max(len(pods), 1) * 1e6, 1))
 
 
 async def _consumer(bootstrap: str, topic_list: Sequence[str], partitions: int) -> AIOKafkaConsumer:

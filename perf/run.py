@@ -271,9 +271,12 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     if opts.floor:
         floor = await protocol_floor(bootstrap, partitions, list(pods.values()), len(nodes),
                                      batch=settings.scheduling.batch_size)
-        out["floor_pods_per_s"] = floor
-        out["floor_ratio_to_limit"] = round(floor / limit, 3) if limit else 0.0
-        out["ratio_to_floor"] = round(pace / floor, 3) if floor else 0.0
+        out["floor_pods_per_s"] = floor.pods_per_s
+        out["floor_ratio_to_limit"] = round(floor.pods_per_s / limit, 3) if limit else 0.0
+        out["ratio_to_floor"] = round(pace / floor.pods_per_s, 3) if floor.pods_per_s else 0.0
+        # CPU per pod, the floor's two processes against the workers over the run.
+        out["floor_cpu_us_per_pod"] = floor.cpu_us_per_pod
+        out["worker_cpu_us_per_pod"] = round(sum(cpu_workers.values()) / max(len(pods), 1) * 1e6, 1)
     return out
 
 

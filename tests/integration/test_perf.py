@@ -53,6 +53,7 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     assert result["noop_limit_pods_per_s"] > 0 and result["ratio_to_limit"] > 0
     # The protocol's floor moved every pod through its records in two processes of its own.
     assert result["floor_pods_per_s"] > 0 and result["floor_ratio_to_limit"] > 0 and result["ratio_to_floor"] > 0
+    assert result["floor_cpu_us_per_pod"] > 0 and result["worker_cpu_us_per_pod"] > 0
     assert result["plugins"]["NodeResourcesFit"]["Filter"] > 0  # the scheduler's profiling samples
     assert result["attempts"]["scheduled"] >= 400  # the scheduler's AttemptsSamples
     assert 0 < result["allocation_pct"]["cpu_peak"] <= 100 and result["allocation_pct"]["gpu_peak"] > 0
