@@ -182,10 +182,8 @@ class SchedulerCore:
             tracked.info.pod = pod  # an update while a claim is out: the next attempt uses it
             return []
         if pod.scheduler_name not in self.frameworks:
-            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED,
-                                         partition=partition)
-            return [self._feedback(pod, 0, f"no scheduler profile named {pod.scheduler_name!r} "
-                                   f"(profiles: {', '.join(self.frameworks)})", {}, final=True)]
+            return self._refuse(pod, partition, f"no scheduler profile named {pod.scheduler_name!r} "
+                                f"(profiles: {', '.join(self.frameworks)})")
         try:
             unsupported = [k for k in ("podAffinity", "podAntiAffinity") if pod.affinity.get(k)] if pod.affinity else ()
             if unsupported:
@@ -197,9 +195,7 @@ class SchedulerCore:
             if reservation is not None:
                 info.derived[RESERVATION] = reservation
         except ValueError as exc:
-            self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED,
-                                         partition=partition)
-            return [self._feedback(pod, 0, str(exc), {}, final=True)]
+            return self._refuse(pod, partition, str(exc))
         if tracked is not None and tracked.state == QUEUED:
             info.attempt, info.arrival = tracked.info.attempt, tracked.info.arrival
             info.group_arrival = tracked.info.group_arrival
@@ -218,6 +214,15 @@ class SchedulerCore:
         if not self._held(pod.uid, partition):
             self.queue.add(info)
         return []
+
+    def _refuse(self, pod: Pod, partition: int | None, message: str) -> list[Output]:
+        """A version of a pod that no profile here can place: finally refused until a later
+        version changes that. An earlier version still queued leaves the queue (else it would
+        be placed as it was, and its claim would make the refused pod claimed again)."""
+        self.queue.remove(pod.uid)
+        self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED,
+                                     partition=partition)
+        return [self._feedback(pod, 0, message, {}, final=True)]
 
     def map_sizes(self) -> dict[str, int]:
         """How many entries each map of the replica keeps (`koordstream_replica_map_entries`):
