@@ -90,7 +90,6 @@ async def run(ops: list[tuple[Any, ...]]) -> None:
     world = World()
     reports: list[NodeStateChange] = []
     replica = Replica()
-    replica.core.apply_state_changes(reports)
 
     def publish(records: list[NodeStateChange]) -> None:
         reports.extend(records)
