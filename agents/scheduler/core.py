@@ -22,7 +22,11 @@ One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) 
   restarted or newly assigned replica reads `pods` and `requeue` from their start, in no
   order between the two) is kept until the pod comes, so the pod starts from its latest
   attempt, not from 0 (a claim of an attempt the decider moved past would wait for ever).
-- `delete(d)`: forget the pod, clear its nomination, forward the deletion to its decider.
+- `delete(d)`: forget the pod, clear its nomination, forward the deletion to its decider: under
+  the key its committed hold was claimed with (the owners' reports carry it), else the key of
+  the first version read here, bound or not (`known_key`), else what the deletion says. A
+  replica that restarted or took the partition over may read a bound pod only now, or only
+  its deletion: the reports still name the gang's decider.
 - `revoke(partitions)`: the worker lost those partitions of `pods` / `requeue` (a rebalance):
   their pods stop being placed at once (DESIGN.md, safety rule 4). Each pod remembers the
   partition it came in on (`add(..., partition=)`). A claim already out stays assumed in the
@@ -149,17 +153,31 @@ class SchedulerCore:
             if len(self._requests) > 65536:
                 self._requests.clear()
             known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
-        key = self.decision_keys.get(pod.uid)
-        if key is None:
-            key = self.decision_keys[pod.uid] = decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid)
-            if key != pod.uid:
-                self._gang_members[key] = self._gang_members.get(key, 0) + 1
+        key = self._key(pod)
         qos, priority = koordinator.defaults(pod)
         info = PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
                        priority=priority, qos=qos)
         if GANG_MIN_AVAILABLE_ANNOTATION in pod.annotations:
             info.derived["gang"] = gang_spec(pod.annotations)
         return info
+
+    def _key(self, pod: Pod) -> str:
+        """The pod's decision key, fixed by the first version read here (DESIGN.md, rule 5)."""
+        key = self.decision_keys.get(pod.uid)
+        if key is None:
+            key = self.decision_keys[pod.uid] = decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid)
+            if key != pod.uid:
+                self._gang_members[key] = self._gang_members.get(key, 0) + 1
+        return key
+
+    def known_key(self, uid: str) -> str | None:
+        """The decision key a pod was decided under, if this replica can know it: the key its
+        committed hold was claimed with (the owners' reports carry it: right even when the
+        first version read here came after a label change), else the first version's."""
+        placed = self.state.bound.get(uid)
+        if placed is not None and placed.pod.decision_key:
+            return placed.pod.decision_key
+        return self.decision_keys.get(uid)
 
     def add_reservation(self, r: Reservation, *, partition: int | None = None) -> list[Output]:
         """A Reservation: scheduled like a pod made from its template (a "reserve pod")."""
@@ -173,6 +191,10 @@ class SchedulerCore:
         """A new or updated pod, read on `partition` of `pods` (see `revoke`). Returns final
         feedback for pods that cannot be placed as they are."""
         if pod.node_name or pod.uid in self.bound:
+            # Nothing to place, but its deletion must reach its decider: a replica that restarted
+            # (or took the partition over) may read the pod only now, bound, and its deletion
+            # record carries no gang annotation.
+            self._key(pod)
             self.requeued.pop(pod.uid, None)
             return []
         tracked = self.pods.get(pod.uid)
@@ -271,7 +293,7 @@ class SchedulerCore:
 
     def delete(self, deleted: PodDeleted) -> list[Output]:
         """Forget the pod, clear its nomination, and forward the deletion to its decider."""
-        key = self.decision_keys.get(deleted.uid) or deleted.decision_key or decision_key(
+        key = self.known_key(deleted.uid) or deleted.decision_key or decision_key(
             deleted.namespace, deleted.labels, deleted.annotations, deleted.uid)
         self.bound.discard(deleted.uid)
         self.requeued.pop(deleted.uid, None)
