@@ -403,10 +403,12 @@ class SchedulerService:
 
     def room_for_claims(self) -> int:
         """Pods the next cycle may place: the batch size, less what the outstanding-claims
-        limit leaves (claims out and undecided are the replica's assumptions)."""
+        limit leaves. A claim is outstanding until it is decided (`SchedulerCore.claims_out`),
+        not only until its owner reports it: a held claim waits for its decider, and it is
+        deciders that are slow under overload."""
         if not self.max_claims:
             return self.batch_size
-        return min(self.batch_size, self.max_claims - len(self.core.state.assumptions))
+        return min(self.batch_size, self.max_claims - len(self.core.claims_out))
 
     async def dispatch(self, outputs: Sequence[Output]) -> None:
         """Send a batch, one send per destination partition, and watch its acks in the

@@ -36,6 +36,10 @@ One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) 
   decide them, so their pods go back to the queue as on a requeue (same attempt: the decider
   never saw it), or, for a pod no longer tracked here, the assumption is dropped.
 
+Outstanding claims (`claims_out`, what `scheduling.max_outstanding_claims` limits): a claim is
+out from its placement until it is decided, as the owners report it (committed, released,
+rejected, terminated: not held), or its pod is requeued past it, deleted, or its send failed.
+
 Pod states here: queued -> claimed (a Claim is out, assumed in the state) -> gone when bound;
 claimed -> queued on requeue or a failed send; waiting (Permit) -> claimed | queued; failed
 (bad input) until the pod changes; any -> gone when its partition is revoked.
@@ -80,6 +84,7 @@ from schemas.records import (
     Reservation,
     SchedulingFeedback,
     decision_key,
+    hold_id,
 )
 
 QUEUED, CLAIMED, WAITING, FAILED = "queued", "claimed", "waiting", "failed"
@@ -124,6 +129,9 @@ class SchedulerCore:
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
         self.requeued: dict[str, int] = {}  # uid -> latest attempt of a Requeue read before its pod
+        # uid -> hold id of its claim that is out and not decided yet (`scheduling.
+        # max_outstanding_claims`): a held claim still waits for its decider, its assumption does not.
+        self.claims_out: dict[str, str] = {}
         # Partitions whose pods are read but not placed yet (`hold`), with those pods' uids.
         self.held: dict[int, set[str]] = {}
         # Scheduling attempts by (profile, result), results named as kube-scheduler's
@@ -251,7 +259,7 @@ class SchedulerCore:
         all of them follow the live pods (DESIGN.md, rule 10)."""
         return {
             "pods": len(self.pods), "decision_keys": len(self.decision_keys), "bound": len(self.bound),
-            "requeued": len(self.requeued), "gang_members": len(self._gang_members),
+            "requeued": len(self.requeued), "claims_out": len(self.claims_out), "gang_members": len(self._gang_members),
             "group_arrival": len(self._group_arrival), "assumptions": len(self.state.assumptions),
             "held": sum(len(h) for h in self.held.values()), "queue": len(self.queue),
         }
@@ -297,6 +305,7 @@ class SchedulerCore:
             deleted.namespace, deleted.labels, deleted.annotations, deleted.uid)
         self.bound.discard(deleted.uid)
         self.requeued.pop(deleted.uid, None)
+        self.claims_out.pop(deleted.uid, None)  # its decider releases the claim: no more to wait for
         self._forget_key(deleted.uid)
         outputs: list[Output] = []
         tracked = self.pods.pop(deleted.uid, None)
@@ -333,6 +342,9 @@ class SchedulerCore:
         A Requeue of a pod not tracked is kept for when the pod is read, while its partition
         (`partition` of `requeue`, the pod's too) is still being read up to where it stood
         (`hold`); after that the pod is gone or not this replica's, and it is dropped."""
+        out = self.claims_out.get(requeue.uid)
+        if out is not None and HoldId.parse(out).attempt < requeue.attempt:
+            del self.claims_out[requeue.uid]  # decided: released or rejected
         tracked = self.pods.get(requeue.uid)
         if tracked is None:
             if requeue.uid not in self.bound and (partition is None or partition in self.held):
@@ -362,6 +374,8 @@ class SchedulerCore:
         record) is harmless: the decider binds once and releases the other hold."""
         for claim in claims:
             hid = claim.hold_id
+            if self.claims_out.get(claim.uid) == hid:
+                del self.claims_out[claim.uid]
             tracked = self.pods.get(claim.uid)
             if tracked is None:
                 if claim.uid not in self.bound:
@@ -404,6 +418,8 @@ class SchedulerCore:
             event |= self.state.apply(change)
             for hid, status in change.holds.items():
                 uid = HoldId.parse(hid).uid
+                if status != HoldStatus.HELD and self.claims_out.get(uid) == hid:
+                    del self.claims_out[uid]  # decided (or refused by its owner)
                 if status == HoldStatus.COMMITTED or (status == HoldStatus.TERMINATED and (current or uid in self.pods)):
                     # Bound, and decisions are final: whatever is still queued for the pod (a
                     # replay of `pods` after a restart, a second claim) is moot. Terminated
@@ -468,6 +484,7 @@ class SchedulerCore:
         tracked.profile = info.profile
         if placement.placed:
             tracked.state, tracked.row = CLAIMED, placement.row
+            self.claims_out[info.uid] = hold_id(info.uid, info.attempt, placement.node)
             self.attempts[info.profile, "scheduled"] += 1
             return placement.outputs
         if placement.status.code == Code.WAIT:

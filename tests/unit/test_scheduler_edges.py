@@ -748,3 +748,37 @@ async def test_the_loop_places_nothing_past_the_outstanding_claims_limit_until_o
         with pytest.raises(asyncio.CancelledError):
             await loop
     assert SchedulerService(core, outbox, clock, 100).room_for_claims() == 100  # 0: no limit
+
+
+async def test_claims_held_and_waiting_for_their_decider_count_as_outstanding() -> None:
+    """Issue 28 (suspected, confirmed): an assumption ends on any reported status, Held too, so
+    with a limit of 2 the replica kept placing while its claims sat held: six were out. A claim
+    stays outstanding until it is decided (committed, released, rejected) or requeued."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FakeOutbox()
+    service = SchedulerService(core, outbox, clock, 100, max_claims=2)
+    service.replica_ready.set()
+    for i in range(6):
+        core.add(make_pod(f"p{i}", cpu=500))
+    loop = asyncio.ensure_future(service.run())
+    try:
+        for _ in range(3):  # each round: the owner holds what is out; nobody decides it
+            await until(lambda: len(outbox.claims()) >= 2)
+            held = owner_report("a", *outbox.claims())
+            await service.on_state_changes([raw(r, 0, topics.STATE_CHANGES) for r in held])
+            await asyncio.sleep(0.02)
+        assert len(outbox.claims()) == 2 and core.state.assumptions == {}
+        first, second = outbox.claims()
+        decided = owner_report("a", first, second, Commit(uid=first.uid, attempt=0, node="a", decision_key=first.uid))
+        await service.on_state_changes([raw(r, 0, topics.STATE_CHANGES) for r in decided])
+        await until(lambda: len(outbox.claims()) == 3)
+        core.requeue(Requeue(uid=second.uid, attempt=1, decision_key=second.uid))  # released and requeued
+        service.wake.set()
+        await until(lambda: len(outbox.claims()) == 4)
+        await asyncio.sleep(0.02)
+        assert len(outbox.claims()) == 4 and len(core.claims_out) == 2
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+
