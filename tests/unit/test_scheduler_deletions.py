@@ -6,8 +6,10 @@ deletion record carries no gang annotation (the harnesses publish deletions that
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
+from agents.scheduler.agent import SchedulerService
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
 from agents.state.owner import COMMITTED, TERMINATED, NodeOwner
@@ -15,8 +17,10 @@ from agents.state.resources import ResourceSpace
 from schemas import topics
 from schemas.codec import decode_message, encode
 from schemas.records import BoundPod, NodeStateChange, Pod, PodDeleted, ResourceList
+from streams.catalogue import partition_for
 from tests.builders import make_node
 from tests.pipeline import Cluster
+from tests.unit.test_scheduler_edges import FakeOutbox, N, raw, until
 
 GANG = "gang.scheduling.koordinator.sh/"
 
@@ -105,4 +109,33 @@ def test_the_committed_pods_decision_key_travels_in_the_report_and_old_reports_s
     old = encode(dataclasses.replace(report, committed=(BoundPod(uid="a"),))).replace(b',"decision_key":""', b"")
     [decoded] = decode_message(old)
     assert isinstance(decoded, NodeStateChange) and decoded.committed[0].decision_key == ""
+
+
+async def test_a_deletion_read_before_the_replica_caught_up_waits_for_the_owners_reports() -> None:
+    """A restarted replica reads `pods` while its state-changes feed is still catching up: a
+    deletion of a pod it knows nothing of waits until the reports can say whose it is, and no
+    input offset is committed past it meanwhile."""
+    cluster = bound_gang()
+    space = cluster.core.space
+    core = SchedulerCore(space, ClusterState(space), lambda: cluster.now)
+    outbox = FakeOutbox()
+    service = SchedulerService(core, outbox, lambda: cluster.now, 100, partitions=N)
+    service.commit_inputs = True
+    home = partition_for("a", N)
+    service.on_partitions_assigned({home})
+    await service.on_inputs([raw(PodDeleted(uid="a", name="a"), home, offset=7)])
+    assert [o for o in outbox.outputs() if o.topic == topics.HOLDS] == []
+    assert service.commit_points() == {}
+    service.on_current_state([NodeOwner.current(s) for s in cluster.nodes.values()])
+    service.mark_replica_ready()
+    loop = asyncio.ensure_future(service.run())
+    try:
+        await until(lambda: any(o.topic == topics.HOLDS for o in outbox.outputs()))
+    finally:
+        loop.cancel()
+    [sent] = [o for o in outbox.outputs() if o.topic == topics.HOLDS]
+    assert sent.key == "default/train"
+    assert service.commit_points() == {(topics.PODS, home): 8}
+    cluster.route([sent])
+    assert statuses(cluster)["a/0/n1"] == TERMINATED
 
