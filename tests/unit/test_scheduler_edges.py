@@ -782,6 +782,7 @@ async def test_claims_held_and_waiting_for_their_decider_count_as_outstanding() 
         with pytest.raises(asyncio.CancelledError):
             await loop
 
+
 class FailingDeletions(FakeOutbox):
     """The broker does not acknowledge the first `failures` sends that carry a PodDeleted."""
 
