@@ -133,6 +133,9 @@ class BoundPod:
     requests: ResourceList = field(default_factory=_resources)
     quota: str = ""  # the elastic quota it counts against ("" for none)
     devices: tuple[str, ...] = ()  # the devices it holds, as claimed ("gpu/<minor>/<core>/<ratio>", ...)
+    # Its claim's decision key, the key of the decider that bound it: where its deletion goes,
+    # whatever the pod's later versions or its deletion record say ("": an owner older than it).
+    decision_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,7 +86,7 @@ class SchedulingSettings:
     priority) together at the place of the first of them before placing, so that one class
     serves them all; off: only pods that are already consecutive in the queue batch."""
     max_outstanding_claims: int = 10_000
-    """Claims a scheduler replica has out and not yet decided (assumed in its replica), at
+    """Claims a scheduler replica has out and not yet decided (held ones included), at
     most: past it the loop places nothing until outcomes come back, so that an overloaded
     pipeline queues pods here instead of piling up holds that grow too old to be accepted
     (a claim older than half of `worker.state_retention_s` is refused and placed again). 0:

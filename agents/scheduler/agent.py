@@ -24,6 +24,16 @@ The edges (DESIGN.md, safety rules 4 and 11):
   but at most `max_in_flight` batches are unacknowledged at once; each batch is sent per
   destination partition, and the claims of a destination whose send failed go back to the
   queue (`SchedulerCore.unclaim`): without it a pod would stay claimed with no claim anywhere.
+  What an input batch produces (deletions for the deciders, forwards, feedback) is acknowledged
+  before the batch counts as handled; a send that fails keeps it in `to_forward`, sent again
+  first (by the next batch, or the loop within `retry_s`), and no input offset is committed
+  meanwhile: the core has forgotten a deleted pod, so nothing else would send its deletion.
+- Deletions (DESIGN.md, rules 5 and 7) go to the key the pod was decided under
+  (`SchedulerCore.known_key`: the owners' reports carry it for committed pods). One read
+  before the replica caught up with the reports, of a pod this replica knows nothing of (its
+  records before the committed offset, or forwarded), waits in `deferred` until it did.
+- Outstanding claims (`scheduling.max_outstanding_claims`, `room_for_claims`): counted until
+  decided (`SchedulerCore.claims_out`), held ones included.
 - Fencing. Requeues carry their decider's origin (source, epoch); an `EpochFence` per input
   partition drops a zombie decider's (an older epoch after a newer one, in that partition's
   log order, so a partition read again from its start is fenced afresh).
@@ -75,6 +85,7 @@ from schemas.records import (
 )
 
 PROFILING_EVERY_S = 1.0
+RETRY_S = 1.0  # a failed send of outputs that must not be lost is tried again this soon
 MAX_IN_FLIGHT = 4  # batches sent and not yet acknowledged
 log = logging.getLogger("koordstream.scheduler")
 
@@ -113,8 +124,15 @@ class SchedulerService:
         # Pods and reservations read on a held partition that belong elsewhere: forwarded once
         # the partition is caught up, unless their deletion came meanwhile (then only that).
         self.pending_forwards: dict[int, dict[str, Record]] = {}
+        # Outputs waiting to be sent, in order: held-back forwards, and what input batches
+        # produced whose send failed (a deletion among them: the core forgot its pod already).
         self.to_forward: list[Output] = []
-        self.forwarding = 0  # sends of held-back forwards not yet acknowledged
+        self.forwarding = 0  # sends of `to_forward` not yet acknowledged
+        self._flushing = asyncio.Lock()  # one send of `to_forward` at a time: a failed one goes back first
+        self.retry_s = RETRY_S  # how soon the loop tries a failed send of `to_forward` again
+        # Deletions read before the replica caught up (`replica_ready`) of pods it knows nothing
+        # of: the owners' reports may name their decider (`SchedulerCore.known_key`).
+        self.deferred: list[PodDeleted] = []
         self.forwarded = 0  # records forwarded to their own partition
         self.failed_sends = 0  # destinations whose send the broker did not acknowledge
         self.throttled = 0  # cycles skipped at the outstanding-claims limit
@@ -250,6 +268,8 @@ class SchedulerService:
         return [Output(topics.PODS, uid, record)]
 
     def _release_caught_up(self, partition: int) -> None:
+        if self.to_forward or self.forwarding:
+            return  # once the deletions read are delivered (`flush_forwards` releases it then)
         target = self.catch_up_to.get(partition)
         if target is not None and self.read_to.get(partition, 0) >= target:
             del self.catch_up_to[partition]
@@ -267,8 +287,9 @@ class SchedulerService:
         for msg in messages:
             if msg.partition not in self.revoked:  # else fetched before its partition was revoked
                 by_partition.setdefault(msg.partition, []).append(msg)
-        caught: list[int] = []
         outputs: list[Output] = []
+        if self.deferred and self.replica_ready.is_set():  # read before this batch
+            outputs += self.take_deferred()
         for partition, batch in by_partition.items():
             fence = self.input_fences.setdefault(partition, EpochFence())
             got = intake(batch, expect=(Pod, PodDeleted, Requeue, Reservation), fence=fence)
@@ -289,19 +310,20 @@ class SchedulerService:
                     outputs += self.core.add(record, partition=partition)
                 elif isinstance(record, Reservation):
                     outputs += self.core.add_reservation(record, partition=partition)
+                elif self.deferred or (not self.replica_ready.is_set() and not record.decision_key
+                                       and self.core.known_key(record.uid) is None):
+                    self.deferred.append(record)  # in order behind those deferred already
                 else:
                     outputs += self.core.delete(record)
             read = [m.offset + 1 for m in batch if m.topic == topics.PODS]
             if read:
                 self.read_to[partition] = max(self.read_to.get(partition, 0), *read)
                 self.seen_to[partition] = max(self.seen_to.get(partition, 0), self.read_to[partition])
-                if partition in self.catch_up_to:
-                    caught.append(partition)
-        if outputs:
-            await deliver(self.outbox, outputs)  # forwards included: acknowledged before we go on
-        for partition in caught:  # after the deliveries: the deletions read were forwarded
-            self._release_caught_up(partition)
-        await self.flush_forwards()
+        # Forwards included, acknowledged before we go on; a caught-up partition is released
+        # only after (the deletions read were delivered). What fails waits in `to_forward`: the
+        # core has forgotten the deleted pods, nothing else would send their deletions again.
+        self.to_forward += outputs
+        await self.send_waiting()
         handled = by_partition.items() if self.commit_inputs else ()  # decoded, tracked, forwarded
         for partition, batch in handled:
             for m in batch:
@@ -311,8 +333,9 @@ class SchedulerService:
 
     def commit_points(self) -> dict[tuple[str, int], int]:
         """Per (topic, partition) owned and not held: the offset before which this replica needs
-        no record any more (module docstring, "Input offsets"). Empty while forwards wait."""
-        if self.to_forward or self.forwarding:
+        no record any more (module docstring, "Input offsets"). Empty while outputs wait to be
+        sent or deletions wait for the replica (`to_forward`, `deferred`)."""
+        if self.to_forward or self.forwarding or self.deferred:
             return {}
         tracked = {uid for uid, t in self.core.pods.items() if t.state != FAILED}
         live = {topics.PODS: tracked, topics.REQUEUE: tracked | self.core.requeued.keys()}
@@ -328,18 +351,42 @@ class SchedulerService:
         return out
 
     async def flush_forwards(self) -> None:
-        """Send the forwards held back until their partitions were caught up. They count as
-        waiting (`commit_points`) until acknowledged, and wait again if the send failed."""
-        if self.to_forward:
-            forwards, self.to_forward = self.to_forward, []
-            self.forwarding += 1
-            try:
-                await deliver(self.outbox, forwards)
-            except BaseException:
-                self.to_forward = forwards + self.to_forward
-                raise
-            finally:
-                self.forwarding -= 1
+        """Send what waits in `to_forward` (forwards held back until their partitions were
+        caught up, outputs whose send failed), then release the partitions caught up meanwhile
+        and send what they held back. It all counts as waiting (`commit_points`) until
+        acknowledged, and waits again if the send failed (the error is raised)."""
+        async with self._flushing:
+            while True:
+                if self.to_forward:
+                    forwards, self.to_forward = self.to_forward, []
+                    self.forwarding += 1
+                    try:
+                        await deliver(self.outbox, forwards)
+                    except BaseException:
+                        self.to_forward = forwards + self.to_forward
+                        raise
+                    finally:
+                        self.forwarding -= 1
+                for partition in list(self.catch_up_to):
+                    self._release_caught_up(partition)
+                if not self.to_forward:
+                    return
+
+    async def send_waiting(self) -> bool:
+        """`flush_forwards`; a send that fails is logged and its outputs wait for the next try
+        (the next batch, or the loop within `retry_s`). True when nothing waits."""
+        try:
+            await self.flush_forwards()
+        except Exception as exc:  # noqa: BLE001 - kept, tried again
+            self.failed_sends += 1
+            log.warning("send of %d outputs failed (%r): they wait and are sent again", len(self.to_forward), exc)
+            return False
+        return True
+
+    def take_deferred(self) -> list[Output]:
+        """The deletions deferred until the replica caught up, forwarded now (in read order)."""
+        deferred, self.deferred = self.deferred, []
+        return [o for d in deferred for o in self.core.delete(d)]
 
     def profiling_samples(self) -> list[Output]:
         """What each plugin spent per extension point, and the attempts made, since the last samples."""
@@ -373,12 +420,14 @@ class SchedulerService:
                     # gather more pods first (it runs on this event loop meanwhile).
                     await asyncio.sleep(self.linger_s)
                 await self._room()  # before placing: a revocation meanwhile still counts
-                await self.flush_forwards()
+                self.to_forward += self.take_deferred()
+                await self.send_waiting()
                 self.wake.clear()
                 room = self.room_for_claims()
                 if room <= 0:  # overloaded downstream: wait for outcomes (they wake the loop)
                     self.throttled += 1
-                    await self.wake.wait()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), self.retry_s if self.to_forward else None)
                     continue
                 started = self.wall()
                 outputs = stamped(self.core.schedule(room), started)
@@ -395,6 +444,8 @@ class SchedulerService:
                     await self.dispatch(samples)
                 wakeup = self.core.next_wakeup()
                 timeout = None if wakeup is None else max(0.0, wakeup - self.clock())
+                if self.to_forward:  # a send failed: try again soon, even if nothing else comes
+                    timeout = self.retry_s if timeout is None else min(timeout, self.retry_s)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), timeout)
         finally:
@@ -403,10 +454,12 @@ class SchedulerService:
 
     def room_for_claims(self) -> int:
         """Pods the next cycle may place: the batch size, less what the outstanding-claims
-        limit leaves (claims out and undecided are the replica's assumptions)."""
+        limit leaves. A claim is outstanding until it is decided (`SchedulerCore.claims_out`),
+        not only until its owner reports it: a held claim waits for its decider, and it is
+        deciders that are slow under overload."""
         if not self.max_claims:
             return self.batch_size
-        return min(self.batch_size, self.max_claims - len(self.core.state.assumptions))
+        return min(self.batch_size, self.max_claims - len(self.core.claims_out))
 
     async def dispatch(self, outputs: Sequence[Output]) -> None:
         """Send a batch, one send per destination partition, and watch its acks in the

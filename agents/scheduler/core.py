@@ -22,7 +22,11 @@ One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) 
   restarted or newly assigned replica reads `pods` and `requeue` from their start, in no
   order between the two) is kept until the pod comes, so the pod starts from its latest
   attempt, not from 0 (a claim of an attempt the decider moved past would wait for ever).
-- `delete(d)`: forget the pod, clear its nomination, forward the deletion to its decider.
+- `delete(d)`: forget the pod, clear its nomination, forward the deletion to its decider: under
+  the key its committed hold was claimed with (the owners' reports carry it), else the key of
+  the first version read here, bound or not (`known_key`), else what the deletion says. A
+  replica that restarted or took the partition over may read a bound pod only now, or only
+  its deletion: the reports still name the gang's decider.
 - `revoke(partitions)`: the worker lost those partitions of `pods` / `requeue` (a rebalance):
   their pods stop being placed at once (DESIGN.md, safety rule 4). Each pod remembers the
   partition it came in on (`add(..., partition=)`). A claim already out stays assumed in the
@@ -31,6 +35,10 @@ One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) 
 - `unclaim(claims)`: claims whose send the broker did not acknowledge: no owner will ever
   decide them, so their pods go back to the queue as on a requeue (same attempt: the decider
   never saw it), or, for a pod no longer tracked here, the assumption is dropped.
+
+Outstanding claims (`claims_out`, what `scheduling.max_outstanding_claims` limits): a claim is
+out from its placement until it is decided, as the owners report it (committed, released,
+rejected, terminated: not held), or its pod is requeued past it, deleted, or its send failed.
 
 Pod states here: queued -> claimed (a Claim is out, assumed in the state) -> gone when bound;
 claimed -> queued on requeue or a failed send; waiting (Permit) -> claimed | queued; failed
@@ -76,6 +84,7 @@ from schemas.records import (
     Reservation,
     SchedulingFeedback,
     decision_key,
+    hold_id,
 )
 
 QUEUED, CLAIMED, WAITING, FAILED = "queued", "claimed", "waiting", "failed"
@@ -120,6 +129,9 @@ class SchedulerCore:
         self.decision_keys: dict[str, str] = {}  # fixed by a pod's first version
         self.bound: set[str] = set()  # uids whose commit the state has seen
         self.requeued: dict[str, int] = {}  # uid -> latest attempt of a Requeue read before its pod
+        # uid -> hold id of its claim that is out and not decided yet (`scheduling.
+        # max_outstanding_claims`): a held claim still waits for its decider, its assumption does not.
+        self.claims_out: dict[str, str] = {}
         # Partitions whose pods are read but not placed yet (`hold`), with those pods' uids.
         self.held: dict[int, set[str]] = {}
         # Scheduling attempts by (profile, result), results named as kube-scheduler's
@@ -149,17 +161,31 @@ class SchedulerCore:
             if len(self._requests) > 65536:
                 self._requests.clear()
             known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
-        key = self.decision_keys.get(pod.uid)
-        if key is None:
-            key = self.decision_keys[pod.uid] = decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid)
-            if key != pod.uid:
-                self._gang_members[key] = self._gang_members.get(key, 0) + 1
+        key = self._key(pod)
         qos, priority = koordinator.defaults(pod)
         info = PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
                        priority=priority, qos=qos)
         if GANG_MIN_AVAILABLE_ANNOTATION in pod.annotations:
             info.derived["gang"] = gang_spec(pod.annotations)
         return info
+
+    def _key(self, pod: Pod) -> str:
+        """The pod's decision key, fixed by the first version read here (DESIGN.md, rule 5)."""
+        key = self.decision_keys.get(pod.uid)
+        if key is None:
+            key = self.decision_keys[pod.uid] = decision_key(pod.namespace, pod.labels, pod.annotations, pod.uid)
+            if key != pod.uid:
+                self._gang_members[key] = self._gang_members.get(key, 0) + 1
+        return key
+
+    def known_key(self, uid: str) -> str | None:
+        """The decision key a pod was decided under, if this replica can know it: the key its
+        committed hold was claimed with (the owners' reports carry it: right even when the
+        first version read here came after a label change), else the first version's."""
+        placed = self.state.bound.get(uid)
+        if placed is not None and placed.pod.decision_key:
+            return placed.pod.decision_key
+        return self.decision_keys.get(uid)
 
     def add_reservation(self, r: Reservation, *, partition: int | None = None) -> list[Output]:
         """A Reservation: scheduled like a pod made from its template (a "reserve pod")."""
@@ -173,6 +199,10 @@ class SchedulerCore:
         """A new or updated pod, read on `partition` of `pods` (see `revoke`). Returns final
         feedback for pods that cannot be placed as they are."""
         if pod.node_name or pod.uid in self.bound:
+            # Nothing to place, but its deletion must reach its decider: a replica that restarted
+            # (or took the partition over) may read the pod only now, bound, and its deletion
+            # record carries no gang annotation.
+            self._key(pod)
             self.requeued.pop(pod.uid, None)
             return []
         tracked = self.pods.get(pod.uid)
@@ -229,7 +259,7 @@ class SchedulerCore:
         all of them follow the live pods (DESIGN.md, rule 10)."""
         return {
             "pods": len(self.pods), "decision_keys": len(self.decision_keys), "bound": len(self.bound),
-            "requeued": len(self.requeued), "gang_members": len(self._gang_members),
+            "requeued": len(self.requeued), "claims_out": len(self.claims_out), "gang_members": len(self._gang_members),
             "group_arrival": len(self._group_arrival), "assumptions": len(self.state.assumptions),
             "held": sum(len(h) for h in self.held.values()), "queue": len(self.queue),
         }
@@ -271,10 +301,11 @@ class SchedulerCore:
 
     def delete(self, deleted: PodDeleted) -> list[Output]:
         """Forget the pod, clear its nomination, and forward the deletion to its decider."""
-        key = self.decision_keys.get(deleted.uid) or deleted.decision_key or decision_key(
+        key = self.known_key(deleted.uid) or deleted.decision_key or decision_key(
             deleted.namespace, deleted.labels, deleted.annotations, deleted.uid)
         self.bound.discard(deleted.uid)
         self.requeued.pop(deleted.uid, None)
+        self.claims_out.pop(deleted.uid, None)  # its decider releases the claim: no more to wait for
         self._forget_key(deleted.uid)
         outputs: list[Output] = []
         tracked = self.pods.pop(deleted.uid, None)
@@ -311,6 +342,9 @@ class SchedulerCore:
         A Requeue of a pod not tracked is kept for when the pod is read, while its partition
         (`partition` of `requeue`, the pod's too) is still being read up to where it stood
         (`hold`); after that the pod is gone or not this replica's, and it is dropped."""
+        out = self.claims_out.get(requeue.uid)
+        if out is not None and HoldId.parse(out).attempt < requeue.attempt:
+            del self.claims_out[requeue.uid]  # decided: released or rejected
         tracked = self.pods.get(requeue.uid)
         if tracked is None:
             if requeue.uid not in self.bound and (partition is None or partition in self.held):
@@ -340,6 +374,8 @@ class SchedulerCore:
         record) is harmless: the decider binds once and releases the other hold."""
         for claim in claims:
             hid = claim.hold_id
+            if self.claims_out.get(claim.uid) == hid:
+                del self.claims_out[claim.uid]
             tracked = self.pods.get(claim.uid)
             if tracked is None:
                 if claim.uid not in self.bound:
@@ -382,6 +418,8 @@ class SchedulerCore:
             event |= self.state.apply(change)
             for hid, status in change.holds.items():
                 uid = HoldId.parse(hid).uid
+                if status != HoldStatus.HELD and self.claims_out.get(uid) == hid:
+                    del self.claims_out[uid]  # decided (or refused by its owner)
                 if status == HoldStatus.COMMITTED or (status == HoldStatus.TERMINATED and (current or uid in self.pods)):
                     # Bound, and decisions are final: whatever is still queued for the pod (a
                     # replay of `pods` after a restart, a second claim) is moot. Terminated
@@ -446,6 +484,7 @@ class SchedulerCore:
         tracked.profile = info.profile
         if placement.placed:
             tracked.state, tracked.row = CLAIMED, placement.row
+            self.claims_out[info.uid] = hold_id(info.uid, info.attempt, placement.node)
             self.attempts[info.profile, "scheduled"] += 1
             return placement.outputs
         if placement.status.code == Code.WAIT:

@@ -684,7 +684,8 @@ class NodeOwner:
             device_usage=state.device_usage(),
             committed=tuple(
                 BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
-                         requests=ResourceList(h.requests), quota=h.quota, devices=tuple(h.devices))
+                         requests=ResourceList(h.requests), quota=h.quota, devices=tuple(h.devices),
+                         decision_key=h.decision_key)
                 for _, h in reported if h.status == COMMITTED and h.reserving is None  # a reservation is no victim
             ),
             reservations=state.available_reservations() if state.reservations else (),

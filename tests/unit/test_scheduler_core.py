@@ -237,3 +237,19 @@ def test_attempts_are_counted_by_result_per_profile() -> None:
     core.schedule()
     profile = make_pod("x").scheduler_name
     assert core.attempts == {(profile, "scheduled"): 1, (profile, "unschedulable"): 1}
+
+
+def test_a_claim_is_outstanding_until_decided_not_until_held() -> None:
+    """`claims_out` (what `scheduling.max_outstanding_claims` counts): a held claim stays
+    outstanding; a rejected one, a failed send and a deleted pod end it."""
+    core, _ = make_core(make_node("a", cpu=1000))
+    for uid in ("held", "refused", "unsent", "gone"):
+        core.add(make_pod(uid, cpu=200, memory=0))
+    placed = {c.uid: c for c in claims(core.schedule())}
+    assert set(core.claims_out) == set(placed)
+    state, result = NodeState("a"), OwnerResult()
+    NodeOwner().apply(state, [make_node("a", cpu=300), placed["held"], placed["refused"]], result)  # room for one
+    core.apply_state_changes(o.record for o in result.outputs if isinstance(o.record, NodeStateChange))
+    core.unclaim([placed["unsent"]])
+    core.delete(PodDeleted(uid="gone"))
+    assert core.state.assumptions == {} and core.claims_out == {"held": placed["held"].hold_id}

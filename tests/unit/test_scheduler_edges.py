@@ -748,3 +748,92 @@ async def test_the_loop_places_nothing_past_the_outstanding_claims_limit_until_o
         with pytest.raises(asyncio.CancelledError):
             await loop
     assert SchedulerService(core, outbox, clock, 100).room_for_claims() == 100  # 0: no limit
+
+
+async def test_claims_held_and_waiting_for_their_decider_count_as_outstanding() -> None:
+    """Issue 28 (suspected, confirmed): an assumption ends on any reported status, Held too, so
+    with a limit of 2 the replica kept placing while its claims sat held: six were out. A claim
+    stays outstanding until it is decided (committed, released, rejected) or requeued."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FakeOutbox()
+    service = SchedulerService(core, outbox, clock, 100, max_claims=2)
+    service.replica_ready.set()
+    for i in range(6):
+        core.add(make_pod(f"p{i}", cpu=500))
+    loop = asyncio.ensure_future(service.run())
+    try:
+        for _ in range(3):  # each round: the owner holds what is out; nobody decides it
+            await until(lambda: len(outbox.claims()) >= 2)
+            held = owner_report("a", *outbox.claims())
+            await service.on_state_changes([raw(r, 0, topics.STATE_CHANGES) for r in held])
+            await asyncio.sleep(0.02)
+        assert len(outbox.claims()) == 2 and core.state.assumptions == {}
+        first, second = outbox.claims()
+        decided = owner_report("a", first, second, Commit(uid=first.uid, attempt=0, node="a", decision_key=first.uid))
+        await service.on_state_changes([raw(r, 0, topics.STATE_CHANGES) for r in decided])
+        await until(lambda: len(outbox.claims()) == 3)
+        core.requeue(Requeue(uid=second.uid, attempt=1, decision_key=second.uid))  # released and requeued
+        service.wake.set()
+        await until(lambda: len(outbox.claims()) == 4)
+        await asyncio.sleep(0.02)
+        assert len(outbox.claims()) == 4 and len(core.claims_out) == 2
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+
+
+class FailingDeletions(FakeOutbox):
+    """The broker does not acknowledge the first `failures` sends that carry a PodDeleted."""
+
+    def __init__(self, failures: int = 1) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+        if self.failures and any(isinstance(o.record, PodDeleted) for o in outputs):
+            self.failures -= 1
+            self.sent.append(list(outputs))
+            ack: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            ack.set_exception(ConnectionError("the broker did not acknowledge"))
+            self.acks.append(ack)
+            return [ack]
+        return await super().send(outputs)
+
+    def deletions(self) -> list[str]:
+        """The uids of the deletions sent and acknowledged, in order."""
+        return [o.record.uid for batch, ack in zip(self.sent, self.acks, strict=True) if ack.exception() is None
+                for o in batch if isinstance(o.record, PodDeleted)]
+
+
+async def test_a_deletion_whose_send_fails_is_sent_again_and_no_offset_is_committed_past_it_meanwhile() -> None:
+    """Issue 28 (suspected, confirmed): the core forgot the pod before the deletion was
+    delivered; the send failed, and nothing sent it again while later records went on."""
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FailingDeletions()
+    service = service_with(core, outbox, clock)
+    service.on_partitions_assigned({0})
+    p, q = uid_at(0, "p"), uid_at(0, "q")
+    await service.on_inputs([raw(make_pod(p), 0, offset=0)])
+    await service.on_inputs([raw(PodDeleted(uid=p), 0, offset=1)])  # not acknowledged: kept, no error
+    assert p not in core.pods and outbox.deletions() == [] and service.commit_points() == {}
+    await service.on_inputs([raw(make_pod(q, cpu=9000), 0, offset=2)])
+    assert outbox.deletions() == [p]  # sent again first, before what came after it
+    assert service.commit_points() == {(topics.PODS, 0): 2}
+
+
+async def test_a_deletion_whose_send_failed_is_sent_again_by_the_loop_when_nothing_else_comes() -> None:
+    core, clock = make_core(make_node("a", cpu=4000))
+    outbox = FailingDeletions(failures=2)
+    service = service_with(core, outbox, clock)
+    service.on_partitions_assigned({0})
+    service.retry_s = 0.01
+    p = uid_at(0, "p")
+    await service.on_inputs([raw(make_pod(p, cpu=9000), 0, offset=0), raw(PodDeleted(uid=p), 0, offset=1)])
+    service.mark_replica_ready()
+    loop = asyncio.ensure_future(service.run())
+    try:
+        await until(lambda: outbox.deletions() == [p])  # the loop's first try fails too
+    finally:
+        loop.cancel()
+    assert service.failed_sends == 2 and service.commit_points() == {(topics.PODS, 0): 2}
