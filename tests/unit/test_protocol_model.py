@@ -47,7 +47,15 @@ from agents.ports import Output
 from agents.scheduler.cluster import ClusterState
 from agents.state import devices
 from agents.state import reservations as rsv
-from agents.state.ledger import BOUND, DELETED, TERMINATED, Decider, Decision, LedgerState
+from agents.state.ledger import (
+    BOUND,
+    DELETED,
+    REASON_STALE,
+    TERMINATED,
+    Decider,
+    Decision,
+    LedgerState,
+)
 from agents.state.owner import (
     BY_COMMIT_ON_DELETED_NODE,
     COMMITTED,
@@ -56,6 +64,7 @@ from agents.state.owner import (
     NodeState,
     OwnerResult,
 )
+from agents.state.owner import REASON_STALE as CLAIM_STALE
 from agents.state.resources import ResourceSpace
 from perf.checker import (
     DevicePlacement,
@@ -71,6 +80,7 @@ from schemas.records import (
     Claim,
     GangTimeout,
     GpuDevice,
+    Held,
     Node,
     NodeDeleted,
     NodeStateChange,
@@ -78,6 +88,7 @@ from schemas.records import (
     NominationCleared,
     PodDeleted,
     PodTerminated,
+    Release,
     Requeue,
     Reservation,
     ReservationEvent,
@@ -90,6 +101,8 @@ from tests.logs import Actor
 
 NODES = ["n0", "n1", "n2"]
 RETENTION_S = 600.0
+SKEW_S = RETENTION_S / 10  # `worker.max_clock_skew_s` (its default)
+DAY = 86400.0
 CPU_PER_NODE = 1000
 QUOTA = "q"  # every pod counts against one elastic quota
 
@@ -222,7 +235,7 @@ class World:
         if taken is None:
             return
         record, t = taken
-        t = actor.clock = max(t, actor.clock)  # as the loop judges it: never before what was decided
+        t = actor.judge(t, self.now + SKEW_S)  # as the loop judges it: never before what was decided
         state = actor.state
         assert isinstance(state, NodeState)
         status_before = {hid: h.status for hid, h in state.holds.items()}
@@ -251,6 +264,10 @@ class World:
                     self.violations.append(f"{node} over-committed in the owner's accounting: {name} {amount} > {limit}")
         for n, uid, at in result.timers:
             self.owner_timers[(n, uid)] = at
+        if isinstance(record, Claim):
+            self.refused_fresh(record.hold_id, record.scheduled_at, [
+                o.record for o in result.outputs
+                if getattr(o.record, "reason", "") == CLAIM_STALE and o.record.hold_id == record.hold_id])
         actor.outgoing += result.outputs
 
     def step_decider(self, key: str) -> None:
@@ -259,7 +276,7 @@ class World:
         if taken is None:
             return
         record, t = taken
-        t = actor.clock = max(t, actor.clock)  # as the loop judges it: never before what was decided
+        t = actor.judge(t, self.now + SKEW_S)  # as the loop judges it: never before what was decided
         state = actor.state
         assert isinstance(state, LedgerState)
         terminated = {u for u, e in state.pods.items() if e.status == TERMINATED}
@@ -267,10 +284,22 @@ class World:
         Decider(RETENTION_S).apply(state, [record], decision, [t], t)
         # As `DeciderCore` does: no Binding of a pod terminated before the batch.
         after = [o for o in decision.after_commit if not (isinstance(o.record, Binding) and o.record.uid in terminated)]
+        if isinstance(record, Held):
+            self.refused_fresh(record.hold_id, record.scheduled_at, [
+                o.record for o in decision.first
+                if isinstance(o.record, Release) and o.record.reason == REASON_STALE
+                and o.record.hold_id == record.hold_id])
         durable = self.deleted_durably.get(key, set())
         self.violations += [f"{o.record.uid}: bound after its deletion was decided and persisted"
                             for o in after if isinstance(o.record, Binding) and o.record.uid in durable]
         actor.outgoing += decision.first + after
+
+    def refused_fresh(self, hid: str, scheduled_at: float, refusals: list[object]) -> None:
+        """A claim refused as older than half the retention must be that old by the clock of
+        its readers, give or take the skew they admit: a producer's clock ahead (a record
+        stamped a day ahead) must not make a partition refuse every fresh claim."""
+        if refusals and self.now - scheduled_at <= RETENTION_S / 2 - SKEW_S:
+            self.violations.append(f"{hid}: refused as stale {self.now - scheduled_at:g}s after its cycle began")
 
     def note_durable(self, actor: Actor) -> None:
         """The deletions a decider has persisted: none of those pods may be bound from then on."""
@@ -398,7 +427,7 @@ ACTIONS = st.tuples(
     st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
                      "delete", "terminate", "node-delete", "node-add", "timer",
                      "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small", "wait", "late-claim",
-                     "sweep"]),
+                     "sweep", "future-node", "future-duplicate"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -468,6 +497,11 @@ def run(actions: list[tuple[str, int, int]]) -> World:
                 world.claim(uid, node, i % 2, replica=i % 2, scheduled_at=world.deleted_at[uid] - 1.0)
         elif action == "sweep":
             world.sweep()
+        elif action == "future-node":  # the node updated by a producer whose clock runs a day ahead
+            world.owners[node].append(node_record(node), stamped=world.now + DAY)
+        elif action == "future-duplicate" and actor.log and not isinstance(actor.log[i % len(actor.log)], Nomination):
+            # a record delivered again by a producer a day ahead
+            actor.append(actor.log[i % len(actor.log)], stamped=world.now + DAY)
     world.drain()
     return world
 
@@ -642,6 +676,18 @@ REPLAY_AFTER_FORGETTING = [
 ]
 
 
+# Issue 28, item 3: a Node update stamped a day ahead (a producer's clock) raised n0's partition
+# clock to it, and b's fresh claim there was refused as older than half the retention.
+FUTURE_NODE = [("future-node", 0, 0), ("owner", 0, 1), ("claim", 0, 1), ("owner", 0, 1)]
+# The same on holds: g0 waits; its Held delivered again, stamped a day ahead; g1's fresh Held
+# completes the gang, and must not be released as stale.
+_G = 3 + KEYS.index("g")
+FUTURE_HELD = [
+    ("claim", 0, 2), ("owner", 0, 1), ("decider", 1, KEYS.index("g")), ("future-duplicate", _G, 0),
+    ("decider", 1, KEYS.index("g")), ("claim", 1, 3), ("owner", 1, 1), ("decider", 1, KEYS.index("g")),
+]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
 @example(GANG_COMPLETION)
@@ -656,6 +702,8 @@ REPLAY_AFTER_FORGETTING = [
 @example(NONSTRICT_SECOND_CLAIM)
 @example(HELD_AFTER_FORGETTING)
 @example(REPLAY_AFTER_FORGETTING)
+@example(FUTURE_NODE)
+@example(FUTURE_HELD)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
@@ -667,7 +715,7 @@ def verify_forgotten(world: World) -> None:
     deleted pods); and the late claims the retention must still stop (each deleted pod claimed
     again by a replica that had not read its deletion, then redelivered to its owners and
     deciders) bind nothing."""
-    world.now += RETENTION_S + 1.0
+    world.now += RETENTION_S + SKEW_S + 1.0  # a clock may have been judged up to the skew ahead
     for node, actor in world.owners.items():  # any record of the node's: owners forget in its batches
         actor.log.append(NominationCleared(uid="nobody", node=node))
     world.sweep()
