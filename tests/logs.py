@@ -28,6 +28,16 @@ class Actor:
     stamps: dict[int, float] = field(default_factory=dict)  # log index -> the log time its producer stamped
     covered: int = 0  # records the state has decided (the loop's `decided` offset, with the clock)
     saved_covered: int = 0
+    in_flight: set[str] = field(default_factory=set)  # what the batch in flight sent (`batch`)
+
+    def batch(self) -> set[str]:
+        """The batch a record taken now belongs to, for `Decider.apply` (the gang rounds it
+        sent): the one whose outputs are not all acknowledged yet, else a new one. The loop
+        decides a batch only once the last one's outputs are acknowledged; here a record at a
+        time, so the records decided while outputs wait are one batch."""
+        if not self.outgoing:
+            self.in_flight = set()
+        return self.in_flight
 
     def append(self, record: Record, stamped: float | None = None) -> None:
         """A record produced to the log; `stamped`: its log time, as a producer's clock set it
