@@ -95,4 +95,5 @@ class AgentConfig:
     batch_within_s: float = 0.01
     table_name: str = ""
     retention_s: float = 600.0  # owners and deciders: see agents.state.retention
+    max_clock_skew_s: float = 60.0  # owners and deciders: see agents.state.retention.judged_at
     commit_inputs: bool = False  # the scheduler: commit what it no longer needs of its inputs

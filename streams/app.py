@@ -203,7 +203,8 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
 
     def config(table: str = "") -> AgentConfig:
         return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table,
-                           retention_s=settings.worker.state_retention_s, commit_inputs=s.commit_input_offsets)
+                           retention_s=settings.worker.state_retention_s, commit_inputs=s.commit_input_offsets,
+                           max_clock_skew_s=settings.worker.clock_skew_s())
 
     if "state" in settings.worker.roles:
         k = settings.kafka

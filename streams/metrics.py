@@ -26,7 +26,9 @@ deciders keep and write (the soak benchmark reads them, `perf/soak.py`):
 - `koordstream_changelog_bytes_total{table}`, `koordstream_changelog_records_total{table}`,
   `koordstream_table_deleted_keys_total{table}`;
 - `koordstream_batches_total{agent}` and `koordstream_swept_keys_total{agent}` (keys applied
-  with no records because they had something to forget).
+  with no records because they had something to forget);
+- `koordstream_future_records_total{agent}`: records stamped further ahead of the worker's
+  clock than `worker.max_clock_skew_s`, judged at that bound (a producer's clock runs ahead).
 
 A worker with the rebalancer role serves what its rebalancer did (on the leader; a follower
 counts nothing):
@@ -155,6 +157,8 @@ class StateMetrics(Collector):
         deleted = family(CounterMetricFamily, "koordstream_table_deleted_keys", "Keys forgotten (tombstones).", "table")
         batches = family(CounterMetricFamily, "koordstream_batches", "Micro-batches processed.", "agent")
         swept = family(CounterMetricFamily, "koordstream_swept_keys", "Keys applied with no records.", "agent")
+        future = family(CounterMetricFamily, "koordstream_future_records", "Records stamped further ahead of the "
+                        "worker's clock than worker.max_clock_skew_s, judged at that bound.", "agent")
         for loop in self.loops:
             table = loop.table
             name = table.table.name
@@ -168,7 +172,8 @@ class StateMetrics(Collector):
             deleted.add_metric([name], table.deleted_keys)
             batches.add_metric([loop.name], loop.batches)
             swept.add_metric([loop.name], loop.swept)
-        yield from (keys, entries, stored, sized, written, records, deleted, batches, swept)
+            future.add_metric([loop.name], loop.future)
+        yield from (keys, entries, stored, sized, written, records, deleted, batches, swept, future)
 
 
 class RebalancerMetrics(Collector):

@@ -134,12 +134,22 @@ class WorkerSettings:
     half of it are refused (docs/architecture.md, "How long state is kept"). It must be far
     longer than a consumer session, a restore and the producers' delivery timeout, and longer
     than twice the clock difference between hosts."""
+    max_clock_skew_s: float = 0.0
+    """How far ahead of a state worker's clock a record's log time is believed: a record stamped
+    further ahead (a producer whose clock runs ahead) is judged at that bound, with a warning
+    (docs/architecture.md, "How time enters"). 0: a tenth of `state_retention_s` (60 s at the
+    default). At most a quarter of `state_retention_s`: claims are refused at half of it."""
     shutdown_deadline_s: float = 4.0
     """After SIGTERM/SIGINT the worker process exits at the latest after this long.
 
     faust's consumer thread does not finish stopping against the embedded broker; by then the
     agents have stopped and every output is acknowledged, so what a forced exit loses is at
     most an offset commit, and the replay that follows re-sends, never re-decides."""
+
+
+    def clock_skew_s(self) -> float:
+        """`max_clock_skew_s`, its default resolved."""
+        return self.max_clock_skew_s or self.state_retention_s / 10
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,11 @@ class Settings:
         if not self.worker.state_retention_s > 0:
             raise SettingsError(f"worker.state_retention_s: must be a positive number of seconds, "
                                 f"got {self.worker.state_retention_s}")
+        skew = self.worker.max_clock_skew_s
+        if not 0 <= skew <= self.worker.state_retention_s / 4:
+            raise SettingsError(f"worker.max_clock_skew_s: must be 0 (a tenth of worker.state_retention_s) or a "
+                                f"positive number of seconds up to a quarter of worker.state_retention_s "
+                                f"({self.worker.state_retention_s / 4:g}), got {skew}")
         unknown = set(self.worker.roles) - set(ROLES)
         if unknown or not self.worker.roles:
             raise SettingsError(f"worker.roles: choose from {', '.join(ROLES)}, got {list(self.worker.roles)!r}")

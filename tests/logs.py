@@ -10,6 +10,7 @@ import copy
 from dataclasses import dataclass, field
 
 from agents.ports import Output
+from agents.state.retention import judged_at
 from schemas.records import Record
 
 
@@ -24,6 +25,26 @@ class Actor:
     times: list[float] = field(default_factory=list)  # log times of the records read so far
     clock: float = 0.0  # the newest log time decided (the loop's partition clock, in the table)
     saved_clock: float = 0.0
+    stamps: dict[int, float] = field(default_factory=dict)  # log index -> the log time its producer stamped
+    covered: int = 0  # records the state has decided (the loop's `decided` offset, with the clock)
+    saved_covered: int = 0
+    in_flight: set[str] = field(default_factory=set)  # what the batch in flight sent (`batch`)
+
+    def batch(self) -> set[str]:
+        """The batch a record taken now belongs to, for `Decider.apply` (the gang rounds it
+        sent): the one whose outputs are not all acknowledged yet, else a new one. The loop
+        decides a batch only once the last one's outputs are acknowledged; here a record at a
+        time, so the records decided while outputs wait are one batch."""
+        if not self.outgoing:
+            self.in_flight = set()
+        return self.in_flight
+
+    def append(self, record: Record, stamped: float | None = None) -> None:
+        """A record produced to the log; `stamped`: its log time, as a producer's clock set it
+        (by default the time it is first read)."""
+        if stamped is not None:
+            self.stamps[len(self.log)] = stamped
+        self.log.append(record)
 
     def take_timed(self, now: float) -> tuple[Record, float] | None:
         """The next input record with its log time: the time it was first read (`now` then),
@@ -32,8 +53,17 @@ class Actor:
         if record is None:
             return None
         while len(self.times) < self.pos:
-            self.times.append(now)
+            self.times.append(self.stamps.get(len(self.times), now))
         return record, self.times[self.pos - 1]
+
+    def judge(self, t: float, edge: float) -> float:
+        """The record just taken, with log time `t`, as the loop judges it in a run of its own
+        (`agents.state.retention.judged_at`, `edge`: the reader's wall clock plus the skew it
+        admits); the clock moves to it."""
+        replayed = self.pos - 1 < self.covered
+        self.clock = judged_at(t, self.clock, edge, replayed)
+        self.covered = max(self.covered, self.pos)
+        return self.clock
 
     def take(self) -> Record | None:
         """The next input record, if any."""
@@ -45,7 +75,7 @@ class Actor:
     def persist_state(self) -> None:
         """The table's changelog caught up; the input offset may still lag behind."""
         self.saved_state = copy.deepcopy(self.state)
-        self.saved_clock = self.clock
+        self.saved_clock, self.saved_covered = self.clock, self.covered
 
     def commit(self) -> None:
         """Offset commit: only once every output is acknowledged (and the table flushed)."""
@@ -55,5 +85,5 @@ class Actor:
 
     def crash(self) -> None:
         self.state, self.pos = copy.deepcopy(self.saved_state), self.saved_pos
-        self.clock = self.saved_clock
+        self.clock, self.covered = self.saved_clock, self.saved_covered
         self.outgoing.clear()  # whatever was not yet acknowledged is lost

@@ -16,9 +16,12 @@ generation (`agents.adapters.batches.Fetched`):
    (in memory; a key the core returns nothing for is deleted, and its changelog gets a
    tombstone) and stamp the key's outputs with their origin: the input partition and the
    epoch of the generation the run was fetched in (`VersionedState.epoch`). Each record goes
-   in with its log time, and the run with the newest of them (`now`): then the keys of the
-   partition that `Core.expires` said have something to forget by `now` are applied with no
-   records (docs/architecture.md, "How long state is kept");
+   in with its log time as `agents.state.retention.judged_at` bounds it (never before the
+   partition's clock, never more than `max_skew_s` ahead of this worker's clock read at intake,
+   and a record decided already at the clock), and the run with the newest of them (`now`):
+   then the keys of the partition that `Core.expires` said have something to forget by `now`
+   are applied with no records (docs/architecture.md, "How time enters", "How long state is
+   kept");
 3. ownership is checked once more, then the sink makes the runs durable: outputs (in the
    waves `first`, `after`, `last`), changelog writes and input offsets, as one transaction per
    run on Apache Kafka (`TransactionalSink`), or, without transactions, outputs and changelog
@@ -39,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,8 +51,9 @@ from agents.adapters.batches import Fetched
 from agents.adapters.ownership import Ownership
 from agents.adapters.tables import VersionedState
 from agents.adapters.timers import RecordTimers, TimerRequest, rearm
-from agents.intake import EpochFence, intake
+from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import Origin, Output, Problem, stamp
+from agents.state.retention import DEFAULT_MAX_SKEW_S, judged_at
 from schemas.records import Record
 
 log = logging.getLogger("koordstream.loop")
@@ -150,7 +155,8 @@ Probe = Callable[[str, int], Awaitable[int | None]]
 
 class StatefulLoop:
     def __init__(self, name: str, core: Core, table: VersionedState, ownership: Ownership, sink: Sink,
-                 timers: RecordTimers, seek: Seek | None = None, probe: Probe | None = None) -> None:
+                 timers: RecordTimers, seek: Seek | None = None, probe: Probe | None = None,
+                 max_skew_s: float = DEFAULT_MAX_SKEW_S) -> None:
         self.name = name
         self.core = core
         self.table = table
@@ -179,6 +185,9 @@ class StatefulLoop:
         self.repeated = 0  # messages fetched again after being processed in this assignment
         self.expiring: dict[int, list[tuple[float, str]]] = {}  # partition -> heap of (log time, key)
         self.swept = 0  # keys applied with no records because they had something to forget
+        self.max_skew_s = max_skew_s  # how far ahead of `wall` a record's log time is believed
+        self.wall: Callable[[], float] = time.time  # read at intake, once per run (`decide`)
+        self.future = 0  # records stamped further ahead than that, judged at the bound
 
     def attach(self) -> None:
         """Follow the table's rebalances (assignment, then restore)."""
@@ -315,12 +324,21 @@ class StatefulLoop:
         origin = Origin(f"{run.topic}/{run.partition}", epoch)
         outcome = Outcome()
         # Log times never go back within a partition's decisions: a record read again after a
-        # crash is judged as late as the latest decided before it (the clock is in the table).
-        floor = self.table.clock(run.partition)
-        now = max(floor, max((m.timestamp for m in run.messages), default=0.0))
+        # crash is judged as late as the latest decided before it, and one decided already at
+        # that clock (the clock is in the table); a record stamped ahead of this worker's clock
+        # by more than the admitted skew is judged at that bound (`retention.judged_at`; the
+        # wall clock is read here, at intake, once per run, never inside a decision).
+        floor, decided = self.table.clock(run.partition), self.table.decided(run.partition)
+        edge = self.wall() + self.max_skew_s
+
+        def judged(m: RawMessage | None) -> float:
+            return floor if m is None else judged_at(m.timestamp, floor, edge, m.offset < decided)
+
+        now = max([floor, *(judged(m) for m in run.messages)])
+        self._count_future(run, decided, edge)
         groups = got.grouped(self.core.key_of)
         for key, records in groups.items():
-            times = [max(t, floor) for t in got.log_times(records)] if floor else got.log_times(records)
+            times = [judged(got.sources.get(id(r))) for r in records]
             self._apply(run.partition, epoch, key, records, times, now, outcome, origin)
         heap = self.expiring.get(run.partition, [])
         swept = 0
@@ -331,9 +349,18 @@ class StatefulLoop:
                 self._apply(run.partition, epoch, key, [], [], now, outcome, origin)
                 swept += 1
         self.swept += swept
-        self.table.advance(run.partition, now, epoch)
+        self.table.advance(run.partition, now, epoch, run.next_offset)
         outputs = outcome.first + got.dead_letters + got.problem_letters(outcome.problems)
         return Work(run, epoch, outputs, outcome.after, outcome.timers, outcome.last)
+
+    def _count_future(self, run: Fetched, decided: int, edge: float) -> None:
+        ahead = [m.timestamp for m in run.messages if m.timestamp > edge and m.offset >= decided]
+        if ahead:
+            self.future += len(ahead)
+            log.warning("%s: %s/%s: %d records stamped more than %ss ahead of this worker's clock (the furthest "
+                        "by %.1fs), from offset %s: judged at that bound (a producer's clock runs ahead?)",
+                        self.name, run.topic, run.partition, len(ahead), self.max_skew_s,
+                        max(ahead) - edge + self.max_skew_s, run.first_offset)
 
     def _apply(self, partition: int, epoch: int, key: str, records: list[Record], times: list[float], now: float,
                outcome: Outcome, origin: Origin) -> None:

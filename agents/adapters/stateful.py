@@ -91,7 +91,8 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
     bootstrap = transactions.producer_options.get("bootstrap_servers")
     probe = CommittedStart(str(bootstrap), transactions.group_id, read_committed=transactions.enabled) \
         if bootstrap else None
-    loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seeker(app), probe=probe)
+    loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seeker(app), probe=probe,
+                        max_skew_s=config.max_clock_skew_s)
     loop.attach()
 
     async def on_revoked(sender: Any, revoked: set[Any], **kwargs: Any) -> None:

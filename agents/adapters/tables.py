@@ -312,9 +312,10 @@ class VersionedState:
     """Read and write one agent's table; values are JSON states (see module docstring).
 
     Besides the cores' keys, each partition has one key of the loop's own, `\x00clock/<p>`:
-    the newest log time decided from that partition (`clock`, `advance`), written with the
-    run's states, so that a record replayed after a crash is judged at least as late as
-    anything that was decided before it (docs/architecture.md, "How long state is kept")."""
+    the newest log time decided from that partition and the offset after the last record it
+    covers (`clock`, `decided`, `advance`), written with the run's states, so that a record
+    replayed after a crash is judged at least as late as anything that was decided before it,
+    and a record decided already at that clock (docs/architecture.md, "How time enters")."""
 
     def __init__(self, app: faust.App, name: str, partitions: int, split: tuple[str, ...] = (),
                  batch_bytes: int = 3 * 2**18) -> None:
@@ -371,10 +372,20 @@ class VersionedState:
         value = self.table.data.get(CLOCK_PREFIX + str(partition).encode())
         return float(value["state"]["now"]) if value else 0.0
 
-    def advance(self, partition: int, now: float, epoch: int) -> None:
-        """Move the partition's clock to `now` (never back), written with the run's states."""
-        if now > self.clock(partition):
-            self.put((CLOCK_PREFIX + str(partition).encode()).decode(), {"now": now}, partition, epoch)
+    def decided(self, partition: int) -> int:
+        """The offset after the last record of `partition` that the clock covers (0: unknown,
+        also for a clock written before it was recorded): a record below it was decided, and
+        what it decided is in the table."""
+        value = self.table.data.get(CLOCK_PREFIX + str(partition).encode())
+        return int(value["state"].get("next", 0)) if value else 0
+
+    def advance(self, partition: int, now: float, epoch: int, next_offset: int = 0) -> None:
+        """Move the partition's clock to `now` and what it covers to `next_offset` (neither
+        back), written with the run's states."""
+        clock, decided = self.clock(partition), self.decided(partition)
+        if now > clock or next_offset > decided:
+            self.put((CLOCK_PREFIX + str(partition).encode()).decode(),
+                     {"now": max(now, clock), "next": max(next_offset, decided)}, partition, epoch)
 
     def epoch(self, partition: int, generation: int) -> int:
         """The epoch of what is decided from `partition`'s records fetched in `generation`."""

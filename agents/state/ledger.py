@@ -48,7 +48,10 @@ names gets byte-identical outputs). What is recorded, by input:
   attempt the member's scheduler may hold: its own and any requeued since) with the
   trigger (`timeout:<round>`, the rejected hold id, `yield:<node>:<holds>`) and the reason, so
   that the same trigger redelivered re-sends them and no other input does (a round given up
-  by a Strict rejection is not re-sent by its timer firing later).
+  by a Strict rejection is not re-sent by its timer firing later). Only the rounds given up
+  by the latest batch that gave one up are kept, and the records of the older attempts of a
+  pending gang's pods are dropped then: a gang that loses round after round keeps a ledger of
+  one round (`Decider._forget_older_attempts` says why that is safe).
 
 A redelivered Held whose hold was released by another input (a give-up, a deletion) gets its
 Release again (owners ignore a Release of a hold not held). A PodTerminated of a bound pod
@@ -235,13 +238,21 @@ def _output(raw: dict[str, Any]) -> Output:
 class Decider:
     def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.retention_s = retention_s
+        self._rounds: set[str] = set()  # the batch's rounds (`apply`)
 
     def apply(self, state: LedgerState, records: Iterable[Record], out: Decision,
-              times: Iterable[float] | None = None, now: float = 0.0) -> LedgerState:
+              times: Iterable[float] | None = None, now: float = 0.0, batch: set[str] | None = None) -> LedgerState:
         """`times`: each record's log time; `now`: the newest log time of the batch (by
         default unknown: nothing is stale or forgotten). Pods deleted more than the retention
-        before it are forgotten, with every record of their holds."""
+        before it are forgotten, with every record of their holds.
+
+        `batch`: the gang rounds whose give-up the batch this call belongs to has sent, first
+        or again (by default the call is a batch of its own). A caller that applies one batch
+        in several calls (the protocol model, a record at a time) passes the same set to each:
+        a round given up in an earlier batch is forgotten when a later one gives up another
+        (`_give_up`), which is safe only once the earlier batch's outputs are acknowledged."""
         resent: set[str] = set()  # groups re-sent in this batch: once is enough
+        self._rounds = batch if batch is not None else set()
         for record, t in zip(records, times if times is not None else repeat(0.0), strict=False):
             now = max(now, t)
             if isinstance(record, Held):
@@ -501,9 +512,12 @@ class Decider:
             # A replayed timeout re-sends what it did ("": written before triggers named
             # timeouts); a round given up otherwise (Strict, Yield) is not the timer's.
             if recorded and recorded[0].get("trigger", "") in ("", trigger):
+                self._rounds.add(str(round_))
                 self._send_give_up(state, recorded, REASON_TIMEOUT, out)
         elif round_ == state.round and state.timer_s and state.waiting:
             self._give_up(state, REASON_TIMEOUT, out, trigger=trigger)
+        # An older round whose give-up was forgotten (`_give_up`) sent it in a batch whose
+        # outputs were acknowledged before a later batch was decided: nothing to re-send.
 
     def _yield(self, state: LedgerState, y: Yield, out: Decision) -> None:
         """Wound-wait: a higher-ranked gang needs what this gang holds on `y.node`. Still
@@ -529,15 +543,51 @@ class Decider:
             members.append({"uid": w["uid"], "attempt": w["attempt"], "node": w["node"], "next": entry.attempt,
                             "trigger": trigger, "reason": reason})
         state.waiting.clear()
+        for old in [r for r in state.gave_up if r not in self._rounds]:
+            del state.gave_up[old]
         state.gave_up[str(state.round)] = members
+        self._rounds.add(str(state.round))
         state.round, state.timer_s = state.round + 1, 0.0
+        self._forget_older_attempts(state)
         self._send_give_up(state, members, reason, out)
+
+    @staticmethod
+    def _forget_older_attempts(state: LedgerState) -> None:
+        """What a pending gang's lost rounds leave behind is forgotten at each give-up (issue
+        28: 300 time-outs grew a ledger from 516 B to 82 kB, written whole on every batch).
+
+        - Rounds: only those whose give-up this batch sent are kept (`_give_up`). The loop
+          has a batch's outputs acknowledged before it decides the next, or it stops, or it
+          reads the batch again (and a replay re-sends in log order, before anything new can
+          give a round up): a round given up earlier went out. Its trigger redelivered then
+          finds nothing to re-send (a timer, a Yield) or is answered as an older attempt.
+        - Decisions, reasons and recorded outputs of the holds of attempts older than their
+          pending pod's latest, but not a kept round's trigger, a waiting hold or an
+          acceptance: a Held or Rejected of such an attempt is refused by rule (`_refusal`: a
+          Release, and the latest attempt announced again; `_rejected`: a Requeue of the
+          latest, with the message's reason), an equivalent of what it got, built from the
+          ledger and its hold id. A redelivered input of a forgotten round so gets a correct
+          answer, not byte for byte the first one (which went out)."""
+        triggers = {members[0].get("trigger") for members in state.gave_up.values() if members}
+        for hid, outcome in list(state.decisions.items()):
+            if outcome in (ACCEPTED, WAITING) or hid in state.waiting or hid in triggers:
+                continue
+            try:
+                uid, attempt, _ = HoldId.parse(hid)
+            except ValueError:
+                continue
+            entry = state.pods.get(uid)
+            if entry is not None and entry.status == PENDING and attempt < entry.attempt:
+                del state.decisions[hid]
+                state.reasons.pop(hid, None)
+                state.sent.pop(hid, None)
 
     def _resend_give_ups(self, state: LedgerState, trigger: str, reason: str, out: Decision) -> bool:
         """Re-send the give-ups `trigger` caused; whether there was one."""
         found = False
-        for members in state.gave_up.values():
+        for round_, members in state.gave_up.items():
             if members and members[0].get("trigger") == trigger:
+                self._rounds.add(round_)
                 self._send_give_up(state, members, reason, out)
                 found = True
         return found

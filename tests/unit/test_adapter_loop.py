@@ -32,7 +32,17 @@ from agents.ports import Output
 from schemas import topics
 from schemas.codec import encode
 from schemas.partitioner import partition_for
-from schemas.records import GangTimeout, Held, Node, PodDeleted, ReservationExpired, ResourceList
+from schemas.records import (
+    Binding,
+    Claim,
+    GangTimeout,
+    Held,
+    Node,
+    PodDeleted,
+    Rejected,
+    ReservationExpired,
+    ResourceList,
+)
 
 
 class FakeClock:
@@ -975,9 +985,10 @@ async def test_a_restore_applies_a_tombstone_as_a_deletion() -> None:
     assert r.table.get("k") is None and b"k" not in r.table.table.partition_of
 
 
-def timed_run(partition: int, generation: int, records: list[tuple[Any, int, float]]) -> Fetched:
+def timed_run(partition: int, generation: int, records: list[tuple[Any, int, float]],
+              topic: str = topics.HOLDS) -> Fetched:
     """A run of (record, offset, log time)."""
-    [run] = split([FakeEvent(FakeMessage(topics.HOLDS, partition, offset, generation, encode(r), timestamp=ts))
+    [run] = split([FakeEvent(FakeMessage(topic, partition, offset, generation, encode(r), timestamp=ts))
                    for r, offset, ts in records])
     return run
 
@@ -1022,3 +1033,80 @@ async def test_a_key_is_swept_once_however_often_it_was_written() -> None:
     await r.loop.process([timed_run(p, 1, [(Held(uid=other, attempt=0, node="n1", decision_key=other,
                                                    scheduled_at=800.0), len(records), 800.0)])])
     assert r.loop.swept == 1
+
+
+# -- time from outside (issue 28, item 3) ----------------------------------------------------
+
+DAY = 86400.0
+
+
+def answers(r: Rig, kind: type) -> list[Any]:
+    return [o.record for w in r.sink.flushed for o in w.first + w.after if isinstance(o.record, kind)]
+
+
+async def test_a_node_update_stamped_a_day_ahead_does_not_make_its_partition_refuse_fresh_claims() -> None:
+    """Issue 28, item 3: a Node update with a log time one day ahead (a producer's clock) raised
+    the partition's clock to it, saved with the table, and every fresh claim on the partition
+    was Rejected as older than half the retention, across restarts."""
+    wall = 50_000.0
+    r = rig(OwnerCore(retention_s=600.0), topic=topics.NODE_INBOX, plain=True)
+    r.loop.wall = lambda: wall
+    await assign(r, {0, 1, 2, 3}, generation=1, topic=topics.NODE_INBOX)
+    p = partition_for("n1", 4)
+    alloc = ResourceList(cpu=4000, memory=2**34, pods=110)
+
+    def claim(uid: str) -> Claim:
+        return Claim(uid=uid, attempt=0, node="n1", decision_key=uid, requests=ResourceList(cpu=100, pods=1),
+                     scheduled_at=wall - 0.5)
+
+    await r.loop.process([timed_run(p, 1, [(Node(name="n1", capacity=alloc, allocatable=alloc), 0, wall + DAY)],
+                                    topic=topics.NODE_INBOX)])
+    await r.loop.process([timed_run(p, 1, [(claim("u1"), 1, wall)], topic=topics.NODE_INBOX)])
+    await assign(r, {0, 1, 2, 3}, generation=2, topic=topics.NODE_INBOX)  # the clock is kept across a restart
+    wall += 1.0
+    await r.loop.process([timed_run(p, 2, [(claim("u2"), 2, wall)], topic=topics.NODE_INBOX)])
+    assert answers(r, Rejected) == []
+    assert sorted(h.uid for h in answers(r, Held)) == ["u1", "u2"]
+    assert r.loop.future == 1 and r.table.clock(p) <= wall + r.loop.max_skew_s  # counted, and taken at the bound
+
+
+async def test_a_record_stamped_a_day_ahead_on_holds_does_not_make_its_partition_release_fresh_helds() -> None:
+    wall = 50_000.0
+    r = rig(DeciderCore(600.0), plain=True)
+    r.loop.wall = lambda: wall
+    await assign(r, {0, 1, 2, 3}, generation=1)
+    p = partition_for("u1", 4)
+    other = next(k for k in (f"v{i}" for i in range(100)) if partition_for(k, 4) == p)
+    await r.loop.process([timed_run(p, 1, [(PodDeleted(uid=other, decision_key=other), 0, wall + DAY)])])
+    await r.loop.process([timed_run(p, 1, [(Held(uid="u1", attempt=0, node="n1", decision_key="u1",
+                                                 scheduled_at=wall - 0.5), 1, wall)])])
+    assert [b.uid for b in answers(r, Binding)] == ["u1"]
+
+
+async def test_a_replay_judges_what_was_decided_at_the_saved_clock_whatever_the_wall_says() -> None:
+    """A record stamped ahead is judged by the wall clock once, when it is first decided: read
+    again after a crash (the wall moved on), it is judged at the partition's saved clock, so a
+    replay computes its times from the log and the table alone; what follows it is new."""
+    wall = 50_000.0
+    r = rig(DeciderCore(600.0), plain=True)
+    r.loop.wall = lambda: wall
+    await assign(r, {0, 1, 2, 3}, generation=1)
+    p = partition_for("u1", 4)
+    log = [(PodDeleted(uid="u1", decision_key="u1"), 0, wall + DAY)]
+    await r.loop.process([timed_run(p, 1, log)])
+    assert (r.table.clock(p), r.table.decided(p), r.loop.future) == (wall + r.loop.max_skew_s, 1, 1)
+    wall += 500.0
+    await assign(r, {0, 1, 2, 3}, generation=2)  # killed before its offset commit: read again from 0
+    await r.loop.process([timed_run(p, 2, log)])
+    assert (r.table.clock(p), r.loop.future) == (50_000.0 + r.loop.max_skew_s, 1)
+    await r.loop.process([timed_run(p, 2, [(PodDeleted(uid="u2", decision_key="u2"), 1, wall + DAY)])])
+    assert (r.table.clock(p), r.table.decided(p), r.loop.future) == (wall + r.loop.max_skew_s, 2, 2)
+
+
+async def test_a_clock_written_before_it_recorded_its_offset_still_reads() -> None:
+    r = rig()
+    await assign(r, {0}, generation=1)
+    r.table.put("\x00clock/0", {"now": 5.0}, 0, epoch=1)
+    assert (r.table.clock(0), r.table.decided(0)) == (5.0, 0)
+    r.table.advance(0, 4.0, 1, next_offset=3)  # the offset moves on, the clock never back
+    assert (r.table.clock(0), r.table.decided(0)) == (5.0, 3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import pytest
 
 from agents.state.gangs import GangError, GangSpec, gang_spec
@@ -408,3 +409,61 @@ def test_a_rejection_for_fellows_requeues_that_member_alone_in_strict_mode() -> 
     assert kinds(run(state, fellow)) == [("Requeue", "c", 1)]
     assert len(state.waiting) == 2 and not state.gave_up
     assert kinds(run(state, fellow)) == [("Requeue", "c", 1)]  # a replay re-sends, never re-decides
+
+
+# -- a pending gang's ledger stays bounded however many rounds it loses (issue 28, item 10) --
+
+
+def ledger_bytes(state: LedgerState) -> int:
+    return len(orjson.dumps(state.to_json()))
+
+
+def lose_a_round(state: LedgerState, k: int) -> Decision:
+    """min-available 3: a and b are held (attempt k), c fits nowhere; the round times out."""
+    run(state, held("a", attempt=k, gang_waiting_s=30.0), held("b", node="n2", attempt=k, gang_waiting_s=30.0))
+    return run(state, GangTimeout(decision_key="ns/g", round=k))
+
+
+def test_a_gang_that_loses_round_after_round_keeps_a_ledger_of_one_round() -> None:
+    """Issue 28, item 10: 300 time-outs took the ledger from 516 B to 82 kB (602 decisions, 301
+    give-ups), written whole on every batch while the pods live."""
+    state = LedgerState("ns/g")
+    lose_a_round(state, 0)
+    one_round = ledger_bytes(state)
+    for k in range(1, 300):
+        last = lose_a_round(state, k)
+    assert state.round == 300 and kinds(last) == [("Release", "a", 299), ("Release", "b", 299),
+                                                  ("Requeue", "a", 300), ("Requeue", "b", 300)]
+    assert ledger_bytes(state) < 2 * one_round, (one_round, ledger_bytes(state))
+    # What can still come: the last round's timer again re-sends its give-up in full; an older
+    # round's timer finds nothing to do (its give-up went out before a later batch was decided);
+    # a Held of an older round's attempt is released again and the latest attempt announced.
+    assert wire(run(state, GangTimeout(decision_key="ns/g", round=299))) == wire(last)
+    assert run(state, GangTimeout(decision_key="ns/g", round=7)).first == []
+    assert kinds(run(state, held("a", attempt=7))) == [("Release", "a", 7), ("Requeue", "a", 300)]
+    # The pods still bind once the gang completes.
+    done = run(state, held("a", attempt=300), held("b", node="n2", attempt=300), held("c", node="n3"))
+    assert sorted(o.record.uid for o in done.after_commit) == ["a", "b", "c"]
+
+
+def test_a_round_re_sent_in_the_batch_that_gives_up_the_next_is_kept_with_it() -> None:
+    """After a crash the batch read again re-sends round 0's give-up (its outputs may never have
+    gone out) and then gives up round 1: both are kept, for that batch may be read again too."""
+    state = LedgerState("ns/g")
+    first = lose_a_round(state, 0)
+    run(state, held("a", attempt=1, gang_waiting_s=30.0), held("b", node="n2", attempt=1, gang_waiting_s=30.0))
+    run(state, GangTimeout(decision_key="ns/g", round=0), GangTimeout(decision_key="ns/g", round=1))
+    assert sorted(state.gave_up) == ["0", "1"]
+    assert wire(run(state, GangTimeout(decision_key="ns/g", round=0))) == wire(first)
+    lose_a_round(state, 2)  # a later batch gives up another round: the earlier ones went out
+    assert sorted(state.gave_up) == ["2"]
+
+
+def test_a_strict_rejection_that_gave_up_the_kept_round_is_re_sent_from_its_record() -> None:
+    state = LedgerState("ns/g")
+    lose_a_round(state, 0)
+    run(state, held("a", attempt=1), held("b", node="n2", attempt=1))
+    rejected = Rejected(uid="c", attempt=0, node="n3", decision_key="ns/g", reason="Insufficient cpu")
+    first = run(state, rejected)
+    assert sorted(state.gave_up) == ["1"] and "c/0/n3" in state.decisions  # the kept round's trigger
+    assert wire(run(state, replace(rejected, reason="something else"))) == wire(first)

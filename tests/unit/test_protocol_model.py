@@ -12,9 +12,11 @@ two scheduler replicas claiming the same pods, schedulers that lost count of a p
 (a restart) claiming an older attempt, deletions routed by a scheduler replica that restarted
 and re-read the pods (bound ones as first read, as a later version without the gang
 annotation, or not at all: its committed offset passed them; a deletion record carries no
-gang annotation), and crashes at every point between table write, outputs and offset commit:
+gang annotation), records stamped a day ahead by a producer's clock, gangs losing round after
+round, and crashes at every point between table write, outputs and offset commit:
 
-- an actor (an owner or a decider) takes one record at a time from its log; `persist` writes
+- an actor (an owner or a decider) takes one record at a time from its log (the records it
+  decides while its outputs wait are one batch, as the loop's: `Actor.batch`); `persist` writes
   its table (the changelog may run ahead of the committed offset), `commit` commits its offset
   once its outputs are acknowledged (with the table), `crash` restores the last persisted
   table, rewinds to the committed offset and loses what was not acknowledged;
@@ -31,7 +33,9 @@ was not held; no Commit that leaves its node over-committed in what the pod asks
 may have shrunk since the hold); no committed pod left on a deleted node; no two gangs asked
 to yield to each other; no nomination left for a pod that is bound or deleted; every claim
 answered (its pod bound or deleted, or a Requeue past its attempt: no scheduler waits for
-ever); the last ReservationEvent of the reservation says its phase at its owner; and every
+ever); no claim refused as stale unless it is older than half the retention less the admitted
+clock skew; no gang ledger keeping more lost rounds than its gang has members; the last
+ReservationEvent of the reservation says its phase at its owner; and every
 replica's view of every node equals the owner's (used capacity, bound pods, quota usage,
 available reservations, no assumption left).
 """
@@ -50,7 +54,15 @@ from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
 from agents.state import devices
 from agents.state import reservations as rsv
-from agents.state.ledger import BOUND, DELETED, TERMINATED, Decider, Decision, LedgerState
+from agents.state.ledger import (
+    BOUND,
+    DELETED,
+    REASON_STALE,
+    TERMINATED,
+    Decider,
+    Decision,
+    LedgerState,
+)
 from agents.state.owner import (
     BY_COMMIT_ON_DELETED_NODE,
     COMMITTED,
@@ -59,6 +71,7 @@ from agents.state.owner import (
     NodeState,
     OwnerResult,
 )
+from agents.state.owner import REASON_STALE as CLAIM_STALE
 from agents.state.resources import ResourceSpace
 from perf.checker import (
     DevicePlacement,
@@ -76,6 +89,7 @@ from schemas.records import (
     Claim,
     GangTimeout,
     GpuDevice,
+    Held,
     Node,
     NodeDeleted,
     NodeStateChange,
@@ -84,6 +98,8 @@ from schemas.records import (
     Pod,
     PodDeleted,
     PodTerminated,
+    Rejected,
+    Release,
     Requeue,
     Reservation,
     ReservationEvent,
@@ -96,6 +112,8 @@ from tests.logs import Actor
 
 NODES = ["n0", "n1", "n2"]
 RETENTION_S = 600.0
+SKEW_S = RETENTION_S / 10  # `worker.max_clock_skew_s` (its default)
+DAY = 86400.0
 CPU_PER_NODE = 1000
 QUOTA = "q"  # every pod counts against one elastic quota
 
@@ -244,7 +262,7 @@ class World:
         if taken is None:
             return
         record, t = taken
-        t = actor.clock = max(t, actor.clock)  # as the loop judges it: never before what was decided
+        t = actor.judge(t, self.now + SKEW_S)  # as the loop judges it: never before what was decided
         state = actor.state
         assert isinstance(state, NodeState)
         status_before = {hid: h.status for hid, h in state.holds.items()}
@@ -273,6 +291,9 @@ class World:
                     self.violations.append(f"{node} over-committed in the owner's accounting: {name} {amount} > {limit}")
         for n, uid, at in result.timers:
             self.owner_timers[(n, uid)] = at
+        for o in result.outputs:  # the claim a Rejected answers is the one it records (the first of its hold id)
+            if isinstance(o.record, Rejected) and o.record.reason == CLAIM_STALE:
+                self.refused_fresh(o.record.hold_id, o.record.scheduled_at, [o.record])
         actor.outgoing += result.outputs
 
     def step_decider(self, key: str) -> None:
@@ -281,18 +302,35 @@ class World:
         if taken is None:
             return
         record, t = taken
-        t = actor.clock = max(t, actor.clock)  # as the loop judges it: never before what was decided
+        t = actor.judge(t, self.now + SKEW_S)  # as the loop judges it: never before what was decided
         state = actor.state
         assert isinstance(state, LedgerState)
         terminated = {u for u, e in state.pods.items() if e.status == TERMINATED}
         decision = Decision()
-        Decider(RETENTION_S).apply(state, [record], decision, [t], t)
+        Decider(RETENTION_S).apply(state, [record], decision, [t], t, batch=actor.batch())
+        if key in GANGS and len(state.gave_up) > len(GANGS[key][1]):
+            # A batch gives up at most a round per member (a member given up waits again only
+            # with the attempt its Requeue announced, which goes out after the batch), and a
+            # ledger keeps the rounds of one batch: not one per round lost (issue 28, item 10).
+            self.violations.append(f"{key}: the ledger keeps {len(state.gave_up)} rounds lost")
         # As `DeciderCore` does: no Binding of a pod terminated before the batch.
         after = [o for o in decision.after_commit if not (isinstance(o.record, Binding) and o.record.uid in terminated)]
+        if isinstance(record, Held):
+            self.refused_fresh(record.hold_id, record.scheduled_at, [
+                o.record for o in decision.first
+                if isinstance(o.record, Release) and o.record.reason == REASON_STALE
+                and o.record.hold_id == record.hold_id])
         durable = self.deleted_durably.get(key, set())
         self.violations += [f"{o.record.uid}: bound after its deletion was decided and persisted"
                             for o in after if isinstance(o.record, Binding) and o.record.uid in durable]
         actor.outgoing += decision.first + after
+
+    def refused_fresh(self, hid: str, scheduled_at: float, refusals: list[object]) -> None:
+        """A claim refused as older than half the retention must be that old by the clock of
+        its readers, give or take the skew they admit: a producer's clock ahead (a record
+        stamped a day ahead) must not make a partition refuse every fresh claim."""
+        if refusals and self.now - scheduled_at <= RETENTION_S / 2 - SKEW_S:
+            self.violations.append(f"{hid}: refused as stale {self.now - scheduled_at:g}s after its cycle began")
 
     def note_durable(self, actor: Actor) -> None:
         """The deletions a decider has persisted: none of those pods may be bound from then on."""
@@ -310,7 +348,7 @@ class World:
             assert isinstance(state, LedgerState)
             decision = Decision()
             actor.clock = max(actor.clock, self.now)
-            Decider(RETENTION_S).apply(state, [], decision, [], actor.clock)
+            Decider(RETENTION_S).apply(state, [], decision, [], actor.clock, batch=actor.batch())
             actor.outgoing += decision.first + decision.after_commit
 
     # -- the outside world -----------------------------------------------------------------------
@@ -445,7 +483,7 @@ ACTIONS = st.tuples(
     st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
                      "delete", "terminate", "node-delete", "node-add", "timer",
                      "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small", "wait", "late-claim",
-                     "sweep", "restart"]),
+                     "sweep", "restart", "future-node", "future-duplicate"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -517,6 +555,11 @@ def run(actions: list[tuple[str, int, int]]) -> World:
             world.sweep()
         elif action == "restart":  # the scheduler replica that forwards deletions
             world.restart_router(i % 3)
+        elif action == "future-node":  # the node updated by a producer whose clock runs a day ahead
+            world.owners[node].append(node_record(node), stamped=world.now + DAY)
+        elif action == "future-duplicate" and actor.log and not isinstance(actor.log[i % len(actor.log)], Nomination):
+            # a record delivered again by a producer a day ahead
+            actor.append(actor.log[i % len(actor.log)], stamped=world.now + DAY)
     world.drain()
     return world
 
@@ -700,6 +743,33 @@ DELETION_AFTER_RESTART = [*GANG_BOUND, ("restart", 0, 0), ("delete", 0, 2)]
 DELETION_AFTER_RESTART_RELABELLED = [*GANG_BOUND, ("restart", 1, 0), ("delete", 0, 2)]
 DELETION_AFTER_RESTART_UNREAD = [*GANG_BOUND, ("restart", 2, 0), ("delete", 0, 2)]
 
+# Issue 28, item 3: a Node update stamped a day ahead (a producer's clock) raised n0's partition
+# clock to it, and b's fresh claim there was refused as older than half the retention.
+FUTURE_NODE = [("future-node", 0, 0), ("owner", 0, 1), ("claim", 0, 1), ("owner", 0, 1)]
+# The same on holds: g0 waits; its Held delivered again, stamped a day ahead; g1's fresh Held
+# completes the gang, and must not be released as stale.
+_GD = 3 + KEYS.index("g")  # the decider actor of key g
+FUTURE_HELD = [
+    ("claim", 0, 2), ("owner", 0, 1), ("decider", 1, KEYS.index("g")), ("future-duplicate", _GD, 0),
+    ("decider", 1, KEYS.index("g")), ("claim", 1, 3), ("owner", 1, 1), ("decider", 1, KEYS.index("g")),
+]
+
+# Issue 28, item 10: gang g loses round after round (g0 held, the rest never), each given up by
+# its timer; its ledger must not keep a record per round lost.
+GANG_LOSES_ROUNDS = [("claim", 0, 2), ("owner", 0, 1), ("owner", 0, 1), ("decider", 1, KEYS.index("g")),
+                     ("timer", 0, 0), ("decider", 1, KEYS.index("g"))] * 5
+
+# The same, found while bounding it: g0's round is given up and its outputs wait; g1 waits in
+# the next round, which is given up too, then a crash. Decided as batches of their own (not one
+# batch while outputs wait, `Actor.batch`), the second give-up forgot the first, whose timer,
+# replayed, then re-sent nothing: g0's hold never released, its claim never answered.
+ROUND_FORGOTTEN_IN_FLIGHT = [
+    ("claim", 0, 2), ("owner", 0, 1), ("owner", 0, 1), ("decider", 0, KEYS.index("g")), ("commit", _GD, 0),
+    ("timer", 0, 0), ("decider", 0, KEYS.index("g")), ("claim", 1, 3), ("owner", 1, 1), ("owner", 1, 1),
+    ("decider", 0, KEYS.index("g")), ("timer", 0, 0), ("decider", 0, KEYS.index("g")), ("persist", _GD, 0),
+    ("crash", _GD, 0),
+]
+
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
@@ -718,6 +788,10 @@ DELETION_AFTER_RESTART_UNREAD = [*GANG_BOUND, ("restart", 2, 0), ("delete", 0, 2
 @example(DELETION_AFTER_RESTART)
 @example(DELETION_AFTER_RESTART_RELABELLED)
 @example(DELETION_AFTER_RESTART_UNREAD)
+@example(FUTURE_NODE)
+@example(FUTURE_HELD)
+@example(GANG_LOSES_ROUNDS)
+@example(ROUND_FORGOTTEN_IN_FLIGHT)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
@@ -729,7 +803,7 @@ def verify_forgotten(world: World) -> None:
     deleted pods); and the late claims the retention must still stop (each deleted pod claimed
     again by a replica that had not read its deletion, then redelivered to its owners and
     deciders) bind nothing."""
-    world.now += RETENTION_S + 1.0
+    world.now += RETENTION_S + SKEW_S + 1.0  # a clock may have been judged up to the skew ahead
     for node, actor in world.owners.items():  # any record of the node's: owners forget in its batches
         actor.log.append(NominationCleared(uid="nobody", node=node))
     world.sweep()

@@ -109,7 +109,7 @@ class World:
         decision = Decision()
         state = actor.state
         assert isinstance(state, LedgerState)
-        Decider().apply(state, [record], decision)
+        Decider().apply(state, [record], decision, batch=actor.batch())
         self.problems += [p.error for p in decision.problems]
         actor.outgoing += decision.first + decision.after_commit  # the Commit is on the broker first
 

@@ -23,14 +23,24 @@ def test_defaults_file_then_environment(tmp_path: Path) -> None:
         ("worker: {gc_freeze_s: -1}\n", {}, "worker.gc_freeze_s, worker.gc_full_s: must be 0 (off) or from 0.1 "
                                               "to 3600 seconds, and 0 (never) or from 1 second to 30 days, got -1"),
         ("", {"KOORDSTREAM_WORKER_GC_FREEZE_S": "nan"}, "got nan"),
+        ("worker: {max_clock_skew_s: 400}\n", {}, "worker.max_clock_skew_s: must be 0 (a tenth of "
+                                                  "worker.state_retention_s) or a positive number of seconds up to a "
+                                                  "quarter of worker.state_retention_s (150), got 400"),
     ],
-    ids=["unknown-field", "unknown-section", "bad-env-value", "out-of-range", "bad-choice", "negative-gc-pace", "nan-gc-pace"],
+    ids=["unknown-field", "unknown-section", "bad-env-value", "out-of-range", "bad-choice", "negative-gc-pace", "nan-gc-pace",
+         "clock-skew-past-the-retention"],
 )
 def test_bad_settings_name_the_field(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
     f = tmp_path / "k.yaml"
     f.write_text(text)
     with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_settings(f, env=env)
+
+
+def test_the_clock_skew_defaults_to_a_tenth_of_the_retention() -> None:
+    assert load_settings(env={}).worker.clock_skew_s() == 60.0
+    assert load_settings(env={"KOORDSTREAM_WORKER_STATE_RETENTION_S": "3"}).worker.clock_skew_s() == 0.3
+    assert load_settings(env={"KOORDSTREAM_WORKER_MAX_CLOCK_SKEW_S": "5"}).worker.clock_skew_s() == 5.0
 
 
 def test_roles_choose_the_consumer_group() -> None:
