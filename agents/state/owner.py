@@ -61,7 +61,8 @@ Reservations (`agents.state.reservations`) ride on the same machine: a claim tha
 its consumers have not taken). A claim that names a `reservation` consumes it first. The
 owner reports the phase changes as ReservationEvents, asks its agent for an expiry timer
 (`OwnerResult.timers`) and ends the reservation when the `ReservationExpired` record the
-timer appends comes back through the inbox.
+timer appends comes back through the inbox. The ttl counts from the reservation's creation
+time, or, without one, from the log time its claim was first read here (`HoldEntry.seen`).
 
 `NodeOwner.apply(state, records, result, times, now)` is pure: it updates the state and adds to `result`
 the outputs (Held / Rejected / Yield and PodTerminated to the deciders, feedback,
@@ -76,7 +77,7 @@ a new deletion.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from itertools import repeat
 from typing import Any, TypeVar
 
@@ -162,6 +163,9 @@ class HoldEntry:
     terminated_by: str = ""  # BY_NODE_DELETED or BY_COMMIT_ON_DELETED_NODE: that input re-sends its PodTerminated
     scheduled_at: float = 0.0  # as claimed: the Held or Rejected carries it
     finished: float = 0.0  # the log time it was released, rejected or terminated: forgotten a retention later
+    # A reservation without a creation time (a user's manifest): the log time its claim was
+    # first read here, from which its ttl counts (`NodeState.expires_at`).
+    seen: float = 0.0
 
     def __setattr__(self, name: str, value: Any) -> None:
         attributes = self.__dict__  # (plain attributes: a store in the dict is what object.__setattr__ does)
@@ -444,6 +448,17 @@ class NodeState:
         plain = self.holds[entry["hold"]].reserving
         assert plain is not None
         return _decode(plain, Reservation)
+
+    def expires_at(self, uid: str) -> float | None:
+        """When reservation `uid` expires (log time; None: never). Its ttl counts from its
+        creation time, or, for one that has none, from the log time its claim was first read
+        here (`HoldEntry.seen`): recorded with the hold, so a replay or a restore arms the
+        same expiry."""
+        hold = self.holds[self.reservations[uid]["hold"]]
+        reservation = self.reservation(uid)
+        if not reservation.creation_timestamp and hold.seen:
+            reservation = replace(reservation, creation_timestamp=hold.seen)
+        return reservation.expires_at
 
     def available_reservations(self) -> tuple[ReservationState, ...]:
         out = []
@@ -733,7 +748,10 @@ class NodeOwner:
         hid = claim.hold_id
         hold = state.holds.get(hid)
         if hold is None:
-            hold = state.holds[hid] = self._decide(state, claim, stale(claim.scheduled_at, t, self.retention_s))
+            hold = self._decide(state, claim, stale(claim.scheduled_at, t, self.retention_s))
+            if claim.reserving is not None and not claim.reserving.creation_timestamp:
+                hold.seen = t  # a user's manifest has no creation time: its ttl counts from here
+            state.holds[hid] = hold
         else:  # redelivered: the recorded answer again, nothing changes
             differs = _differences(hold, claim)
             if differs:
@@ -847,10 +865,10 @@ class NodeOwner:
             )))
         if hold.reserving is not None:
             if hold.terminated_by != BY_COMMIT_ON_DELETED_NODE:
-                reservation = _decode(hold.reserving, Reservation)
                 result.outputs.append(self._event(state, hold, rsv.AVAILABLE, "", {}))
-                if reservation.expires_at is not None:
-                    result.timers.append((state.name, hold.uid, reservation.expires_at))
+                expires_at = state.expires_at(hold.uid)
+                if expires_at is not None:
+                    result.timers.append((state.name, hold.uid, expires_at))
             entry = state.reservations.get(hold.uid)
             if entry is not None and "ended_by" in entry:
                 result.outputs.append(self._end_event(state, hold.uid))

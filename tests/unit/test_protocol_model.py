@@ -160,6 +160,8 @@ class World:
         self.now = 1000.0  # wall and log time (s): claims are stamped with it, records read at it
         self.deleted_at: dict[str, float] = {}
         self.deleted_durably: dict[str, set[str]] = {}  # decision key -> pods whose deletion its decider persisted
+        self.first_claimed: dict[str, float] = {}  # uid -> when a claim of it was first sent
+        self.expiries: dict[tuple[str, str], float] = {}  # (node, reservation) -> the expiry first asked for
         for n in NODES:  # every node registered and reported before the run
             self.step_owner(n)
             self.flush(self.owners[n], 99)
@@ -251,6 +253,14 @@ class World:
                     self.violations.append(f"{node} over-committed in the owner's accounting: {name} {amount} > {limit}")
         for n, uid, at in result.timers:
             self.owner_timers[(n, uid)] = at
+            # The ttl counts from the reservation's creation or, without one (these have none),
+            # from when its owner first read its claim: never before the first claim was sent,
+            # and the same expiry whenever the commit is replayed or the table restored.
+            ttl = RESERVATIONS[uid].ttl_s or 0.0
+            if at < self.first_claimed[uid] + ttl:
+                self.violations.append(f"{n}: {uid} expires at {at}, before its ttl counted from {self.first_claimed[uid]}")
+            if self.expiries.setdefault((n, uid), at) != at:
+                self.violations.append(f"{n}: {uid} asked to expire at {at}, before at {self.expiries[(n, uid)]}")
         actor.outgoing += result.outputs
 
     def step_decider(self, key: str) -> None:
@@ -319,6 +329,7 @@ class World:
                       nominated_node=self.nominated.get(uid, ""), reservation=consume,
                       reserving=reserving, scheduled_at=self.now if scheduled_at is None else scheduled_at)
         self.claims.append((uid, claim.attempt))
+        self.first_claimed.setdefault(uid, self.now)
         self.owners[node].log.append(claim)
         state = self.replicas[replica]
         row = state.index.get(node)
@@ -642,6 +653,16 @@ REPLAY_AFTER_FORGETTING = [
 ]
 
 
+# Reservations without a creation time, s on n0 consumed by a and r on n1 expiring on its
+# timer: their ttl counts from when their owners first read their claims (it was counted from
+# 0: expired at once).
+RESERVATIONS_END = [
+    ("claim", 0, UIDS.index("s")), ("claim", 1, UIDS.index("r")), ("owner", 0, 1), ("owner", 1, 1),
+    ("decider", 1, KEYS.index("s")), ("decider", 1, KEYS.index("r")), ("owner", 0, 1), ("owner", 1, 1),
+    ("claim-r", 0, 2),
+]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
 @example(GANG_COMPLETION)
@@ -656,6 +677,7 @@ REPLAY_AFTER_FORGETTING = [
 @example(NONSTRICT_SECOND_CLAIM)
 @example(HELD_AFTER_FORGETTING)
 @example(REPLAY_AFTER_FORGETTING)
+@example(RESERVATIONS_END)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)

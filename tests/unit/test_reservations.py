@@ -6,12 +6,14 @@ pipeline (scheduler core, owners, deciders), plus the owners' rules on their own
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.adapters.owners import OwnerCore
 from agents.rebalance.migration import pinned
 from agents.scheduler.reservation_table import ReservationTable
 from agents.state import devices
@@ -34,6 +36,7 @@ from schemas.records import (
     ResourceList,
     SchedulingFeedback,
 )
+from streams.publish import read_records, stamped
 from tests.builders import GI, make_claim, make_node, make_pod
 from tests.pipeline import Cluster
 
@@ -277,3 +280,71 @@ def test_a_search_of_a_share_of_the_nodes_keeps_the_nodes_of_the_pods_reservatio
         cluster.core.add(web(f"w{i}"))
         cluster.settle()
         assert cluster.bindings[f"w{i}"] == f"n{299 - i}" and phases(cluster, f"r{i}")[-1] == rsv.SUCCEEDED
+
+
+# -- expiry counts from when the reservation was first seen -----------------------------------
+
+T0 = 1_700_000_000.0  # log times of a real cluster: a ttl counted from 0 ended in 1970
+
+
+def timed_owner(state: NodeState) -> Any:
+    owner = NodeOwner()
+
+    def apply(t: float, *records: Any) -> OwnerResult:
+        result = OwnerResult()
+        owner.apply(state, list(records), result, [t] * len(records), t)
+        return result
+    return apply
+
+
+def test_a_reservation_without_a_creation_time_expires_a_ttl_after_its_owner_first_read_it() -> None:
+    """A user's manifest has no metadata.creationTimestamp (creation time 0): its 1 h ttl was
+    counted from 0, so it had expired in 1970 and its timer fired at once. Its ttl counts from
+    the log time of the claim that first brought it to its owner, recorded with the hold: a
+    redelivered claim or Commit, and a restored table (the owners' agent re-arms from it), ask
+    for the same expiry."""
+    state = NodeState("n1")
+    apply = timed_owner(state)
+    apply(T0 - 100, make_node("n1"))
+    unstamped = reservation(cpu=1000, ttl_s=3600.0)
+    apply(T0, make_claim("r1", cpu=1000, reserving=unstamped))
+    apply(T0 + 30, make_claim("r1", cpu=1000, reserving=unstamped))  # redelivered: first read at T0
+    first = apply(T0 + 40, Commit(uid="r1", attempt=0, node="n1", decision_key="r1"))
+    assert first.timers == [("n1", "r1", T0 + 3600)]
+    assert apply(T0 + 900, Commit(uid="r1", attempt=0, node="n1", decision_key="r1")).timers == first.timers
+    restored = NodeState.from_json(state.to_json())
+    assert restored.expires_at("r1") == T0 + 3600
+    [timer] = OwnerCore(clock=lambda: T0 + 1000).timers("n1", state.to_json())
+    assert timer.delay_s == 2600 and timer.output.record == ReservationExpired(uid="r1", node="n1")
+    # A creation time, when there is one, is the reservation's own: its ttl counts from it.
+    stamped_r2 = reservation("r2", cpu=1000, ttl_s=3600.0, creation_timestamp=T0 - 500)
+    apply(T0 + 50, make_claim("r2", cpu=1000, reserving=stamped_r2))
+    assert apply(T0 + 60, Commit(uid="r2", attempt=0, node="n1", decision_key="r2")).timers == [
+        ("n1", "r2", T0 + 3100)]
+
+
+def test_publish_stamps_reservations_without_a_creation_time_when_it_reads_them(tmp_path: Path) -> None:
+    """`koordstream publish` is where a user's manifest enters, as kubectl's does at the API
+    server: a Reservation without metadata.creationTimestamp is stamped with the time the file
+    was read there; one with a creation time keeps it."""
+    path = tmp_path / "r.yaml"
+    path.write_text(RESERVATION_MANIFEST + "---\n" + RESERVATION_MANIFEST.replace(
+        "name: mine", "name: theirs\n  creationTimestamp: '2024-01-01T00:00:00Z'"))
+    mine, theirs = stamped(read_records(path), now=T0)
+    assert isinstance(mine, Reservation) and mine.creation_timestamp == T0 and mine.expires_at == T0 + 3600
+    assert isinstance(theirs, Reservation) and theirs.creation_timestamp == 1704067200.0
+
+
+RESERVATION_MANIFEST = """\
+apiVersion: scheduling.koordinator.sh/v1alpha1
+kind: Reservation
+metadata:
+  name: mine
+spec:
+  ttl: 1h
+  owners: [{object: {name: web-0, namespace: default}}]
+  template:
+    spec:
+      containers: [{name: c, resources: {requests: {cpu: "1"}}}]
+"""
+
