@@ -203,6 +203,12 @@ class World:
             elif out.topic == topics.RESERVATIONS:
                 assert isinstance(r, ReservationEvent)
                 self.reservation_events.append(r)
+            elif out.topic == topics.PODS:  # an owner deletes a reservation that ended
+                assert isinstance(r, PodDeleted) and r.uid in RESERVATIONS, r
+                self.deleted.add(r.uid)
+                self.deleted_at.setdefault(r.uid, self.now)
+                # The scheduler that has it forgets it and forwards the deletion to its decider.
+                self.deciders[PODS[r.uid].key].log.append(PodDeleted(uid=r.uid, name=r.name, decision_key=r.decision_key))
 
     def replica_forget(self, uid: str, attempt: int) -> None:
         for replica in self.replicas:
@@ -535,11 +541,14 @@ def verify(world: World) -> None:
             assert ghosts_left == [], f"{node} is deleted but still runs {ghosts_left}"
         stale = sorted(set(state.nominations) & bound_or_deleted)
         assert stale == [], f"{node}: nominations left for pods bound or deleted: {stale}"
-        # The reservation: its last event says its phase here (a deleted one sends none).
+        # The reservation: its last event says its phase here (a deleted one sends none); one
+        # that ended holds nothing here any more, as a finished pod.
         for uid, entry in state.reservations.items():
             events = [e.phase for e in world.reservation_events if e.uid == uid and e.node == node]
             if entry["phase"] != rsv.DELETED:
                 assert events and events[-1] == entry["phase"], f"{node}: {uid} is {entry['phase']}, said {events}"
+            if entry["phase"] != rsv.AVAILABLE:
+                assert state.holds[entry["hold"]].status != COMMITTED, f"{node}: {uid} ended, its hold still committed"
     # Wound-wait: never both ways.
     mutual = {(a, b) for a, b in world.yields if (b, a) in world.yields}
     assert not mutual, f"gangs asked to yield to each other: {mutual}"
@@ -653,9 +662,10 @@ REPLAY_AFTER_FORGETTING = [
 ]
 
 
-# Reservations without a creation time, s on n0 consumed by a and r on n1 expiring on its
-# timer: their ttl counts from when their owners first read their claims (it was counted from
-# 0: expired at once).
+# Reservations that end: s (allocate-once) on n0 consumed by a, r on n1 expiring on its timer.
+# Both must leave the owners' and deciders' tables a retention later (an ended reservation's
+# hold, ledger and uid were kept for ever); both have no creation time, so their ttl counts
+# from when their owners first read their claims (it was counted from 0: expired at once).
 RESERVATIONS_END = [
     ("claim", 0, UIDS.index("s")), ("claim", 1, UIDS.index("r")), ("owner", 0, 1), ("owner", 1, 1),
     ("decider", 1, KEYS.index("s")), ("decider", 1, KEYS.index("r")), ("owner", 0, 1), ("owner", 1, 1),
@@ -701,9 +711,12 @@ def verify_forgotten(world: World) -> None:
         finished = sorted(h for h, e in state.holds.items() if e.status not in (HELD, COMMITTED))
         assert finished == [], f"{node}: finished holds kept past the retention: {finished}"
         assert state.tombstones == {}, f"{node}: tombstones kept past the retention: {state.tombstones}"
+    ended = {e.uid for e in world.reservation_events if e.phase in (rsv.SUCCEEDED, rsv.FAILED)}
     for key, actor in world.deciders.items():
         state = actor.state
         assert isinstance(state, LedgerState)
+        ended_kept = sorted(set(state.pods) & ended)
+        assert ended_kept == [], f"{key}: reservations that ended (consumed, expired, node gone) kept: {ended_kept}"
         kept = sorted(set(state.pods) & world.deleted)
         assert kept == [], f"{key}: deleted pods kept past the retention: {kept}"
         left = [k for table in (state.decisions, state.accepted, state.reasons, state.sent) for k in table
