@@ -217,7 +217,8 @@ class Reservation(Record):
     """A `scheduling.koordinator.sh/v1alpha1` Reservation: capacity held on one node for the
     pods its `owners` match. Scheduled like a pod from its template (`requests` is the
     template's effective request; selector, affinity, tolerations and priority come from it
-    too). `ttl_s` counts from `creation_timestamp`; `expires` is absolute (unix seconds); a
+    too). `ttl_s` counts from `creation_timestamp` (0, a manifest without one: its node's
+    owner counts from when it first read its claim); `expires` is absolute (unix seconds); a
     ttl of 0 never expires. `allocate_once`: the first pod that binds to it ends it.
     `allocate_policy`: "" / Default / Aligned (a pod may take the rest from the node's free
     capacity) or Restricted (resources the reservation holds must come from it alone)."""

@@ -1,9 +1,18 @@
 """`koordstream publish FILE --topic TOPIC`: JSON lines of records, or Kubernetes manifests
 (a .yaml/.yml/.json file of Pods, Nodes, Koordinator Reservations or a List), validated before
-anything is sent. Reservations go to `pods`, like pods."""
+anything is sent. Reservations go to `pods`, like pods.
+
+This is where a user's manifest enters, as kubectl's does at the API server, which stamps
+`metadata.creationTimestamp`: a Reservation without a creation time is stamped with the time
+the file was read (`stamped`), so its ttl counts from its publication. Records from any other
+producer that carry none are counted from when their owner first reads their claim
+(`agents.state.owner`, `HoldEntry.seen`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -12,7 +21,7 @@ from aiokafka.errors import KafkaConnectionError
 from schemas.codec import decode_object
 from schemas.errors import SchemaError
 from schemas.kube import from_manifest, is_manifest, load_manifests
-from schemas.records import Record
+from schemas.records import Record, Reservation
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
@@ -40,10 +49,17 @@ def read_records(path: Path) -> list[Record]:
     return records
 
 
-async def publish_file(path: Path, topic: str, settings: Settings, raw: bool = False) -> int:
+def stamped(records: list[Record], now: float) -> list[Record]:
+    """The records, a Reservation without a creation time given `now` as its creation time."""
+    return [dataclasses.replace(r, creation_timestamp=now) if isinstance(r, Reservation) and not r.creation_timestamp
+            else r for r in records]
+
+
+async def publish_file(path: Path, topic: str, settings: Settings, raw: bool = False,
+                       clock: Callable[[], float] = time.time) -> int:
     """Validate the whole file first (nothing is sent if a line is bad), then publish it."""
     lines = [line.encode() for line in path.read_text().splitlines() if line.strip()] if raw else []
-    records = [] if raw else read_records(path)
+    records = [] if raw else stamped(read_records(path), clock())
     try:
         async with RecordProducer(settings.kafka.bootstrap, settings.kafka.partitions) as producer:
             for line in lines:

@@ -11,14 +11,18 @@ from agents.state.ledger import Decider, Decision, LedgerState
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from agents.state.resources import ResourceSpace
 from schemas import topics
+from schemas.records import PodDeleted
 
 
 class Cluster:
     """Scheduler, owners and deciders in one process, records routed by topic until quiet.
-    Timers are collected, not armed: a test fires them by routing their records."""
+    Timers are collected, not armed: a test fires them by routing their records. `timed`: the
+    owners and deciders read every record at log time `now` (so they judge staleness and
+    forget by the retention); otherwise log times are unknown, as in most tests."""
 
-    def __init__(self, *nodes: Any, replicas: int = 1) -> None:
+    def __init__(self, *nodes: Any, replicas: int = 1, timed: bool = False) -> None:
         self.now = 0.0
+        self.timed = timed
         space = ResourceSpace()
         # Scheduler replicas, each with its own cluster state; a pod belongs to one (`add`).
         self.cores = [SchedulerCore(space, ClusterState(space), lambda: self.now) for _ in range(replicas)]
@@ -35,9 +39,12 @@ class Cluster:
 
     def _to_owner(self, node: str, records: list[Any]) -> list[Any]:
         result = OwnerResult()
-        self.owner.apply(self.nodes.setdefault(node, NodeState(node)), records, result)
+        self.owner.apply(self.nodes.setdefault(node, NodeState(node)), records, result, *self._times(records))
         self.expiries += result.timers
         return result.outputs
+
+    def _times(self, records: list[Any]) -> tuple[list[float] | None, float]:
+        return ([self.now] * len(records), self.now) if self.timed else (None, 0.0)
 
     def route(self, outputs: list[Any]) -> None:
         while outputs:
@@ -47,7 +54,7 @@ class Cluster:
                 outputs += self._to_owner(o.key, [r])
             elif o.topic == topics.HOLDS:
                 out = Decision()
-                self.decider.apply(self.ledgers.setdefault(o.key, LedgerState(o.key)), [r], out)
+                self.decider.apply(self.ledgers.setdefault(o.key, LedgerState(o.key)), [r], out, *self._times([r]))
                 outputs += out.first + out.after_commit
                 self.timers += out.timers
             elif o.topic == topics.STATE_CHANGES:
@@ -55,6 +62,8 @@ class Cluster:
                     core.apply_state_changes([r])
             elif o.topic == topics.REQUEUE:
                 self.cores[self.replica_of.get(r.uid, 0)].requeue(r)
+            elif o.topic == topics.PODS and isinstance(r, PodDeleted):  # (an owner deletes an ended reservation)
+                outputs += self.cores[self.replica_of.get(r.uid, 0)].delete(r)
             elif o.topic == topics.RESERVATIONS:
                 self.events.append(r)
             elif o.topic == topics.BINDINGS:

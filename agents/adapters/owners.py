@@ -112,7 +112,7 @@ class OwnerCore:
         state = read_state("node-state", key, raw, NodeState.from_json)
         out = []
         for uid, entry in state.reservations.items():
-            expires_at = state.reservation(uid).expires_at
+            expires_at = state.expires_at(uid)
             if entry["phase"] == rsv.AVAILABLE and expires_at is not None:
                 out.append(self.expiry(state.name, uid, expires_at))
         return out

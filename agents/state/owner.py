@@ -22,7 +22,8 @@ from the record, never from the redelivered message:
   the recorded answer.
 - Commit: the hold's status. Re-sent: a reservation's Available event and expiry timer (and
   its end event if it ended since, so the last event says its phase now), the end of an
-  allocate-once reservation the commit consumed (`ended_by` on the reservation's entry), and
+  allocate-once reservation the commit consumed (`ended_by` on the reservation's entry; its
+  event and its deletion), and
   for a Commit that came after the node's deletion (rule 9: committed and terminated at once,
   `terminated_by`), its PodTerminated to the decider and SchedulingFeedback. The same for a
   Commit of a claim that the node, deleted and added again or updated since the claim was held,
@@ -31,7 +32,8 @@ from the record, never from the redelivered message:
   the pod's nomination on the node: it is bound here.
 - NodeDeleted: which holds it terminated (`terminated_by`) and which reservations it failed.
   Re-sent: their PodTerminated records (to the deciders) and ReservationEvents.
-- ReservationExpired: the end it recorded on the reservation. Re-sent: that ReservationEvent.
+- ReservationExpired: the end it recorded on the reservation. Re-sent: that ReservationEvent
+  and the reservation's deletion (an ended reservation's end is always sent with it).
 - Every batch reports a `NodeStateChange` (so one lost in a crash is sent again by the
   replay), with the current status of every hold the batch was about (a claim's, a commit's or
   release's, a terminated pod's, those a node deletion terminated) and, for the committed ones,
@@ -61,7 +63,11 @@ Reservations (`agents.state.reservations`) ride on the same machine: a claim tha
 its consumers have not taken). A claim that names a `reservation` consumes it first. The
 owner reports the phase changes as ReservationEvents, asks its agent for an expiry timer
 (`OwnerResult.timers`) and ends the reservation when the `ReservationExpired` record the
-timer appends comes back through the inbox.
+timer appends comes back through the inbox. The ttl counts from the reservation's creation
+time, or, without one, from the log time its claim was first read here (`HoldEntry.seen`).
+A reservation that ends (consumed, expired, its node deleted) leaves like a finished pod:
+its hold is terminated (`_fold`: it counts nothing once ended), its uid buried, and it is
+deleted from `pods` (`_end_outputs`), so the scheduler and the decider forget it too.
 
 `NodeOwner.apply(state, records, result, times, now)` is pure: it updates the state and adds to `result`
 the outputs (Held / Rejected / Yield and PodTerminated to the deciders, feedback,
@@ -76,7 +82,7 @@ a new deletion.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from itertools import repeat
 from typing import Any, TypeVar
 
@@ -100,6 +106,7 @@ from schemas.records import (
     NodeStateChange,
     Nomination,
     NominationCleared,
+    PodDeleted,
     PodTerminated,
     Record,
     Rejected,
@@ -162,6 +169,9 @@ class HoldEntry:
     terminated_by: str = ""  # BY_NODE_DELETED or BY_COMMIT_ON_DELETED_NODE: that input re-sends its PodTerminated
     scheduled_at: float = 0.0  # as claimed: the Held or Rejected carries it
     finished: float = 0.0  # the log time it was released, rejected or terminated: forgotten a retention later
+    # A reservation without a creation time (a user's manifest): the log time its claim was
+    # first read here, from which its ttl counts (`NodeState.expires_at`).
+    seen: float = 0.0
 
     def __setattr__(self, name: str, value: Any) -> None:
         attributes = self.__dict__  # (plain attributes: a store in the dict is what object.__setattr__ does)
@@ -445,6 +455,17 @@ class NodeState:
         assert plain is not None
         return _decode(plain, Reservation)
 
+    def expires_at(self, uid: str) -> float | None:
+        """When reservation `uid` expires (log time; None: never). Its ttl counts from its
+        creation time, or, for one that has none, from the log time its claim was first read
+        here (`HoldEntry.seen`): recorded with the hold, so a replay or a restore arms the
+        same expiry."""
+        hold = self.holds[self.reservations[uid]["hold"]]
+        reservation = self.reservation(uid)
+        if not reservation.creation_timestamp and hold.seen:
+            reservation = replace(reservation, creation_timestamp=hold.seen)
+        return reservation.expires_at
+
     def available_reservations(self) -> tuple[ReservationState, ...]:
         out = []
         consumed = self.consumptions()
@@ -711,7 +732,7 @@ class NodeOwner:
         elif isinstance(record, PodTerminated):
             self._pod_terminated(state, record.uid, report)
         elif isinstance(record, ReservationExpired):
-            self._expired(state, record.uid, result)
+            self._expired(state, record.uid, result, report)
         elif isinstance(record, Node):
             state.record = to_plain(record)
             state.exists = True
@@ -734,7 +755,10 @@ class NodeOwner:
         hid = claim.hold_id
         hold = state.holds.get(hid)
         if hold is None:
-            hold = state.holds[hid] = self._decide(state, claim, stale(claim.scheduled_at, t, self.retention_s))
+            hold = self._decide(state, claim, stale(claim.scheduled_at, t, self.retention_s))
+            if claim.reserving is not None and not claim.reserving.creation_timestamp:
+                hold.seen = t  # a user's manifest has no creation time: its ttl counts from here
+            state.holds[hid] = hold
         else:  # redelivered: the recorded answer again, nothing changes
             differs = _differences(hold, claim)
             if differs:
@@ -816,18 +840,21 @@ class NodeOwner:
         state.nominations.pop(hold.uid, None)  # bound here: its nomination is moot
         if hold.terminated_by == BY_COMMIT_ON_DELETED_NODE:  # (a redelivery too: its first report may be lost)
             report.update((other, None) for other, h in state.holds.items() if h.uid == hold.uid)
-        self._commit_outputs(state, hid, hold, result)
+        self._commit_outputs(state, hid, hold, result, report)
 
     def _committed(self, state: NodeState, hid: str, hold: HoldEntry) -> None:
-        """A reservation becomes Available; a pod consuming an allocate-once reservation ends it."""
+        """A reservation becomes Available; a pod consuming an allocate-once reservation ends
+        it, and the reservation's hold folds away (`_fold`)."""
         if hold.reserving is not None:
             state.reservations[hold.uid] = {"hold": hid, "phase": rsv.AVAILABLE}
         elif hold.reservation:
             entry = state.reservations.get(hold.reservation)
             if entry is not None and entry["phase"] == rsv.AVAILABLE and state.reservation(hold.reservation).allocate_once:
                 self._end_reservation(state, hold.reservation, rsv.SUCCEEDED, "", ended_by=hid)
+                self._fold(state, hold.reservation)
 
-    def _commit_outputs(self, state: NodeState, hid: str, hold: HoldEntry, result: OwnerResult) -> None:
+    def _commit_outputs(self, state: NodeState, hid: str, hold: HoldEntry, result: OwnerResult,
+                        report: dict[str, None]) -> None:
         """What a Commit sends, the first time and whenever it is redelivered, from the record:
         a ghost's termination and feedback; a reservation's Available event and expiry timer
         (then its end, if it ended since, so the last event is its phase now); the end of the
@@ -848,17 +875,17 @@ class NodeOwner:
             )))
         if hold.reserving is not None:
             if hold.terminated_by != BY_COMMIT_ON_DELETED_NODE:
-                reservation = _decode(hold.reserving, Reservation)
                 result.outputs.append(self._event(state, hold, rsv.AVAILABLE, "", {}))
-                if reservation.expires_at is not None:
-                    result.timers.append((state.name, hold.uid, reservation.expires_at))
+                expires_at = state.expires_at(hold.uid)
+                if expires_at is not None:
+                    result.timers.append((state.name, hold.uid, expires_at))
             entry = state.reservations.get(hold.uid)
             if entry is not None and "ended_by" in entry:
-                result.outputs.append(self._end_event(state, hold.uid))
+                self._end_outputs(state, hold.uid, result, report)
         elif hold.reservation:
             entry = state.reservations.get(hold.reservation)
             if entry is not None and entry.get("ended_by") == hid:
-                result.outputs.append(self._end_event(state, hold.reservation))
+                self._end_outputs(state, hold.reservation, result, report)
 
     # -- reservations -------------------------------------------------------------------------
 
@@ -869,14 +896,42 @@ class NodeOwner:
         entry = state.reservations[uid]
         entry.update(phase=phase, reason=reason, allocated=dict(state.consumption(uid)[0]), ended_by=ended_by)
 
-    def _expired(self, state: NodeState, uid: str, result: OwnerResult) -> None:
+    @staticmethod
+    def _fold(state: NodeState, uid: str) -> None:
+        """An ended reservation (consumed or expired) leaves the node like a finished pod: its
+        committed hold is terminated (it counts nothing once not available, so nothing is freed
+        twice: its consumers count in full) and forgotten a retention later with its entry; a
+        tombstone keeps a late claim of it from holding here again."""
+        hold = state.holds[state.reservations[uid]["hold"]]
+        if hold.status == COMMITTED:
+            hold.status = TERMINATED
+        state.bury(uid)
+
+    def _expired(self, state: NodeState, uid: str, result: OwnerResult, report: dict[str, None]) -> None:
         entry = state.reservations.get(uid)
         if entry is None:
             return
         if entry["phase"] == rsv.AVAILABLE:
             self._end_reservation(state, uid, rsv.FAILED, rsv.REASON_EXPIRED, ended_by=BY_EXPIRY)
+            self._fold(state, uid)
         if entry.get("ended_by") == BY_EXPIRY:  # the first time, and on every redelivery
-            result.outputs.append(self._end_event(state, uid))
+            self._end_outputs(state, uid, result, report)
+
+    def _end_outputs(self, state: NodeState, uid: str, result: OwnerResult, report: dict[str, None]) -> None:
+        """What an ended reservation sends, whenever the input that ended it comes again: its
+        end event, and its deletion on `pods`. An ended reservation is never scheduled again,
+        so it leaves the scheduling input as a deleted pod does: the scheduler that has it
+        forgets it and forwards the deletion to its decider, whose ledger then forgets it by
+        the retention rules; a replica that reads `pods` again reads the deletion after the
+        reservation. Its hold is reported (terminated)."""
+        entry = state.reservations[uid]
+        hold = state.holds[entry["hold"]]
+        assert hold.reserving is not None
+        result.outputs.append(self._end_event(state, uid))
+        result.outputs.append(Output(topics.PODS, uid, PodDeleted(
+            uid=uid, name=hold.reserving["name"], namespace="", decision_key=hold.decision_key,
+        )))
+        report[entry["hold"]] = None
 
     def _end_event(self, state: NodeState, uid: str) -> Output:
         entry = state.reservations[uid]
@@ -925,7 +980,7 @@ class NodeOwner:
                     state.bury(hold.uid)
         for uid, entry in state.reservations.items():
             if entry.get("ended_by") == BY_NODE_DELETED:
-                result.outputs.append(self._end_event(state, uid))
+                self._end_outputs(state, uid, result, report)
         for hid, hold in state.holds.items():
             if hold.terminated_by == BY_NODE_DELETED:
                 report[hid] = None

@@ -1,7 +1,9 @@
 """Reservations through the real broker and agents: a Reservation published on `pods` is
 placed and becomes Available; a pod its owners match is bound to it and ends it (allocate
 once); a second reservation with a short ttl expires (the owners' timer appends a
-ReservationExpired to the node's inbox) and a pod that needs its capacity is bound after."""
+ReservationExpired to the node's inbox) and a pod that needs its capacity is bound after.
+Each, once ended, is deleted on `pods` by its owner (so the scheduler and its decider forget
+it like a deleted pod)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from schemas.records import (
     Node,
     NodeStateChange,
     Pod,
+    PodDeleted,
     ReservationEvent,
     ReservationExpired,
     ReservationOwner,
@@ -44,6 +47,8 @@ async def test_a_reservation_is_consumed_by_its_owner_and_another_expires(harnes
     assert binding.node == node.name
     [done] = await harness.wait_for(ReservationEvent, lambda e: e.uid == first.uid and e.phase == "Succeeded")
     assert done.allocated["cpu"] == 2000
+    await harness.wait_for(PodDeleted, lambda d: d.uid == first.uid, topic=topics.PODS)
+    await harness.wait_for(PodDeleted, lambda d: d.uid == first.uid, topic=topics.HOLDS)  # forwarded to its decider
     # 2000 left on the node: a reservation of all of it, expiring in 2 s, keeps a plain pod out until then.
     second = ReservationRecord(uid=f"r2-{run_id}", name=f"r2-{run_id}", owners=owners, node_selector=label,
                                requests=ResourceList(cpu=2000), ttl_s=2.0, creation_timestamp=time.time())
@@ -56,6 +61,7 @@ async def test_a_reservation_is_consumed_by_its_owner_and_another_expires(harnes
     await harness.wait_for(ReservationExpired, lambda r: r.uid == second.uid, topic=topics.NODE_INBOX, timeout=30)
     [failed] = await harness.wait_for(ReservationEvent, lambda e: e.uid == second.uid and e.phase == "Failed")
     assert failed.reason == "Expired"
+    await harness.wait_for(PodDeleted, lambda d: d.uid == second.uid, topic=topics.PODS)
     [bound] = await harness.wait_for(Binding, lambda b: b.uid == plain.uid, timeout=60)
     assert bound.node == node.name
     assert harness.seen(Binding, lambda b: b.uid == plain.uid and b.node != node.name) == []

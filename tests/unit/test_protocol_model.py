@@ -199,6 +199,8 @@ class World:
         self.router = SchedulerCore(self.space, ClusterState(self.space), lambda: self.now)
         for uid in UIDS:
             self.router.add(pod_record(uid))
+        self.first_claimed: dict[str, float] = {}  # uid -> when a claim of it was first sent
+        self.expiries: dict[tuple[str, str], float] = {}  # (node, reservation) -> the expiry first asked for
         for n in NODES:  # every node registered and reported before the run
             self.step_owner(n)
             self.flush(self.owners[n], 99)
@@ -241,6 +243,12 @@ class World:
             elif out.topic == topics.RESERVATIONS:
                 assert isinstance(r, ReservationEvent)
                 self.reservation_events.append(r)
+            elif out.topic == topics.PODS:  # an owner deletes a reservation that ended
+                assert isinstance(r, PodDeleted) and r.uid in RESERVATIONS, r
+                self.deleted.add(r.uid)
+                self.deleted_at.setdefault(r.uid, self.now)
+                # The scheduler that has it forgets it and forwards the deletion to its decider.
+                self.deciders[PODS[r.uid].key].log.append(PodDeleted(uid=r.uid, name=r.name, decision_key=r.decision_key))
 
     def replica_forget(self, uid: str, attempt: int) -> None:
         for replica in self.replicas:
@@ -291,6 +299,14 @@ class World:
                     self.violations.append(f"{node} over-committed in the owner's accounting: {name} {amount} > {limit}")
         for n, uid, at in result.timers:
             self.owner_timers[(n, uid)] = at
+            # The ttl counts from the reservation's creation or, without one (these have none),
+            # from when its owner first read its claim: never before the first claim was sent,
+            # and the same expiry whenever the commit is replayed or the table restored.
+            ttl = RESERVATIONS[uid].ttl_s or 0.0
+            if at < self.first_claimed[uid] + ttl:
+                self.violations.append(f"{n}: {uid} expires at {at}, before its ttl counted from {self.first_claimed[uid]}")
+            if self.expiries.setdefault((n, uid), at) != at:
+                self.violations.append(f"{n}: {uid} asked to expire at {at}, before at {self.expiries[(n, uid)]}")
         for o in result.outputs:  # the claim a Rejected answers is the one it records (the first of its hold id)
             if isinstance(o.record, Rejected) and o.record.reason == CLAIM_STALE:
                 self.refused_fresh(o.record.hold_id, o.record.scheduled_at, [o.record])
@@ -379,6 +395,7 @@ class World:
                       nominated_node=self.nominated.get(uid, ""), reservation=consume,
                       reserving=reserving, scheduled_at=self.now if scheduled_at is None else scheduled_at)
         self.claims.append((uid, claim.attempt))
+        self.first_claimed.setdefault(uid, self.now)
         self.owners[node].log.append(claim)
         state = self.replicas[replica]
         row = state.index.get(node)
@@ -616,11 +633,14 @@ def verify(world: World) -> None:
             assert ghosts_left == [], f"{node} is deleted but still runs {ghosts_left}"
         stale = sorted(set(state.nominations) & bound_or_deleted)
         assert stale == [], f"{node}: nominations left for pods bound or deleted: {stale}"
-        # The reservation: its last event says its phase here (a deleted one sends none).
+        # The reservation: its last event says its phase here (a deleted one sends none); one
+        # that ended holds nothing here any more, as a finished pod.
         for uid, entry in state.reservations.items():
             events = [e.phase for e in world.reservation_events if e.uid == uid and e.node == node]
             if entry["phase"] != rsv.DELETED:
                 assert events and events[-1] == entry["phase"], f"{node}: {uid} is {entry['phase']}, said {events}"
+            if entry["phase"] != rsv.AVAILABLE:
+                assert state.holds[entry["hold"]].status != COMMITTED, f"{node}: {uid} ended, its hold still committed"
     # Wound-wait: never both ways.
     mutual = {(a, b) for a, b in world.yields if (b, a) in world.yields}
     assert not mutual, f"gangs asked to yield to each other: {mutual}"
@@ -770,6 +790,16 @@ ROUND_FORGOTTEN_IN_FLIGHT = [
     ("crash", _GD, 0),
 ]
 
+# Reservations that end: s (allocate-once) on n0 consumed by a, r on n1 expiring on its timer.
+# Both must leave the owners' and deciders' tables a retention later (an ended reservation's
+# hold, ledger and uid were kept for ever); both have no creation time, so their ttl counts
+# from when their owners first read their claims (it was counted from 0: expired at once).
+RESERVATIONS_END = [
+    ("claim", 0, UIDS.index("s")), ("claim", 1, UIDS.index("r")), ("owner", 0, 1), ("owner", 1, 1),
+    ("decider", 1, KEYS.index("s")), ("decider", 1, KEYS.index("r")), ("owner", 0, 1), ("owner", 1, 1),
+    ("claim-r", 0, 2),
+]
+
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
@@ -792,6 +822,7 @@ ROUND_FORGOTTEN_IN_FLIGHT = [
 @example(FUTURE_HELD)
 @example(GANG_LOSES_ROUNDS)
 @example(ROUND_FORGOTTEN_IN_FLIGHT)
+@example(RESERVATIONS_END)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
@@ -815,9 +846,12 @@ def verify_forgotten(world: World) -> None:
         finished = sorted(h for h, e in state.holds.items() if e.status not in (HELD, COMMITTED))
         assert finished == [], f"{node}: finished holds kept past the retention: {finished}"
         assert state.tombstones == {}, f"{node}: tombstones kept past the retention: {state.tombstones}"
+    ended = {e.uid for e in world.reservation_events if e.phase in (rsv.SUCCEEDED, rsv.FAILED)}
     for key, actor in world.deciders.items():
         state = actor.state
         assert isinstance(state, LedgerState)
+        ended_kept = sorted(set(state.pods) & ended)
+        assert ended_kept == [], f"{key}: reservations that ended (consumed, expired, node gone) kept: {ended_kept}"
         kept = sorted(set(state.pods) & world.deleted)
         assert kept == [], f"{key}: deleted pods kept past the retention: {kept}"
         left = [k for table in (state.decisions, state.accepted, state.reasons, state.sent) for k in table

@@ -6,22 +6,27 @@ pipeline (scheduler core, owners, deciders), plus the owners' rules on their own
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.adapters.owners import OwnerCore
 from agents.rebalance.migration import pinned
 from agents.scheduler.reservation_table import ReservationTable
 from agents.state import devices
 from agents.state import reservations as rsv
+from agents.state.ledger import Decision
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from agents.state.resources import ResourceSpace
 from schemas.records import (
     Commit,
     GpuDevice,
     Node,
+    NodeStateChange,
+    NominationCleared,
     OwnerReference,
     Pod,
     PodDeleted,
@@ -34,6 +39,7 @@ from schemas.records import (
     ResourceList,
     SchedulingFeedback,
 )
+from streams.publish import read_records, stamped
 from tests.builders import GI, make_claim, make_node, make_pod
 from tests.pipeline import Cluster
 
@@ -277,3 +283,169 @@ def test_a_search_of_a_share_of_the_nodes_keeps_the_nodes_of_the_pods_reservatio
         cluster.core.add(web(f"w{i}"))
         cluster.settle()
         assert cluster.bindings[f"w{i}"] == f"n{299 - i}" and phases(cluster, f"r{i}")[-1] == rsv.SUCCEEDED
+
+
+# -- expiry counts from when the reservation was first seen -----------------------------------
+
+T0 = 1_700_000_000.0  # log times of a real cluster: a ttl counted from 0 ended in 1970
+
+
+def timed_owner(state: NodeState) -> Any:
+    owner = NodeOwner()
+
+    def apply(t: float, *records: Any) -> OwnerResult:
+        result = OwnerResult()
+        owner.apply(state, list(records), result, [t] * len(records), t)
+        return result
+    return apply
+
+
+def test_a_reservation_without_a_creation_time_expires_a_ttl_after_its_owner_first_read_it() -> None:
+    """A user's manifest has no metadata.creationTimestamp (creation time 0): its 1 h ttl was
+    counted from 0, so it had expired in 1970 and its timer fired at once. Its ttl counts from
+    the log time of the claim that first brought it to its owner, recorded with the hold: a
+    redelivered claim or Commit, and a restored table (the owners' agent re-arms from it), ask
+    for the same expiry."""
+    state = NodeState("n1")
+    apply = timed_owner(state)
+    apply(T0 - 100, make_node("n1"))
+    unstamped = reservation(cpu=1000, ttl_s=3600.0)
+    apply(T0, make_claim("r1", cpu=1000, reserving=unstamped))
+    apply(T0 + 30, make_claim("r1", cpu=1000, reserving=unstamped))  # redelivered: first read at T0
+    first = apply(T0 + 40, Commit(uid="r1", attempt=0, node="n1", decision_key="r1"))
+    assert first.timers == [("n1", "r1", T0 + 3600)]
+    assert apply(T0 + 900, Commit(uid="r1", attempt=0, node="n1", decision_key="r1")).timers == first.timers
+    restored = NodeState.from_json(state.to_json())
+    assert restored.expires_at("r1") == T0 + 3600
+    [timer] = OwnerCore(clock=lambda: T0 + 1000).timers("n1", state.to_json())
+    assert timer.delay_s == 2600 and timer.output.record == ReservationExpired(uid="r1", node="n1")
+    # A creation time, when there is one, is the reservation's own: its ttl counts from it.
+    stamped_r2 = reservation("r2", cpu=1000, ttl_s=3600.0, creation_timestamp=T0 - 500)
+    apply(T0 + 50, make_claim("r2", cpu=1000, reserving=stamped_r2))
+    assert apply(T0 + 60, Commit(uid="r2", attempt=0, node="n1", decision_key="r2")).timers == [
+        ("n1", "r2", T0 + 3100)]
+
+
+def test_publish_stamps_reservations_without_a_creation_time_when_it_reads_them(tmp_path: Path) -> None:
+    """`koordstream publish` is where a user's manifest enters, as kubectl's does at the API
+    server: a Reservation without metadata.creationTimestamp is stamped with the time the file
+    was read there; one with a creation time keeps it."""
+    path = tmp_path / "r.yaml"
+    path.write_text(RESERVATION_MANIFEST + "---\n" + RESERVATION_MANIFEST.replace(
+        "name: mine", "name: theirs\n  creationTimestamp: '2024-01-01T00:00:00Z'"))
+    mine, theirs = stamped(read_records(path), now=T0)
+    assert isinstance(mine, Reservation) and mine.creation_timestamp == T0 and mine.expires_at == T0 + 3600
+    assert isinstance(theirs, Reservation) and theirs.creation_timestamp == 1704067200.0
+
+
+RESERVATION_MANIFEST = """\
+apiVersion: scheduling.koordinator.sh/v1alpha1
+kind: Reservation
+metadata:
+  name: mine
+spec:
+  ttl: 1h
+  owners: [{object: {name: web-0, namespace: default}}]
+  template:
+    spec:
+      containers: [{name: c, resources: {requests: {cpu: "1"}}}]
+"""
+
+
+# -- an ended reservation leaves every table ----------------------------------------------------
+
+RETENTION = 600.0  # the default retention: what finished is forgotten a retention later
+
+
+def forget_all(cluster: Cluster) -> None:
+    """A retention later: a record of every node (owners forget in their nodes' batches) and
+    each decision key swept (the deciders' loop applies a key with something to forget)."""
+    cluster.now += RETENTION + 1
+    for name in list(cluster.nodes):
+        cluster.route(cluster._to_owner(name, [NominationCleared(uid="nobody", node=name)]))
+    for key, ledger in list(cluster.ledgers.items()):
+        cluster.decider.apply(ledger, [], Decision(), [], cluster.now)
+        if cluster.decider.empty(ledger):
+            del cluster.ledgers[key]
+
+
+def test_consumed_reservations_leave_the_owner_the_ledgers_and_the_replica_like_finished_pods() -> None:
+    """20 moves onto a node (a reservation each, consumed by the pod it was made for) left 40
+    holds in the node's report, 40 ledger keys and 40 uids bound in the replica: the consumed
+    reservations' were kept for ever. Now the owner folds a consumed reservation away (its hold
+    terminated: it counted nothing since it ended, so nothing is freed twice) and deletes it
+    from `pods`; the scheduler forgets it and forwards the deletion; a retention later only
+    the 20 pods are left anywhere."""
+    cluster = Cluster(make_node("n1", cpu=64_000, memory=640 * GI), timed=True)
+    cluster.now = T0
+    for i in range(20):
+        cluster.core.add_reservation(reservation(f"r{i}", cpu=1000, owners=(ReservationOwner(object_uid=f"p{i}"),)))
+        cluster.settle()
+        cluster.core.add(make_pod(f"p{i}", cpu=1000))
+        cluster.settle()
+        assert phases(cluster, f"r{i}") == [rsv.AVAILABLE, rsv.SUCCEEDED] and cluster.bindings[f"p{i}"] == "n1"
+    node = cluster.nodes["n1"]
+    assert cluster.used("n1")["cpu"] == 20_000  # the pods in full; the reservations nothing
+    forget_all(cluster)
+    assert len(NodeOwner.current(node).holds) == 20 and node.reservations == {} and node.tombstones == {}
+    assert cluster.used("n1")["cpu"] == 20_000
+    assert sorted(cluster.ledgers) == sorted(f"p{i}" for i in range(20))
+    sizes = cluster.core.map_sizes()
+    assert sizes["bound"] == sizes["decision_keys"] == 20 and sizes["pods"] == 0
+    assert cluster.core.state.reservations.by_row == {} and cluster.core.state.reservations._consumed == {}
+
+
+@pytest.mark.parametrize("end", ["expired", "deleted"])
+def test_a_reservation_that_expires_or_is_deleted_leaves_every_table(end: str) -> None:
+    cluster = Cluster(make_node("n1", cpu=4000), timed=True)
+    cluster.now = T0
+    cluster.core.add_reservation(reservation(cpu=3000, ttl_s=60.0, allocate_once=False))
+    cluster.settle()
+    cluster.core.add(web("w1", cpu=1000))
+    cluster.settle()
+    assert cluster.bindings == {"r1": "n1", "w1": "n1"} and cluster.used("n1")["cpu"] == 3000
+    if end == "expired":
+        cluster.now = T0 + 60
+        cluster.route(cluster._to_owner("n1", [ReservationExpired(uid="r1", node="n1")]))
+        assert phases(cluster, "r1") == [rsv.AVAILABLE, rsv.FAILED]
+    else:
+        cluster.route(cluster.core.delete(PodDeleted(uid="r1", name="r1", namespace="")))
+    assert cluster.used("n1")["cpu"] == 1000  # w1 in full, once
+    forget_all(cluster)
+    node = cluster.nodes["n1"]
+    assert [h.uid for h in node.holds.values()] == ["w1"] and node.reservations == {} and node.tombstones == {}
+    assert sorted(cluster.ledgers) == ["w1"]
+    assert cluster.core.map_sizes()["bound"] == 1
+
+
+def test_the_input_that_ended_a_reservation_re_sends_its_end_and_deletion_when_redelivered() -> None:
+    """Replay re-sends (rule 1): the consumer's Commit, and an expiry, come again with the
+    reservation's end event, its deletion, and its hold reported terminated; nothing changes.
+    A late claim of the ended reservation is refused on its node."""
+    state = NodeState("n1")
+    apply = timed_owner(state)
+    apply(T0, make_node("n1"))
+    apply(T0, make_claim("r1", cpu=2000, reserving=reservation(cpu=2000)),
+          make_claim("r2", cpu=500, reserving=reservation("r2", cpu=500)),
+          Commit(uid="r1", attempt=0, node="n1", decision_key="r1"),
+          Commit(uid="r2", attempt=0, node="n1", decision_key="r2"))
+    apply(T0 + 1, make_claim("w1", cpu=1500, reservation="r1"))
+
+    def ends(result: OwnerResult) -> list[Any]:
+        return [(o.topic, o.record) for o in result.outputs if isinstance(o.record, (ReservationEvent, PodDeleted))]
+
+    for redelivery in range(2):
+        consumed = apply(T0 + 2 + redelivery, Commit(uid="w1", attempt=0, node="n1", decision_key="w1"))
+        [(_, event), (topic, deleted)] = ends(consumed)
+        assert event.phase == rsv.SUCCEEDED and topic == "pods"
+        assert deleted == PodDeleted(uid="r1", name="r1", namespace="", decision_key="r1")
+        [report] = [o.record for o in consumed.outputs if isinstance(o.record, NodeStateChange)]
+        assert report.holds == {"w1/0/n1": "committed", "r1/0/n1": "terminated"}
+        assert state.used()["cpu"] == 1500 + 500
+    for redelivery in range(2):
+        expired = apply(T0 + 10 + redelivery, ReservationExpired(uid="r2", node="n1"))
+        [(_, event), (topic, deleted)] = ends(expired)
+        assert event.reason == rsv.REASON_EXPIRED and topic == "pods" and deleted.uid == "r2"
+        assert state.used()["cpu"] == 1500
+    late = apply(T0 + 20, make_claim("r1", attempt=1, cpu=2000, reserving=reservation(cpu=2000)))
+    assert [o.record.reason for o in late.outputs if isinstance(o.record, Rejected)] == ["pod already terminated"]

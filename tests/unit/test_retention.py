@@ -30,6 +30,7 @@ from schemas.records import (
     Release,
     Requeue,
     Reservation,
+    ReservationExpired,
     ReservationOwner,
     ResourceList,
 )
@@ -235,3 +236,32 @@ def test_a_deleted_pod_of_a_state_written_before_deletions_had_times_is_forgotte
     state = core.apply("u", legacy, [], [], T0, Outcome())
     assert state is not None and core.expires("u", state) == T0 + R
     assert core.apply("u", state, [], [], T0 + R + 1, Outcome()) is None
+
+
+def test_a_reservation_that_ends_leaves_with_its_hold_without_waiting_for_a_deletion() -> None:
+    """Consumed (allocate-once) or expired, a reservation is finished like a terminated pod:
+    its hold and entry go a retention after it ended, and its owner deletes it on `pods` so
+    its decider forgets it too. It was kept for ever (committed, counting nothing) unless
+    someone deleted it."""
+    state = NodeState("n1")
+    owner_run(state, [make_node()], T0)
+    once = Reservation(uid="r", name="r", owners=(ReservationOwner(match_labels={"a": "b"}),),
+                       requests=ResourceList(cpu=500))
+    timed = Reservation(uid="s", name="s", owners=(ReservationOwner(match_labels={"a": "b"}),),
+                        requests=ResourceList(cpu=500), allocate_once=False, ttl_s=60.0)
+    owner_run(state, [make_claim("r", reserving=once, scheduled_at=T0), Commit("r", 0, "n1", "r"),
+                      make_claim("s", reserving=timed, scheduled_at=T0), Commit("s", 0, "n1", "s"),
+                      make_claim("p", reservation="r", scheduled_at=T0)], T0)
+    ended = owner_run(state, [Commit("p", 0, "n1", "p")], T0 + 1).outputs
+    ended += owner_run(state, [ReservationExpired(uid="s", node="n1")], T0 + 60).outputs
+    assert [o.record for o in ended if o.topic == "pods"] == [
+        PodDeleted(uid="r", name="r", namespace="", decision_key="r"),
+        PodDeleted(uid="s", name="s", namespace="", decision_key="s")]
+    assert state.used() == {"cpu": 500, "pods": 1}  # p in full; the reservations nothing
+    owner_run(state, [make_node()], T0 + 61 + R)
+    assert list(state.holds) == ["p/0/n1"] and state.reservations == {} and state.tombstones == {}
+    ledger = LedgerState("r")  # its decider, told by the scheduler that forwards the deletion
+    decide(ledger, [Held(uid="r", attempt=0, node="n1", decision_key="r", scheduled_at=T0)], T0)
+    decide(ledger, [PodDeleted(uid="r", name="r", namespace="", decision_key="r")], T0 + 2)
+    decide(ledger, [], T0 + 3 + R)
+    assert Decider.empty(ledger)
