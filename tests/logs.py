@@ -83,6 +83,13 @@ class Actor:
             self.persist_state()
             self.saved_pos = self.pos
 
+    def abort(self) -> None:
+        """A transaction aborted (or a producer replaced) with the partition still ours: read
+        again from the committed offset, with the table as it is in memory (ahead of the
+        changelog); what was not yet acknowledged is lost."""
+        self.pos = self.saved_pos
+        self.outgoing.clear()
+
     def crash(self) -> None:
         self.state, self.pos = copy.deepcopy(self.saved_state), self.saved_pos
         self.clock, self.covered = self.saved_clock, self.saved_covered

@@ -13,7 +13,12 @@ group). The input channel has faust's acks disabled, so faust never commits thes
 itself and cannot race the transactions. A fenced producer loses the partition (someone else
 owns it); any other failure aborts the transaction and the partition is read again from the
 run's first offset (its in-memory table entries are ahead of the changelog then, which the
-cores answer by re-sending their recorded outputs, DESIGN.md rule 1).
+cores answer by re-sending their recorded outputs, DESIGN.md rule 1). A producer that cannot
+abort (aiokafka's fatal state) is replaced by a new one. A producer that cannot be started
+(the broker is down or restarting) is started again with back-off for as long as the
+partition is ours: being fenced is the one way to lose a partition, since nothing else gives
+it back before the next rebalance, which may never come (a chaos run on Apache Kafka saw a
+partition given up while its broker restarted, and its holds leaked for the rest of the run).
 
 `PlainSink` is the path for brokers that refuse InitProducerId: the changelog writes are
 produced and acknowledged, then the `first` outputs, acknowledged, then the `after` outputs (deciders: Bindings only once
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,6 +58,13 @@ from agents.ports import Outbox, deliver
 log = logging.getLogger("koordstream.transactions")
 
 FENCED = (ProducerFenced, InvalidProducerEpoch, InvalidProducerIdMapping, TransactionCoordinatorFenced)
+START_BACKOFF_S = 0.5  # the first wait before a producer that could not start is started again
+START_BACKOFF_MAX_S = 5.0  # doubled up to this: a revocation waits at most this long for the next look
+# How long an assignment tries to start its producers before the worker stops. The group's
+# heartbeats pause while faust's assignment callback runs: stopping well within faust's
+# session timeout (60 s; an attempt itself may take `timeout_s`) lets the worker rejoin, where
+# waiting on would get it evicted while it still believed it owned the partitions.
+ASSIGNED_START_WITHIN_S = 20.0
 Headers = list[tuple[str, bytes]]
 SendFn = Callable[[str, bytes | None, bytes, int, Headers | None], Awaitable[Awaitable[object]]]
 MakeOutbox = Callable[[SendFn], Outbox]
@@ -122,6 +135,10 @@ class TransactionalSink:
         self.locks: dict[int, asyncio.Lock] = {}
         self.committed = 0
         self.aborted = 0
+        self.start_failures = 0  # producer starts that failed and were tried again
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self.clock: Callable[[], float] = time.monotonic  # only bounds how long an assignment waits
+        self.closed = False
 
     @property
     def topic(self) -> str:
@@ -134,11 +151,21 @@ class TransactionalSink:
         gone = [p for p in self.producers if p not in partitions]
         new = [p for p in sorted(partitions) if p not in self.producers]
         await asyncio.gather(*(self._stop(p) for p in gone))
-        results = await asyncio.gather(*(self._start(p) for p in new), return_exceptions=True)
-        for partition, result in zip(new, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("%s: no transactional producer for %s/%s: %r", self.agent, self.topic, partition, result)
-                self.ownership.lose(partition)
+        # Before the restore (its InitProducerId fences the previous owner): the assignment
+        # waits for producers that cannot start yet, for a while.
+        results = await asyncio.gather(*(self._start_while_owned(p, self.ownership.owned.get(p, -1),
+                                                                 within_s=ASSIGNED_START_WITHIN_S) for p in new),
+                                       return_exceptions=True)
+        failed = [(p, r) for p, r in zip(new, results, strict=True) if isinstance(r, BaseException)]
+        for partition, result in failed:
+            if not isinstance(result, Exception):
+                raise result
+            log.error("%s: no transactional producer for %s/%s: %r", self.agent, self.topic, partition, result)
+        if failed:
+            # Giving the partitions up would leave them unread until a rebalance that may never
+            # come; faust stops the worker on this error, which rejoins when restarted.
+            raise RuntimeError(f"{self.agent}: no transactional producer for {self.topic} partitions "
+                               f"{[p for p, _ in failed]} within {ASSIGNED_START_WITHIN_S}s of the assignment")
 
     def _aiokafka_producer(self, txn_id: str) -> AIOKafkaProducer:
         return AIOKafkaProducer(transactional_id=txn_id, **self.producer_options)
@@ -162,6 +189,33 @@ class TransactionalSink:
 
         self.outboxes[partition] = self.make_outbox(send)
         log.info("%s: transactional producer %s started", self.agent, self.txn_id(partition))
+
+    async def _start_while_owned(self, partition: int, generation: int, within_s: float | None = None) -> bool:
+        """Start the partition's producer, again with back-off while it cannot be started (the
+        broker unreachable, or its transaction coordinator not ready); False when the partition
+        is not ours in `generation` any more (revoked meanwhile: its next owner starts one, and
+        a start of ours after that would fence it), the producer was fenced, or we close. With
+        `within_s`, the last failure is raised once the next attempt would come later than that."""
+        delay = START_BACKOFF_S
+        deadline = None if within_s is None else self.clock() + within_s
+        while not self.closed and self.ownership.owns(partition, generation):
+            try:
+                await self._start(partition)
+                return True
+            except FENCED as exc:  # another worker's producer began after ours: the partition is its
+                log.warning("%s: producer %s fenced on start (%r): the partition belongs to another worker",
+                            self.agent, self.txn_id(partition), exc)
+                self.ownership.lose(partition)
+                return False
+            except Exception as exc:  # noqa: BLE001 - unreachable for now: the partition's batches wait
+                self.start_failures += 1
+                if deadline is not None and self.clock() + delay > deadline:
+                    raise
+                log.error("%s: cannot start producer %s (%r): trying again in %.1fs", self.agent,
+                          self.txn_id(partition), exc, delay)
+            await self.sleep(delay)
+            delay = min(2 * delay, START_BACKOFF_MAX_S)
+        return False
 
     async def _stop(self, partition: int) -> None:
         producer = self.producers.pop(partition, None)
@@ -225,12 +279,12 @@ class TransactionalSink:
                 log.error("%s: transaction of %s/%s from offset %s failed: %r (%r); aborting", self.agent,
                           self.topic, partition, w.fetched.first_offset, exc, cause)
                 self.aborted += 1
-                return "failed" if await self._abort(partition, producer) else "lost"
+                return "failed" if await self._abort(partition, producer, w.fetched.generation) else "lost"
             except (TimeoutError, KafkaError) as exc:
                 log.error("%s: transaction of %s/%s from offset %s failed: %r; aborting", self.agent, self.topic,
                           partition, w.fetched.first_offset, exc)
                 self.aborted += 1
-                return "failed" if await self._abort(partition, producer) else "lost"
+                return "failed" if await self._abort(partition, producer, w.fetched.generation) else "lost"
             finally:
                 self.table.discard(partition)
                 self.table.settle(partition, durable=False)  # given back unless it committed
@@ -268,8 +322,9 @@ class TransactionalSink:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(producer.stop(), 5.0)
 
-    async def _abort(self, partition: int, producer: Any) -> bool:
-        """Abort the open transaction; False when the partition turned out to be lost."""
+    async def _abort(self, partition: int, producer: Any, generation: int) -> bool:
+        """Abort the open transaction; False when the partition turned out to be lost. Runs under
+        the partition's lock, so a revocation waits for a restart attempt in flight."""
         try:
             await asyncio.wait_for(producer.abort_transaction(), self.timeout_s)
         except FENCED as exc:  # a new producer would fence the partition's new owner in turn
@@ -281,13 +336,10 @@ class TransactionalSink:
             self.outboxes.pop(partition, None)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(producer.stop(), 5.0)
-            try:
-                await self._start(partition)
-            except Exception as start_exc:  # noqa: BLE001
-                log.error("%s: cannot restart producer %s: %r", self.agent, self.txn_id(partition), start_exc)
-                self.ownership.lose(partition)
-                return False
+            # The new producer's InitProducerId aborts the transaction the old one left open.
+            return await self._start_while_owned(partition, generation)
         return True
 
     async def close(self) -> None:
+        self.closed = True
         await asyncio.gather(*(self._stop(p) for p in list(self.producers)))

@@ -943,6 +943,137 @@ async def test_an_abort_that_finds_the_producer_fenced_loses_the_partition_and_f
     assert r.loop.seeks == []  # type: ignore[attr-defined]
 
 
+def broker_down(r: Rig, refusals: list[BaseException]) -> list[float]:
+    """The sink's next producers refuse to start with `refusals`, one each, as aiokafka's
+    start does while the broker cannot be reached; returns the back-off delays the sink waits
+    (on a clock that moves only by them)."""
+    sink = r.loop.sink
+    make = sink.producer_factory  # type: ignore[attr-defined]
+    waited: list[float] = []
+    sink.clock = lambda: sum(waited)  # type: ignore[attr-defined]
+
+    def factory(txn_id: str) -> FakeTxnProducer:
+        producer: FakeTxnProducer = make(txn_id)
+        if refusals:
+            refusal = refusals.pop(0)
+
+            async def start() -> None:
+                producer.log.append((txn_id, "start"))
+                raise refusal
+
+            producer.start = start  # type: ignore[method-assign]
+        return producer
+
+    async def sleep(seconds: float) -> None:
+        waited.append(seconds)
+
+    sink.producer_factory = factory  # type: ignore[attr-defined]
+    sink.sleep = sleep  # type: ignore[attr-defined]
+    return waited
+
+
+async def test_a_producer_that_cannot_be_restarted_while_the_broker_is_down_is_retried_and_its_run_read_again() -> None:
+    """A chaos run on Apache Kafka (broker killed and restarted): a transaction failed, its
+    producer was left in aiokafka's fatal state (the abort refused), and the new producer could
+    not bootstrap. The partition was given up as if another worker had it, though no rebalance
+    came: its batches were dropped for good (57 holds leaked). Now the producer is started
+    again with back-off until the broker answers, and the run is read again from its offset."""
+    from aiokafka.errors import KafkaConnectionError, KafkaError
+
+    r, calls, producers = txn_rig({"offsets": KafkaError("Unexpected error during batch delivery"),
+                                   "abort": AssertionError("Invalid state transition TransactionState.FATAL_ERROR "
+                                                           "-> TransactionState.ABORTING_TRANSACTION")})
+    await assign(r, {0, 1}, generation=2)
+    waited = broker_down(r, [KafkaConnectionError("Unable to bootstrap from [('127.0.0.1', 52785)]")] * 3)
+    first = run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)], first_offset=198)
+    flushed = await r.loop.process([first])
+    assert [w.fetched.first_offset for w in flushed.failed] == [198] and not flushed.lost
+    assert r.ownership.partitions == {0, 1}  # still ours: nobody else took it
+    assert calls.count(("ks-deciders-holds-0", "start")) == 5  # assigned, 3 refused, the one that answered
+    assert len(waited) == 3 and waited == sorted(waited)  # backing off between the attempts
+    assert r.loop.seeks == [(topics.HOLDS, 0, 198)]  # type: ignore[attr-defined]
+    again = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)], first_offset=198)])
+    [work] = again.durable
+    assert work.fetched.first_offset == 198
+    [(offsets, _)] = producers["ks-deciders-holds-0"].offsets  # the new producer committed the run
+    assert {(tp.topic, tp.partition): o for tp, o in offsets.items()} == {(topics.HOLDS, 0): 199}
+    later = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u1", "u1", gang_min=1)], first_offset=199)])
+    assert [w.fetched.first_offset for w in later.durable] == [199]  # and the partition goes on
+
+
+async def test_a_restart_refused_because_another_worker_took_the_partition_gives_it_up() -> None:
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, ProducerFenced
+
+    r, calls, _ = txn_rig({"offsets": KafkaTimeoutError(), "abort": AssertionError("fatal")})
+    await assign(r, {0}, generation=2)
+    broker_down(r, [KafkaConnectionError("down"), ProducerFenced()])
+    flushed = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)], first_offset=3)])
+    assert flushed.lost and not flushed.failed and r.ownership.partitions == set()
+    assert calls.count(("ks-deciders-holds-0", "start")) == 3  # no attempt after the fence
+    assert r.loop.seeks == []  # type: ignore[attr-defined]
+
+
+async def test_a_restart_waiting_for_the_broker_stops_when_its_partition_is_revoked() -> None:
+    """A rebalance while the producer cannot be started: the attempts stop (a later one would
+    fence the partition's new owner), the run is dropped, and a new assignment of the
+    partition starts its producer afresh."""
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+
+    r, calls, producers = txn_rig({"offsets": KafkaTimeoutError(), "abort": AssertionError("fatal")})
+    await assign(r, {0}, generation=2)
+    refusals: list[BaseException] = [KafkaConnectionError("down")] * 100
+    waited = broker_down(r, refusals)
+    sleep = r.loop.sink.sleep  # type: ignore[attr-defined]
+    revoking: list[asyncio.Task[None]] = []
+
+    async def revoked_meanwhile(seconds: float) -> None:
+        await sleep(seconds)
+        if len(waited) == 2:  # faust's rebalance, in its own task: it waits for the attempt to end
+            revoking.append(asyncio.create_task(r.loop.on_revoked({TP(topics.HOLDS, 0)})))
+            await asyncio.sleep(0)
+
+    r.loop.sink.sleep = revoked_meanwhile  # type: ignore[attr-defined]
+    flushed = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)], first_offset=3)])
+    assert flushed.lost and not flushed.failed and r.loop.seeks == []  # type: ignore[attr-defined]
+    assert calls.count(("ks-deciders-holds-0", "start")) == 3  # assigned, then two refused
+    await asyncio.wait_for(revoking[0], 1.0)  # the revocation did not wait out its timeout
+    refusals.clear()  # the broker is back
+    await assign(r, {0}, generation=3)
+    assert calls.count(("ks-deciders-holds-0", "start")) == 4
+    flushed = await r.loop.process([run_of(topics.HOLDS, 0, 3, [held("u0", "u0", gang_min=1)], first_offset=3)])
+    assert [w.fetched.first_offset for w in flushed.durable] == [3]
+
+
+async def test_a_producer_that_cannot_start_on_assignment_is_started_again_before_the_restore() -> None:
+    """The same at assignment: the producer must start before the restore (its InitProducerId
+    fences the previous owner), so the assignment waits for it, with back-off."""
+    from aiokafka.errors import KafkaConnectionError
+
+    r, calls, _ = txn_rig()
+    waited = broker_down(r, [KafkaConnectionError("down")] * 2)
+    await assign(r, {0}, generation=2)
+    assert r.ownership.partitions == {0} and len(waited) == 2
+    assert calls.count(("ks-deciders-holds-0", "start")) == 3
+    flushed = await r.loop.process([run_of(topics.HOLDS, 0, 2, [held("u0", "u0", gang_min=1)], first_offset=3)])
+    assert [w.fetched.first_offset for w in flushed.durable] == [3]
+
+
+async def test_an_assignment_whose_producer_cannot_start_for_long_stops_the_worker_not_the_partition() -> None:
+    """faust's assignment callback pauses the group's heartbeats, so it waits only so long;
+    then the error reaches faust, which stops the worker (it rejoins once restarted), instead
+    of the partition being left unread until a rebalance that may never come."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from agents.adapters.transactions import ASSIGNED_START_WITHIN_S
+
+    r, calls, _ = txn_rig()
+    waited = broker_down(r, [KafkaConnectionError("down")] * 100)
+    with pytest.raises(RuntimeError, match=r"holds partitions \[0\]"):
+        await assign(r, {0}, generation=2)
+    assert sum(waited) <= ASSIGNED_START_WITHIN_S and len(waited) >= 4
+    assert calls.count(("ks-deciders-holds-0", "start")) == len(waited) + 1
+
+
 async def test_a_key_with_pods_deleted_a_retention_ago_is_forgotten_in_a_later_run_and_its_changelog_gets_a_tombstone() -> None:
     retention = 600.0
     r = rig(DeciderCore(retention), plain=True)

@@ -19,7 +19,9 @@ round, and crashes at every point between table write, outputs and offset commit
   decides while its outputs wait are one batch, as the loop's: `Actor.batch`); `persist` writes
   its table (the changelog may run ahead of the committed offset), `commit` commits its offset
   once its outputs are acknowledged (with the table), `crash` restores the last persisted
-  table, rewinds to the committed offset and loses what was not acknowledged;
+  table, rewinds to the committed offset and loses what was not acknowledged; `abort` does
+  the same but keeps the table in memory (a transaction aborted, or a producer restarted,
+  while the partition stays ours);
 - outputs reach the broker when flushed, in order, possibly in part; records may be delivered
   twice; timers fire as records on the deciders' and owners' own logs, re-armed from their
   tables after a crash.
@@ -500,7 +502,7 @@ ACTIONS = st.tuples(
     st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
                      "delete", "terminate", "node-delete", "node-add", "timer",
                      "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small", "wait", "late-claim",
-                     "sweep", "restart", "future-node", "future-duplicate"]),
+                     "sweep", "restart", "future-node", "future-duplicate", "abort"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -544,6 +546,8 @@ def run(actions: list[tuple[str, int, int]]) -> World:
             world.note_durable(actor)
         elif action == "crash":
             actor.crash()
+        elif action == "abort":  # read again from the committed offset, the table kept in memory
+            actor.abort()
         elif action == "duplicate":  # a record delivered again, late
             # Not a Nomination: one re-appended after its clearing is taken for a new one (nothing
             # in the record tells them apart) and nothing lapses it: a known gap (test_adversary).
