@@ -39,6 +39,11 @@ adapter): a finished job leaves `jobs` at once and is remembered as finished (`d
 no late version brings it back) for `DONE_KEEP_S`; reservation events and feedback are kept
 only for jobs not known to be finished, and those of jobs never seen for `ORPHAN_KEEP_S`;
 `moved_at` for the longest `moveInterval`; a scale-down plan per profile and workload.
+The tail reads `pods` and `bindings` interleaved in no fixed order, so a short-lived pod's
+Binding may be read after its PodDeleted (or before its Pod): a deleted uid is remembered in
+`gone` for `GONE_KEEP_S` and a Binding read for it then is dropped (pod uids are never
+reused), while a Binding read before its Pod is kept for the Pod to come. Memory of deletions
+is bounded by the deletion rate times `GONE_KEEP_S`, not by history.
 
 Counted for the metrics: evictions by reason, migrations finished by phase and reason, and
 each profile's cluster objective as its last cycle measured it.
@@ -82,6 +87,7 @@ SCALE_DOWN_REASON = "rebalance: ScaleDownBinPack"
 DONE_KEEP_S = 3600.0  # a finished job's uid is remembered this long (no later version revives it)
 ORPHAN_KEEP_S = 600.0  # an event for a job not seen yet is kept this long
 EVICTED_KEEP_S = 600.0  # a pod an eviction was sent for is left alone this long, unless deleted
+GONE_KEEP_S = 600.0  # a deleted pod's uid is remembered this long: its Binding read later is dropped
 PRUNE_EVERY_S = 10.0
 _SEQUENCE = re.compile(r"-([0-9]+)$")
 
@@ -98,6 +104,7 @@ class RebalancerService:
     active: dict[str, str] = field(default_factory=dict)  # pod uid -> its unfinished job
     done: dict[str, float] = field(default_factory=dict)  # finished job uid -> when it was seen finished
     departed: dict[str, Pod] = field(default_factory=dict)  # deleted pods of unfinished jobs
+    gone: dict[str, float] = field(default_factory=dict)  # deleted pod uid -> when its deletion was read
     evicted: dict[str, float] = field(default_factory=dict)  # pod uid -> when its eviction was sent
     moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
     events: dict[str, tuple[ReservationEvent, float]] = field(default_factory=dict)  # reservation -> last event
@@ -132,7 +139,8 @@ class RebalancerService:
             elif isinstance(r, PodDeleted):
                 out += self._deleted(r.uid, now)
             elif isinstance(r, Binding):
-                self.bound[r.uid] = r.node
+                if r.uid not in self.gone:  # read after its pod's deletion: it binds nothing any more
+                    self.bound[r.uid] = r.node
             elif isinstance(r, EvictionCommand):
                 if r.uid in self.pods:
                     self.evicted[r.uid] = now  # whoever sent it (a past leader, a preemption): the pod is going
@@ -179,6 +187,7 @@ class RebalancerService:
         return outputs
 
     def _deleted(self, uid: str, now: float) -> list[Output]:
+        self.gone[uid] = now
         pod = self.pods.pop(uid, None)
         node = self.bound.pop(uid, None)
         self.evicted.pop(uid, None)
@@ -250,6 +259,7 @@ class RebalancerService:
         self.unschedulable = {k: t for k, t in self.unschedulable.items()
                               if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - t < ORPHAN_KEEP_S}
         self.evicted = {uid: t for uid, t in self.evicted.items() if now - t < EVICTED_KEEP_S}
+        self.gone = {uid: t for uid, t in self.gone.items() if now - t < GONE_KEEP_S}
         keep = max((p.fragmentation.move_interval_s for p in self.rebalancer.config.profiles if p.fragmentation),
                    default=0.0)
         self.moved_at = {uid: t for uid, t in self.moved_at.items() if uid in self.active or now - t < keep}

@@ -12,9 +12,12 @@ from typing import Any
 
 from agents.rebalance import migration as mg
 from agents.rebalance.arbitration import TokenBucket
+from agents.rebalance.service import GONE_KEEP_S, PRUNE_EVERY_S
 from schemas.records import (
+    Binding,
     EvictionCommand,
     MigrationJob,
+    Pod,
     PodDeleted,
     ReservationEvent,
     ScaleDownEvent,
@@ -275,6 +278,29 @@ def test_moved_at_keeps_every_migrated_pod_forever() -> None:
     assert not leader.jobs and leader.finished[(mg.SUCCEEDED, mg.DONE)] == len(written)
     gone = {j.pod_uid for j in written}
     assert not gone & set(follower.moved_at), f"moved_at keeps deleted pods: {sorted(gone & set(follower.moved_at))}"
+
+
+def test_bindings_read_after_their_pods_deletion_leave_no_entries() -> None:
+    """Issue 28, item 11. The tail reads `pods` and `bindings` interleaved in no fixed order,
+    so a short-lived pod's Binding can be read after its PodDeleted: it was kept in `bound`
+    for ever (10,000 such pods left 10,000 entries). A deleted uid is remembered for
+    `GONE_KEEP_S` and its late Binding dropped; a Binding read before its Pod still counts."""
+    svc, now = service(leading=False)
+    before = len(svc.bound)
+    for i in range(10_000):
+        uid = f"short-{i}"
+        svc.on_records([Pod(uid=uid, name=uid, phase="Running"), PodDeleted(uid=uid, name=uid),
+                        Binding(uid=uid, namespace="default", name=uid, node="n0", attempt=0, decision_key=uid)])
+        now[0] += 0.1
+        svc.prune(now[0])
+    assert len(svc.bound) == before, f"{len(svc.bound) - before} Bindings of deleted pods kept"
+    assert len(svc.gone) <= (GONE_KEEP_S + PRUNE_EVERY_S) / 0.1 + 1  # bounded by time, not history
+    now[0] += GONE_KEEP_S + PRUNE_EVERY_S
+    svc.prune(now[0])
+    assert not svc.gone
+    early = Binding(uid="early", namespace="default", name="early", node="n0", attempt=0, decision_key="early")
+    svc.on_records([early, Pod(uid="early", name="early", phase="Running")])
+    assert svc.bound["early"] == "n0" and "early" in {p.uid for p in svc.placed()}
 
 
 def test_the_leader_keeps_every_scale_down_plan() -> None:
