@@ -8,6 +8,9 @@ MigrationController arbitration, with its names and defaults), and the eviction 
   for 4-10 replicas, else 1; a workload of one replica is never moved, nor one whose limit
   would let every replica go at once. Pods of the workload that are not healthy now count as
   unavailable already (Koordinator's `mergeUnavailableAndMigratingPods`).
+- `evictionTTLMargin` (default 30s, shorter than a job's 5 min ttl): a ReservationFirst
+  move is evicted only while at least this much of its ttl is left; its reservation goes at
+  the ttl, and the replacement needs the time to be recreated and bound into it.
 - PodDisruptionBudgets (`Budget`): a disruption that would leave fewer healthy pods than
   the budget allows is refused, as the Eviction API answers 429.
 
@@ -26,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.rebalance.args import integer
+from agents.rebalance.args import JOB_TTL_S, duration_s, integer
 from agents.rebalance.evictor import workload_of
 from agents.rebalance.selectors import LabelSelector
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
@@ -37,6 +40,7 @@ PER_NAMESPACE = "maxMigratingPerNamespace"
 GLOBALLY = "maxMigratingGlobally"
 PER_WORKLOAD = "maxMigratingPerWorkload"
 UNAVAILABLE = "maxUnavailablePerWorkload"
+TTL_MARGIN = "evictionTTLMargin"
 SINGLE_REPLICA = "single-replica workload"
 NO_WORKLOAD = "no workload"
 PDB = "PodDisruptionBudget"
@@ -84,11 +88,12 @@ class ArbitrationArgs:
     max_unavailable_per_workload: int | str | None = None
     eviction_qps: float = 10.0
     eviction_burst: int = 1
+    eviction_ttl_margin_s: float = 30.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], path: str = "") -> ArbitrationArgs:
         reject_unknown(raw, {PER_NODE, PER_NAMESPACE, GLOBALLY, PER_WORKLOAD, UNAVAILABLE,
-                             "evictionQPS", "evictionBurst"}, path)
+                             "evictionQPS", "evictionBurst", TTL_MARGIN}, path)
         kw: dict[str, Any] = {}
         for name, attr in ((PER_NODE, "max_migrating_per_node"), (PER_NAMESPACE, "max_migrating_per_namespace"),
                            (GLOBALLY, "max_migrating_globally")):
@@ -102,6 +107,12 @@ class ArbitrationArgs:
                 raise ArgsError(f"{path}evictionQPS", qps, "must be a positive finite number")
             kw["eviction_qps"] = float(qps)
         kw["eviction_burst"] = integer(raw, "evictionBurst", path, 1, 1)
+        if raw.get(TTL_MARGIN) is not None:
+            margin = duration_s(raw[TTL_MARGIN], f"{path}{TTL_MARGIN}")
+            if margin >= JOB_TTL_S:
+                raise ArgsError(f"{path}{TTL_MARGIN}", raw[TTL_MARGIN],
+                                f"must be shorter than a migration job's ttl ({JOB_TTL_S:g}s): no move would evict")
+            kw["eviction_ttl_margin_s"] = margin
         return cls(**kw)
 
     def max_unavailable(self, replicas: int) -> int:

@@ -20,7 +20,8 @@ nothing: a finished job ignores every input, a job past a step ignores that step
 Led, every `deschedulingInterval` `cycle(now)` plans over the bound pods and starts a
 migration job per planned move (their Reservations go to `pods`, the jobs to `migrations`);
 `actuate(now)` sends the evictions that jobs wait for, ReservationFirst moves through the
-arbitration again, all through the eviction rate limit (`TokenBucket`); `tick(now)` ends jobs
+arbitration again and only with `evictionTTLMargin` of their ttl left, all through the
+eviction rate limit (`TokenBucket`); `tick(now)` ends jobs
 past their ttl. `scale_down` answers a ScaleDownEvent: with CalculateOnly the ranks go out as
 `controller.kubernetes.io/pod-deletion-cost` annotations on the pods (a Pod update of a bound
 pod on `pods`, which the scheduler ignores and a ReplicaSet controller, or the bridge that
@@ -347,10 +348,12 @@ class RebalancerService:
                 arbitrator.admit(pod, job.source)
             else:
                 waiting.append((job, pod))
+        margin = self.rebalancer.config.profiles[0].arbitration.eviction_ttl_margin_s
         for job, pod in waiting:
             moving = job.mode == mg.RESERVATION_FIRST
-            if job.pod_uid not in self.pods or (moving and arbitrator.refusal(pod, job.source)):
-                continue
+            if job.pod_uid not in self.pods or (moving and (mg.ttl_left(job, now) < margin
+                                                            or arbitrator.refusal(pod, job.source))):
+                continue  # too little ttl left: its reservation would go before the replacement came
             if not self.bucket.take():
                 break
             arbitrator.admit(pod, job.source)

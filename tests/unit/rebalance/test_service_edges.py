@@ -23,7 +23,7 @@ from schemas.records import (
     ScaleDownEvent,
     SchedulingFeedback,
 )
-from tests.unit.rebalance.test_service import available, service
+from tests.unit.rebalance.test_service import MOVES, available, service
 
 EVICT_DIRECTLY = ("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
                   "pluginConfig: [{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
@@ -356,3 +356,35 @@ def test_an_available_event_without_a_node_lets_the_move_evict() -> None:
     svc.on_records([ReservationEvent(name=job.reservation, uid=job.reservation, phase="Available", node="")])
     sent = [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
     assert job.pod_uid not in sent
+
+
+# --- issue 28, item 7: no eviction at the ttl's edge -------------------------------------------
+
+def test_a_late_available_event_does_not_evict_at_the_ttls_edge() -> None:
+    """Issue 28, item 7. A ReservationFirst job's reservation Available at 299.9 s of its
+    300 s ttl: `actuate` evicted, and at 300 s the job aborted and deleted the reservation, a
+    pod evicted with no reservation for its replacement. With less than `evictionTTLMargin`
+    (MigrationController, default 30 s) of the ttl left, the job sends no eviction and ends at
+    its ttl; with the margin configured to 0 the old edge is back (the setting is read)."""
+    for margin, evicts in (("", False), ("0s", True)):
+        text = MOVES if not margin else MOVES.replace(
+            "pluginConfig: [", f"pluginConfig: [{{name: MigrationController, args: {{evictionTTLMargin: {margin}}}}}, ", 1)
+        svc, now = service(text)
+        job = [o.record for o in svc.cycle(now[0]) if isinstance(o.record, MigrationJob)][0]
+        now[0] += job.ttl_s - 0.1
+        svc.on_records([available(job)])
+        sent = [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+        assert (job.pod_uid in sent) == evicts, f"margin {margin or 'default'}: evicted {sent}"
+        if not evicts:
+            now[0] += 0.1
+            out = svc.tick(now[0])
+            assert job.uid in svc.done and job.reservation in {o.record.uid for o in out if isinstance(o.record, PodDeleted)}
+            assert not [o for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+
+
+def test_an_available_event_with_the_margin_left_still_evicts() -> None:
+    svc, now = service()
+    job = [o.record for o in svc.cycle(now[0]) if isinstance(o.record, MigrationJob)][0]
+    now[0] += job.ttl_s - 30.0  # exactly the default margin left
+    svc.on_records([available(job)])
+    assert job.pod_uid in [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]

@@ -3,7 +3,8 @@ drives them: cycles, reservation events (some on the source node), pods deleted,
 feedback, ttl ticks, clock jumps, the log read back (and parts of it again), and leadership
 handed over after both read the whole log. Whatever happens: a ReservationFirst move evicts
 only after its reservation was Available on another node and before it was deleted, no pod
-is evicted twice, and a follower writes nothing."""
+is evicted twice, no move is evicted with less than `evictionTTLMargin` of its ttl left (a
+recorded eviction sent again by a new leader aside), and a follower writes nothing."""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ class World:
         for o in outputs:
             r = o.record
             if isinstance(r, MigrationJob):
+                before = self.jobs.get(r.uid)
+                if r.mode == mg.RESERVATION_FIRST and r.step == mg.REPLACING and (before is None
+                                                                                 or before.step != mg.REPLACING):
+                    margin = self.leader.rebalancer.config.profiles[0].arbitration.eviction_ttl_margin_s
+                    left = mg.ttl_left(r, self.clock[0])
+                    assert left >= margin, f"{r.pod_uid} evicted with {left:.1f} s of its ttl left"
                 self.jobs[r.uid] = r
             elif isinstance(r, PodDeleted) and r.uid.endswith(mg.RESERVATION_SUFFIX):
                 self.deleted.add(r.uid)
@@ -86,7 +93,7 @@ class World:
         elif op < 0.5:
             self.emit(self.leader.actuate(now) + self.leader.tick(now))
         elif op < 0.6:
-            self.clock[0] += rng.choice([0.05, 0.1, 1, 30, 200, 400])
+            self.clock[0] += rng.choice([0.05, 0.1, 1, 30, 200, 285, 400])  # 285: into the ttl margin
         elif op < 0.75 and self.log:
             self.feed([r for r in self.log[rng.randrange(len(self.log)):] if isinstance(r, (MigrationJob, PodDeleted))])
         elif op < 0.82:
