@@ -8,8 +8,10 @@ evicted again), ReservationEvent (`reservations`), SchedulingFeedback (`feedback
 for a migration's reservation means it fits nowhere) and its own MigrationJob records
 (`migrations`: of two versions of a job the higher wins, so a record read back late never
 undoes a step), and PodDisruptionBudgets (`disruption-budgets`: planners plan no move that
-would break one, and the actuator sends no eviction that would; one whose selector or amounts
-cannot be read is a problem for the dead-letter topic, and protects nothing).
+would break one, and the actuator sends no eviction that would, on every path: moves and
+EvictDirectly scale-downs; counted as the Eviction API counts them, see `healthy`, `covered`
+and `arbitration`; one whose selector or amounts cannot be read is a problem for the
+dead-letter topic, and protects nothing).
 
 Every worker with the rebalancer role keeps this view; one of them leads (`lead`), and only
 the leader steps jobs and writes. A follower records the last event of each migration's
@@ -60,10 +62,11 @@ from functools import partial
 
 from agents.ports import Output, Problem
 from agents.rebalance import migration as mg
-from agents.rebalance.arbitration import Arbitrator, Budget, TokenBucket
+from agents.rebalance.arbitration import Arbitrator, Budget, TokenBucket, running
 from agents.rebalance.binpack import DELETION_COST, ScaleDownPlan
 from agents.rebalance.objective import Objective
 from agents.rebalance.rebalancer import Rebalancer, budget_of
+from agents.rebalance.view import TERMINAL
 from agents.scheduler.plugins.args import ArgsError
 from agents.state import reservations
 from schemas import topics
@@ -320,7 +323,8 @@ class RebalancerService:
         out: list[Output] = []
         staying = [p for p in self.placed() if p.uid not in self.evicted]
         plans = self.rebalancer.cycle(self.nodes.values(), staying, now=now, moved_at=self.moved_at,
-                                      in_flight=self.in_flight(), budgets=list(self.budgets.values()))
+                                      in_flight=self.in_flight(), budgets=list(self.budgets.values()),
+                                      covered=self.covered(), healthy=self.healthy)
         for c in plans:
             self.objective[c.profile] = (c.moves.before, c.moves.after)
             args = next(p.fragmentation for p in self.rebalancer.config.profiles if p.name == c.profile)
@@ -330,15 +334,31 @@ class RebalancerService:
                 out += self._start(self.pods[move.uid], move.source, move.destination, now, mg.RESERVATION_FIRST)
         return out
 
+    def healthy(self, pod: Pod) -> bool:
+        """Healthy as the Eviction API counts it: Running (standing for Ready: the Pod record
+        carries no Ready condition), not terminating, still there, not evicted already (the
+        API's disruptedPods) and bound to a node that exists."""
+        return (running(pod) and pod.uid in self.pods and pod.uid not in self.evicted
+                and self.bound.get(pod.uid, "") in self.nodes)
+
+    def covered(self) -> list[Pod]:
+        """The pods the budgets count: every live pod that has not finished, bound or pending,
+        and the deleted pods of unfinished jobs (their replacements may not be there yet)."""
+        live = [p for p in self.pods.values() if p.phase not in TERMINAL]
+        return live + [p for uid, p in self.departed.items() if uid not in self.pods]
+
     def actuate(self, now: float) -> list[Output]:
-        """Evictions that jobs wait for, within the arbitration and the rate limit. Every
-        unfinished job counts against the limits, its pod deleted or not."""
+        """Evictions that jobs wait for, within the arbitration and the rate limit; every one,
+        EvictDirectly included, within the PodDisruptionBudgets, each eviction of the batch
+        counted. Every unfinished job counts against the limits, its pod deleted or not."""
         if not self.leading or not self.rebalancer.config.profiles:
+            return []
+        if not any(mg.eviction(job) is not None for job in self.jobs.values()):
             return []
         out: list[Output] = []
         departed = [p for p in self.departed.values() if p.uid not in self.pods]
         arbitrator = Arbitrator.over(self.rebalancer.config.profiles[0].arbitration, [*self.placed(), *departed],
-                                     self.budgets.values())
+                                     self.budgets.values(), covered=self.covered(), budget_healthy=self.healthy)
         waiting = []
         for job in self.jobs.values():
             pod = self.pods.get(job.pod_uid) or self.departed.get(job.pod_uid)
@@ -354,6 +374,8 @@ class RebalancerService:
             if job.pod_uid not in self.pods or (moving and (mg.ttl_left(job, now) < margin
                                                             or arbitrator.refusal(pod, job.source))):
                 continue  # too little ttl left: its reservation would go before the replacement came
+            if not moving and arbitrator.budget_refusal(pod):
+                continue  # a scale-down's eviction waits for its budget too (until its ttl)
             if not self.bucket.take():
                 break
             arbitrator.admit(pod, job.source)
