@@ -9,8 +9,9 @@
    node selector, allocate-once, its ttl the job's, and pinned to the planned destination by a
    required node affinity on `metadata.name`. `EvictDirectly` skips it and evicts at once.
 2. `on_reservation`: Available on a node other than the source: the job asks to evict (the
-   actuator sends the EvictionCommand when arbitration and the rate limit allow, `evicted`
-   records it). Available on the source, or Failed (expired, node lost): Aborted.
+   actuator sends the EvictionCommand when arbitration and the rate limit allow and at least
+   the margin `evictionTTLMargin` of the ttl is left (`ttl_left`), `evicted` records it: a pod
+   evicted at the ttl's edge would find its reservation deleted at the ttl). Available on the source, or Failed (expired, node lost): Aborted.
    Succeeded (an allocate-once reservation consumed) after the eviction: the replacement is
    bound into it, the job Succeeded; before the eviction (another pod of the workload took
    it): Aborted, nothing evicted, and `on_sibling_consumed` ends a job of the same workload
@@ -34,6 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agents.ports import Output
+from agents.rebalance.args import JOB_TTL_S
 from agents.rebalance.evictor import controller_of, workload_of
 from agents.state import reservations
 from schemas import topics
@@ -71,7 +73,7 @@ Step = tuple[MigrationJob, list[Output]]
 
 
 def new_job(pod: Pod, *, source: str, destination: str, now: float, mode: str = RESERVATION_FIRST,
-            ttl_s: float = 300.0, sequence: int = 0) -> MigrationJob:
+            ttl_s: float = JOB_TTL_S, sequence: int = 0) -> MigrationJob:
     return MigrationJob(uid=f"migrate-{pod.uid}-{sequence}", pod_uid=pod.uid, namespace=pod.namespace,
                         pod_name=pod.name, workload=workload_of(pod), source=source, destination=destination,
                         mode=mode, created=now, ttl_s=ttl_s, updated=now)
@@ -150,6 +152,11 @@ def eviction(job: MigrationJob, reason: str = "rebalance: FragmentationAware") -
     if job.phase != RUNNING or job.step != EVICTING:
         return None
     return command(job, reason)
+
+
+def ttl_left(job: MigrationJob, now: float) -> float:
+    """Seconds until the job's ttl (and its reservation's) runs out; negative past it."""
+    return job.created + job.ttl_s - now
 
 
 def command(job: MigrationJob, reason: str) -> EvictionCommand:
