@@ -79,6 +79,18 @@ Wound-wait (DESIGN.md, rule 6): a `Yield` from an owner (a higher-ranked gang ne
 gang holds there) gives the gang up like a timeout if it is still waiting; a soft rejection
 (the owner asked others to yield for this member) requeues the member without Strict mode.
 
+Elastic quotas (`agents.state.quotas`): a group about to be accepted (a pod, a gang's round, a
+late member) whose pods count against a quota the decider's `QuotaTree` knows is not committed
+yet: it waits in `asking` (its holds still held, its Helds recorded `asking`) while each quota
+tree's ledger is asked (`QuotaAsk` on `holds`, key `quota:<root>`), and is accepted as above
+once every tree granted it (`QuotaGranted`). A `QuotaDenied` releases its holds and requeues
+its pods (recorded in `denied` for the latest batch that was denied, so that the denial
+redelivered re-sends the same outputs); a pod deleted while its group asks takes the group
+down (its fellows requeued). A grant for a group no longer asking is given back
+(`QuotaReturn`), and so is a committed pod's grant when its owner tells the decider the pod
+was terminated (recorded with that termination's outputs). A Held redelivered while asking
+re-sends the asks; a grant redelivered for a committed group re-sends the group's outputs.
+
 Decisions are final: an accepted hold is never released, a bound pod never requeued.
 
 Retention (`agents.state.retention`, DESIGN.md rule 10): a deleted pod is forgotten a

@@ -247,3 +247,34 @@ def test_the_parent_quota_is_guaranteed_too() -> None:
     net.pump()
     team = net.committed("q") + net.committed("team")
     assert team <= 3000, f"quota team: {team}m committed against a max of 3000m"
+
+
+def test_the_ledger_counts_a_pod_once_and_an_old_return_frees_nothing() -> None:
+    """Through `DeciderCore`, as the deciders' agent runs it (state as the table's JSON): an
+    ask redelivered is granted again without counting twice; the pod asked again for another
+    group (a retry) keeps one grant, now that group's; a Return of the old group frees nothing,
+    one of the current group frees it, and the key then leaves the table."""
+    from agents.adapters.deciders import DeciderCore
+    from agents.adapters.loop import Outcome
+    from schemas.records import QuotaAsk, QuotaGranted, QuotaItem, QuotaReturn
+
+    core = DeciderCore(600.0, quota_tree(load(CONFIG)))
+    key = "quota:team"
+
+    def ask(group: str, *uids: str) -> QuotaAsk:
+        return QuotaAsk(decision_key=key, asker="x", group=group,
+                        items=tuple(QuotaItem(uid=u, quota="q", requests=ResourceList(cpu=1000)) for u in uids))
+
+    def apply(stored: Any, *records: Any) -> tuple[Any, Outcome]:
+        outcome = Outcome()
+        return core.apply(key, stored, list(records), [0.0] * len(records), 0.0, outcome), outcome
+
+    stored, outcome = apply(None, ask("x/0/n0", "p1"), ask("x/0/n0", "p1"), ask("x/1/n0", "p1"))
+    assert [type(o.record) for o in outcome.first] == [QuotaGranted] * 3
+    assert stored["grants"]["p1"]["group"] == "x/1/n0"
+    stored, outcome = apply(stored, ask("y/0/n0", "p2", "p3"))  # 1000 + 2000 > 2000: all or none
+    assert isinstance(outcome.first[0].record, QuotaDenied) and set(stored["grants"]) == {"p1"}
+    stored, _ = apply(stored, QuotaReturn(decision_key=key, asker="x", group="x/0/n0", uids=("p1",)))
+    assert set(stored["grants"]) == {"p1"}
+    stored, _ = apply(stored, QuotaReturn(decision_key=key, asker="x", group="x/1/n0", uids=("p1",)))
+    assert stored is None
