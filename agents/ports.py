@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from schemas.records import Record, quick_init
+
+if TYPE_CHECKING:
+    from agents.state.quotas import QuotaSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +100,4 @@ class AgentConfig:
     retention_s: float = 600.0  # owners and deciders: see agents.state.retention
     max_clock_skew_s: float = 60.0  # owners and deciders: see agents.state.retention.judged_at
     commit_inputs: bool = False  # the scheduler: commit what it no longer needs of its inputs
+    quotas: tuple[QuotaSpec, ...] = ()  # deciders: the profiles' elastic quotas, whose ledgers they keep

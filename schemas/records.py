@@ -9,7 +9,8 @@ quantities. Change a record with `dataclasses.replace`.
 Keys (DESIGN.md, "Topics and keys"): `Pod`/`PodDeleted`/`Reservation` by uid on `pods`; `Node`/`NodeDeleted`
 by name on `nodes` and `node-inbox`; `Claim`, `Commit`, `Release`, `PodTerminated`,
 `Nomination`, `NominationCleared` by node on `node-inbox`; `Held`, `Rejected`, `Yield` and
-forwarded deletions by decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
+forwarded deletions by decision key on `holds`; `QuotaAsk` / `QuotaReturn` by `quota:<root quota>`
+and `QuotaGranted` / `QuotaDenied` by the asker's decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
 `EvictionCommand` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` by
 node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
 """
@@ -355,6 +356,8 @@ class Held(Record):
     nominated_node: str = ""
     devices: tuple[str, ...] = ()  # as claimed; the decider writes them on the Binding
     scheduled_at: float = 0.0  # the claim's
+    quota: str = ""  # the claim's elastic quota: its decider asks the quota's ledger before it commits
+    requests: ResourceList = field(default_factory=_resources)  # as claimed: what the quota is asked for
     kind: str = field(default="Held", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -407,6 +410,70 @@ class Yield(Record):
     holds: tuple[str, ...]
     winner: str
     kind: str = field(default="Yield", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaItem:
+    """One pod's share of a `QuotaAsk`: the quota it counts against and what it requests."""
+
+    uid: str
+    quota: str
+    requests: ResourceList = field(default_factory=_resources)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaAsk(Record):
+    """A decider asks the ledger of an elastic quota tree (key `quota:<root quota>` on `holds`)
+    to admit pods it is about to commit (`group`: the pods it accepts together, a pod's hold id
+    or a gang's round). All of them are granted, or none."""
+
+    KIND: ClassVar[str] = "QuotaAsk"
+    decision_key: str  # quota:<root>
+    asker: str  # the asking decider's decision key
+    group: str
+    items: tuple[QuotaItem, ...]
+    kind: str = field(default="QuotaAsk", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaGranted(Record):
+    """The quota ledger counts the group's pods (`uids`) against their quotas: commit them."""
+
+    KIND: ClassVar[str] = "QuotaGranted"
+    decision_key: str  # the asker's
+    group: str
+    quota_key: str  # quota:<root>
+    uids: tuple[str, ...]
+    kind: str = field(default="QuotaGranted", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaDenied(Record):
+    """The group would take a quota past its max: its decider releases and requeues it."""
+
+    KIND: ClassVar[str] = "QuotaDenied"
+    decision_key: str  # the asker's
+    group: str
+    quota_key: str
+    reason: str
+    kind: str = field(default="QuotaDenied", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaReturn(Record):
+    """A decider gives back what the ledger granted `group` for `uids` (the pods ended, or the
+    group was not committed after all); a grant since moved to another group stays."""
+
+    KIND: ClassVar[str] = "QuotaReturn"
+    decision_key: str  # quota:<root>
+    asker: str
+    group: str
+    uids: tuple[str, ...]
+    kind: str = field(default="QuotaReturn", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
@@ -708,7 +775,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, Binding, Yield, Requeue, SchedulingFeedback,
     EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
-    MigrationJob, PodDisruptionBudget,
+    MigrationJob, PodDisruptionBudget, QuotaAsk, QuotaGranted, QuotaDenied, QuotaReturn,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
 

@@ -201,10 +201,15 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
 
     outbox = PartitionedOutbox(send, p)
 
+    # The deciders keep the elastic quotas' ledgers (`agents.state.quotas`): the same profiles
+    # as the schedulers', so that the max a scheduler pre-filters with is the one guaranteed.
+    quotas = tuple(profiles.quota_tree(profiles.load(Path(s.profiles).read_text()) if s.profiles else None)
+                   .specs.values()) if "state" in settings.worker.roles else ()
+
     def config(table: str = "") -> AgentConfig:
         return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table,
                            retention_s=settings.worker.state_retention_s, commit_inputs=s.commit_input_offsets,
-                           max_clock_skew_s=settings.worker.clock_skew_s())
+                           max_clock_skew_s=settings.worker.clock_skew_s(), quotas=quotas)
 
     if "state" in settings.worker.roles:
         k = settings.kafka

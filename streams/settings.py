@@ -76,7 +76,9 @@ class SchedulingSettings:
     """Extra extended resource names the scheduler indexes, beyond the built-in ones."""
     profiles: str = ""
     """Path of a KubeSchedulerConfiguration-like YAML with the scheduler profiles; empty: the
-    default plugins under the names `default-scheduler` and `koordstream`."""
+    default plugins under the names `default-scheduler` and `koordstream`. The state role reads
+    it too: the deciders keep a ledger per elastic quota tree of its ElasticQuota args and
+    commit a pod with a quota only within every max (`agents.state.quotas`)."""
     unschedulable_flush_s: float = 30.0
     """A pod that fits nowhere is retried after this long even without a cluster event."""
     equivalence_batching: bool = True

@@ -15,6 +15,9 @@ makes the core re-send the pod's acceptance: its Binding went out before the ter
 the copy is dropped here rather than reach consumers after the termination, where it would
 count as bound again (the chaos checker saw a GPU given twice).
 
+Keys `quota:<root quota>` are elastic quota trees' ledgers (`agents.state.quotas`), in the
+same table: a decider asks one before it commits a pod of that quota, and commits on its grant.
+
 Gang timers: the decider asks for them (`Decision.timers`: key, round, seconds); the timer
 fires on the event loop (the wall clock lives here, at the edge) and appends
 `GangTimeout(key, round)` to the gang's `holds` partition, where the decider reads it like
@@ -36,6 +39,7 @@ from agents.adapters.tables import read_state
 from agents.adapters.timers import TimerRequest
 from agents.ports import AgentConfig, Outbox, Output
 from agents.state.ledger import TERMINATED, Decider, Decision, LedgerState
+from agents.state.quotas import QuotaLedger, QuotaLedgerState, QuotaTree, is_quota_key
 from agents.state.retention import DEFAULT_RETENTION_S
 from schemas import topics
 from schemas.records import (
@@ -44,12 +48,17 @@ from schemas.records import (
     Held,
     PodDeleted,
     PodTerminated,
+    QuotaAsk,
+    QuotaDenied,
+    QuotaGranted,
+    QuotaReturn,
     Record,
     Rejected,
     Yield,
 )
 
-HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated, GangTimeout, Yield)
+HOLDS_KINDS = (Held, Rejected, PodDeleted, PodTerminated, GangTimeout, Yield, QuotaAsk, QuotaGranted, QuotaDenied,
+               QuotaReturn)
 
 
 def key_of(record: Record) -> str:
@@ -68,14 +77,20 @@ class DeciderCore:
     kinds: tuple[type[Record], ...] = HOLDS_KINDS
     split: tuple[str, ...] = ()  # a decision key's state is small: written whole
 
-    def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
-        self.decider = Decider(retention_s)
+    def __init__(self, retention_s: float = DEFAULT_RETENTION_S, quotas: QuotaTree | None = None) -> None:
+        self.decider = Decider(retention_s, quotas)
+        self.quota_ledger = QuotaLedger(self.decider.quotas)
 
     def key_of(self, record: Record) -> str:
         return key_of(record)
 
     def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
               now: float, outcome: Outcome) -> dict[str, Any] | None:
+        if is_quota_key(key):  # an elastic quota tree's ledger (`agents.state.quotas`)
+            ledger = read_state("pod-ledger", key, stored, QuotaLedgerState.from_json) if stored \
+                else QuotaLedgerState(key)
+            self.quota_ledger.apply(ledger, records, outcome.first, outcome.problems)
+            return None if QuotaLedger.empty(ledger) else ledger.to_json()
         state = read_state("pod-ledger", key, stored, LedgerState.from_json) if stored else LedgerState(key)
         terminated = {uid for uid, entry in state.pods.items() if entry.status == TERMINATED}
         decision = Decision()
@@ -110,4 +125,5 @@ class DeciderCore:
 
 def register(app: faust.App, holds: faust.TopicT, outbox: Outbox, config: AgentConfig,
              transactions: Transactions | None = None) -> StatefulLoop:
-    return register_stateful(app, "deciders", holds, DeciderCore(config.retention_s), outbox, config, transactions or Transactions())
+    return register_stateful(app, "deciders", holds, DeciderCore(config.retention_s, QuotaTree(config.quotas)), outbox,
+                             config, transactions or Transactions())

@@ -79,6 +79,18 @@ Wound-wait (DESIGN.md, rule 6): a `Yield` from an owner (a higher-ranked gang ne
 gang holds there) gives the gang up like a timeout if it is still waiting; a soft rejection
 (the owner asked others to yield for this member) requeues the member without Strict mode.
 
+Elastic quotas (`agents.state.quotas`): a group about to be accepted (a pod, a gang's round, a
+late member) whose pods count against a quota the decider's `QuotaTree` knows is not committed
+yet: it waits in `asking` (its holds still held, its Helds recorded `asking`) while each quota
+tree's ledger is asked (`QuotaAsk` on `holds`, key `quota:<root>`), and is accepted as above
+once every tree granted it (`QuotaGranted`). A `QuotaDenied` releases its holds and requeues
+its pods (recorded in `denied` for the latest batch that was denied, so that the denial
+redelivered re-sends the same outputs); a pod deleted while its group asks takes the group
+down (its fellows requeued). A grant for a group no longer asking is given back
+(`QuotaReturn`), and so is a committed pod's grant when its owner tells the decider the pod
+was terminated (recorded with that termination's outputs). A Held redelivered while asking
+re-sends the asks; a grant redelivered for a committed group re-sends the group's outputs.
+
 Decisions are final: an accepted hold is never released, a bound pod never requeued.
 
 Retention (`agents.state.retention`, DESIGN.md rule 10): a deleted pod is forgotten a
@@ -98,6 +110,7 @@ from typing import Any
 
 from agents.ports import Output, Problem
 from agents.state import cpus, devices
+from agents.state.quotas import QuotaTree
 from agents.state.retention import DEFAULT_RETENTION_S, expired, stale
 from schemas import topics
 from schemas.codec import decode_object, to_plain
@@ -111,10 +124,16 @@ from schemas.records import (
     NominationCleared,
     PodDeleted,
     PodTerminated,
+    QuotaAsk,
+    QuotaDenied,
+    QuotaGranted,
+    QuotaItem,
+    QuotaReturn,
     Record,
     Rejected,
     Release,
     Requeue,
+    ResourceList,
     Yield,
 )
 
@@ -135,6 +154,7 @@ class Outcome(StrEnum):
     ACCEPTED = "accepted"
     RELEASED = "released"
     WAITING = "waiting"  # a gang member held, its gang not complete yet
+    ASKING = "asking"  # accepted here, waiting for its elastic quota's ledger to grant it
     REQUEUED = "requeued"
     IGNORED = "ignored"
 
@@ -142,6 +162,7 @@ class Outcome(StrEnum):
 PENDING, BOUND, DELETED, TERMINATED = PodStatus.PENDING, PodStatus.BOUND, PodStatus.DELETED, PodStatus.TERMINATED
 ACCEPTED, RELEASED, WAITING, REQUEUED, IGNORED = (Outcome.ACCEPTED, Outcome.RELEASED, Outcome.WAITING,
                                                   Outcome.REQUEUED, Outcome.IGNORED)
+ASKING = Outcome.ASKING
 
 REASON_TIMEOUT = "gang waiting time exceeded"
 REASON_STALE = "the claim is older than half the state retention (placed again)"
@@ -184,6 +205,12 @@ class LedgerState:
     groups: dict[str, list[str]] = field(default_factory=dict)  # group id -> hold ids accepted together (2+)
     reasons: dict[str, str] = field(default_factory=dict)  # hold id -> reason of the Release / Requeue it got
     sent: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # input id -> other outputs it caused
+    # Groups waiting for their quota ledgers: group id -> {"members": hold id -> `_waiting`,
+    # "roots": ledger key -> {"uids": [...], "granted": bool}}.
+    asking: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Groups their quota ledger denied, of the latest batch that denied one: group id ->
+    # {"uids": [...], "outputs": [plain outputs]}, re-sent when the denial is redelivered.
+    denied: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -197,7 +224,8 @@ class LedgerState:
             "accepted": self.accepted,
             # Left out when empty, as most keys (single pods) have none of these.
             **{name: value for name, value in (("groups", self.groups), ("reasons", self.reasons),
-                                               ("sent", self.sent)) if value},
+                                               ("sent", self.sent), ("asking", self.asking),
+                                               ("denied", self.denied)) if value},
         }
 
     @classmethod
@@ -214,6 +242,8 @@ class LedgerState:
             groups=dict(raw.get("groups", {})),
             reasons=dict(raw.get("reasons", {})),
             sent=dict(raw.get("sent", {})),
+            asking=dict(raw.get("asking", {})),
+            denied=dict(raw.get("denied", {})),
         )
 
 
@@ -236,8 +266,9 @@ def _output(raw: dict[str, Any]) -> Output:
 
 
 class Decider:
-    def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
+    def __init__(self, retention_s: float = DEFAULT_RETENTION_S, quotas: QuotaTree | None = None) -> None:
         self.retention_s = retention_s
+        self.quotas = quotas or QuotaTree()  # the elastic quotas whose ledgers are asked before a commit
         self._rounds: set[str] = set()  # the batch's rounds (`apply`)
 
     def apply(self, state: LedgerState, records: Iterable[Record], out: Decision,
@@ -267,6 +298,10 @@ class Decider:
                 self._timeout(state, record.round, out)
             elif isinstance(record, Yield):
                 self._yield(state, record, out)
+            elif isinstance(record, QuotaGranted):
+                self._granted(state, record, out, resent)
+            elif isinstance(record, QuotaDenied):
+                self._denied(state, record, out)
             else:
                 out.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on holds", record))
         if now:
@@ -282,7 +317,8 @@ class Decider:
     def empty(state: LedgerState) -> bool:
         """Nothing left to keep: no pod, no gang round begun (a gang's round counter stays, so
         that a timer of an old round never ends a new one)."""
-        return not state.pods and not state.waiting and not state.round and not state.timer_s
+        return (not state.pods and not state.waiting and not state.round and not state.timer_s
+                and not state.asking and not state.denied)
 
     # -- recorded outputs ---------------------------------------------------------------------
 
@@ -336,8 +372,7 @@ class Decider:
                 self._send(state, hid, [self._requeue(state.key, held.uid, entry.attempt, refusal)], out)
             return
         if held.gang_min <= 1 or self._satisfied(state):
-            self._accept(state, hid, {hid: self._member(self._waiting(held), entry)}, out)
-            resent.add(hid)
+            self._admit(state, hid, {hid: self._waiting(held)}, out, resent)
             return
         state.decisions[hid] = WAITING
         state.waiting[hid] = self._waiting(held)
@@ -347,10 +382,9 @@ class Decider:
         if len(state.waiting) >= held.gang_min:
             group = f"round:{state.round}"
             state.round, state.timer_s = state.round + 1, 0.0  # complete: this round's timer is moot
-            members = {wid: self._member(w, state.pods.get(w["uid"])) for wid, w in sorted(state.waiting.items())}
+            members = dict(sorted(state.waiting.items()))
             state.waiting.clear()
-            self._accept(state, group, members, out)
-            resent.add(group)
+            self._admit(state, group, members, out, resent)
 
     @staticmethod
     def _refusal(state: LedgerState, entry: PodEntry, held: Held) -> str:
@@ -361,6 +395,8 @@ class Decider:
             return "an older attempt"
         if any(w["uid"] == held.uid for w in state.waiting.values()):
             return "another claim of the pod is waiting"
+        if any(w["uid"] == held.uid for g in state.asking.values() for w in g["members"].values()):
+            return "another claim of the pod waits for its quota"
         return ""
 
     @staticmethod
@@ -375,7 +411,8 @@ class Decider:
         from this)."""
         return {"uid": held.uid, "attempt": held.attempt, "node": held.node, "namespace": held.namespace,
                 "name": held.name, "nominated_node": held.nominated_node, "gang_min": held.gang_min,
-                "devices": list(held.devices), "strict": held.gang_strict}
+                "devices": list(held.devices), "strict": held.gang_strict,
+                **({"quota": held.quota, "requests": dict(held.requests)} if held.quota else {})}
 
     @staticmethod
     def _member(waiting: dict[str, Any], entry: PodEntry | None) -> dict[str, Any]:
@@ -407,6 +444,133 @@ class Decider:
             state.accepted[hid] = m
             state.decisions[hid] = ACCEPTED
         self._emit_group(state, group, out)
+
+    # -- elastic quotas: asked of their ledgers before a commit (agents.state.quotas) ------------
+
+    def _admit(self, state: LedgerState, group: str, members: dict[str, dict[str, Any]], out: Decision,
+               resent: set[str]) -> None:
+        """Accept `members` (hold id -> `_waiting`) together as `group`, or, when some count
+        against an elastic quota known here, first ask each quota tree's ledger for them: the
+        group is committed once every tree granted it (`_granted`), released and requeued
+        when one denies it (`_denied`)."""
+        roots: dict[str, dict[str, Any]] = {}
+        for w in members.values():
+            key = self.quotas.key(w.get("quota", ""))
+            if key:
+                roots.setdefault(key, {"uids": [], "granted": False})["uids"].append(w["uid"])
+        if not roots:
+            self._accept(state, group, {hid: self._member(w, state.pods.get(w["uid"])) for hid, w in members.items()},
+                         out)
+            resent.add(group)
+            return
+        asking = state.asking[group] = {"members": members, "roots": dict(sorted(roots.items()))}
+        for hid in members:
+            state.decisions[hid] = ASKING
+        resent.add(f"ask:{group}")
+        self._send_asks(state, group, asking, out)
+
+    @staticmethod
+    def _send_asks(state: LedgerState, group: str, asking: dict[str, Any], out: Decision) -> None:
+        """The group's asks to the ledgers that have not granted it yet, built from the record."""
+        for key, root in asking["roots"].items():
+            if root["granted"]:
+                continue
+            items = tuple(QuotaItem(uid=w["uid"], quota=w["quota"], requests=ResourceList(w["requests"]))
+                          for _, w in sorted(asking["members"].items()) if w["uid"] in root["uids"])
+            out.first.append(Output(topics.HOLDS, key, QuotaAsk(decision_key=key, asker=state.key, group=group,
+                                                                items=items)))
+
+    @staticmethod
+    def _return(quota_key: str, key: str, group: str, uids: Iterable[str]) -> Output:
+        return Output(topics.HOLDS, quota_key, QuotaReturn(decision_key=quota_key, asker=key, group=group,
+                                                           uids=tuple(uids)))
+
+    def _granted(self, state: LedgerState, granted: QuotaGranted, out: Decision, resent: set[str]) -> None:
+        """A quota tree's ledger counts the group: once every tree did, commit it. A grant for a
+        group not asking any more (given up, deleted, denied by another tree, or a late copy
+        of an ask answered again) is given back, except for the pods the group holds bound (a
+        redelivered grant of a committed group re-sends the group's outputs, as its Held
+        would)."""
+        asking = state.asking.get(granted.group)
+        if asking is not None and granted.quota_key in asking["roots"]:
+            asking["roots"][granted.quota_key]["granted"] = True
+            if not all(r["granted"] for r in asking["roots"].values()):
+                return
+            del state.asking[granted.group]
+            members = {}
+            for hid, w in sorted(asking["members"].items()):
+                m = self._member(w, state.pods.get(w["uid"]))
+                quota = next((k for k, r in asking["roots"].items() if w["uid"] in r["uids"]), "")
+                if quota:
+                    m["quota"] = quota  # what its end gives back (`_returns`)
+                members[hid] = m
+            self._accept(state, granted.group, members, out)
+            resent.add(granted.group)
+            if state.waiting and self._satisfied(state):
+                # Members that came while the gang waited for its quota bind like late members.
+                late = dict(sorted(state.waiting.items()))
+                state.waiting.clear()
+                state.round, state.timer_s = state.round + 1, 0.0
+                for hid, w in late.items():
+                    self._admit(state, hid, {hid: w}, out, resent)
+            return
+        accepted = [hid for hid, m in state.accepted.items() if m.get("group", hid) == granted.group]
+        if accepted and granted.group not in resent:
+            resent.add(granted.group)
+            self._emit_group(state, granted.group, out)
+        bound = set()
+        for hid in accepted:
+            uid = HoldId.parse(hid).uid
+            entry = state.pods.get(uid)
+            if entry is not None and entry.status == BOUND:
+                bound.add(uid)
+        back = [u for u in granted.uids if u not in bound]
+        if back:
+            out.first.append(self._return(granted.quota_key, state.key, granted.group, back))
+
+    def _denied(self, state: LedgerState, denied: QuotaDenied, out: Decision) -> None:
+        """A quota tree's ledger refuses the group: every member's hold is released and its pod
+        requeued (what other trees granted it is given back). Recorded for the batch, so that
+        the denial redelivered re-sends the same outputs."""
+        recorded = state.denied.get(denied.group)
+        if recorded is not None:
+            out.first.extend(_output(raw) for raw in recorded["outputs"])
+            return
+        asking = state.asking.get(denied.group)
+        if asking is None or denied.quota_key not in asking["roots"]:
+            return  # given up or deleted since (its outputs went then), or a late copy
+        del state.asking[denied.group]
+        outputs = self._drop_asking(state, denied.group, asking, denied.reason)
+        for old in [g for g in state.denied if f"denied:{g}" not in self._rounds]:
+            del state.denied[old]
+        state.denied[denied.group] = {"uids": sorted({w["uid"] for w in asking["members"].values()}),
+                                      "outputs": [_plain(o) for o in outputs]}
+        self._rounds.add(f"denied:{denied.group}")
+        out.first.extend(outputs)
+
+    def _drop_asking(self, state: LedgerState, group: str, asking: dict[str, Any], reason: str,
+                     gone: str = "") -> list[Output]:
+        """A group that asked for its quota is not committed: every member's hold released,
+        its pod requeued past the attempt (but `gone`, a pod deleted or terminated), what a
+        ledger granted given back."""
+        outputs: list[Output] = []
+        for hid, w in sorted(asking["members"].items()):
+            uid = w["uid"]
+            entry = state.pods.setdefault(uid, PodEntry())
+            state.decisions[hid], state.reasons[hid] = RELEASED, reason
+            outputs.append(self._release(state.key, uid, w["attempt"], w["node"], reason))
+            if uid != gone and entry.status == PENDING:
+                entry.attempt = max(entry.attempt, w["attempt"]) + 1
+                outputs.append(self._requeue(state.key, uid, entry.attempt, reason))
+        for key, root in asking["roots"].items():
+            if root["granted"]:
+                outputs.append(self._return(key, state.key, group, root["uids"]))
+        return outputs
+
+    def _returns(self, state: LedgerState, uid: str) -> list[Output]:
+        """What a committed pod that ended gives back to its quota's ledger."""
+        return [self._return(m["quota"], state.key, m.get("group", hid), [uid])
+                for hid, m in state.accepted.items() if m.get("quota") and _uid_of(hid) == uid]
 
     def _emit_group(self, state: LedgerState, group: str, out: Decision) -> None:
         for hid in state.groups.get(group, (group,)):  # a pod accepted alone is its own group
@@ -449,6 +613,11 @@ class Decider:
             # held a replay of the claim. Released (it never waits for ever).
             uid, attempt, node = HoldId.parse(hid)
             out.first.append(self._release(state.key, uid, attempt, node, "the claim was rejected before"))
+        elif recorded == ASKING:  # its group's asks, once per batch
+            for group, asking in state.asking.items():
+                if hid in asking["members"] and f"ask:{group}" not in resent:
+                    resent.add(f"ask:{group}")
+                    self._send_asks(state, group, asking, out)
         # WAITING: the Held caused nothing yet.
 
     # -- Rejected -----------------------------------------------------------------------------
@@ -570,7 +739,7 @@ class Decider:
           answer, not byte for byte the first one (which went out)."""
         triggers = {members[0].get("trigger") for members in state.gave_up.values() if members}
         for hid, outcome in list(state.decisions.items()):
-            if outcome in (ACCEPTED, WAITING) or hid in state.waiting or hid in triggers:
+            if outcome in (ACCEPTED, WAITING, ASKING) or hid in state.waiting or hid in triggers:
                 continue
             try:
                 uid, attempt, _ = HoldId.parse(hid)
@@ -633,8 +802,13 @@ class Decider:
         entry = state.pods.get(terminated.uid)
         if entry is None:
             state.pods[terminated.uid] = PodEntry(status=TERMINATED, node=terminated.node)
-        elif entry.status == BOUND:
+        elif entry.status in (BOUND, TERMINATED):
+            # Its node freed it: what it counted against an elastic quota goes back (the owner
+            # tells the decider of a pod with a quota that ends, whoever ended it).
             entry.status = TERMINATED
+            returns = self._returns(state, terminated.uid)
+            if returns:
+                self._send(state, input_id, returns, out)
         elif entry.status == PENDING:
             entry.status, entry.node = TERMINATED, entry.node or terminated.node
             self._send(state, input_id, self._gone(state, terminated.uid, entry, "pod terminated"), out)
@@ -643,6 +817,14 @@ class Decider:
         """A pending pod is gone: release its waiting holds and clear the nominations made for it."""
         outputs: list[Output] = []
         clears = list(entry.nominated)
+        for group, asking in list(state.asking.items()):
+            mine = [w for w in asking["members"].values() if w["uid"] == uid]
+            if mine:  # its group waited for its quota: not committed now, its fellows retry
+                del state.asking[group]
+                outputs += self._drop_asking(state, group, asking, f"{reason} ({uid}) while its group waited for "
+                                                                   "its quota", gone=uid)
+                clears += [w["nominated_node"] for w in mine
+                           if w.get("nominated_node") and w["nominated_node"] not in clears]
         for wid, w in list(state.waiting.items()):
             if w["uid"] == uid:
                 del state.waiting[wid]
@@ -676,6 +858,10 @@ def del_pods(state: LedgerState, uids: set[str]) -> None:
     for table in (state.decisions, state.reasons, state.accepted, state.sent):
         for hid in [h for h in table if _uid_of(h) in uids]:
             del table[hid]
+    for table in (state.asking, state.denied):
+        for group in [g for g, v in table.items()
+                      if uids & set(v.get("uids", ())) or any(w["uid"] in uids for w in v.get("members", {}).values())]:
+            del table[group]
     for group, hids in list(state.groups.items()):
         kept = [h for h in hids if _uid_of(h) not in uids]
         if kept:

@@ -730,7 +730,7 @@ class NodeOwner:
                     hold.status = RELEASED
                 report[record.hold_id] = None
         elif isinstance(record, PodTerminated):
-            self._pod_terminated(state, record.uid, report)
+            self._pod_terminated(state, record.uid, report, result)
         elif isinstance(record, ReservationExpired):
             self._expired(state, record.uid, result, report)
         elif isinstance(record, Node):
@@ -956,11 +956,17 @@ class NodeOwner:
             if hold.uid == uid and hold.status == COMMITTED:
                 hold.status = TERMINATED
 
-    def _pod_terminated(self, state: NodeState, uid: str, report: dict[str, None]) -> None:
+    def _pod_terminated(self, state: NodeState, uid: str, report: dict[str, None], result: OwnerResult) -> None:
+        """The pod is gone. Its decider is told when the pod counts against an elastic quota
+        (the decider then gives its grant back to the quota's ledger: only once the capacity
+        here is freed, so the quota is never free before the node); re-sent on redelivery."""
         self._terminate(state, uid)
         for hid, hold in state.holds.items():
             if hold.uid == uid:
                 report[hid] = None
+                if hold.quota and hold.status == TERMINATED and not hold.terminated_by:
+                    result.outputs.append(Output(topics.HOLDS, hold.decision_key, PodTerminated(
+                        uid=uid, node=state.name, decision_key=hold.decision_key, reason="pod terminated")))
         state.nominations.pop(uid, None)  # gone: its nomination is moot
         entry = state.reservations.get(uid)
         if entry is not None and entry["phase"] == rsv.AVAILABLE:  # a reservation deleted

@@ -13,7 +13,9 @@ two scheduler replicas claiming the same pods, schedulers that lost count of a p
 and re-read the pods (bound ones as first read, as a later version without the gang
 annotation, or not at all: its committed offset passed them; a deletion record carries no
 gang annotation), records stamped a day ahead by a producer's clock, gangs losing round after
-round, and crashes at every point between table write, outputs and offset commit:
+round, two replicas sharing an elastic quota (max 1200m of the 2600m asked; the replicas claim
+with no pre-filter, so the quota's ledger at the deciders alone keeps the max), and crashes
+at every point between table write, outputs and offset commit:
 
 - an actor (an owner or a decider) takes one record at a time from its log (the records it
   decides while its outputs wait are one batch, as the loop's: `Actor.batch`); `persist` writes
@@ -37,7 +39,9 @@ to yield to each other; no nomination left for a pod that is bound or deleted; e
 answered (its pod bound or deleted, or a Requeue past its attempt: no scheduler waits for
 ever); no claim refused as stale unless it is older than half the retention less the admitted
 clock skew; no gang ledger keeping more lost rounds than its gang has members; the last
-ReservationEvent of the reservation says its phase at its owner; and every
+ReservationEvent of the reservation says its phase at its owner; no quota's committed usage
+(its pods from their Binding until their node frees them) exceeds its max at any time, and at
+rest its ledger grants exactly the quota's committed pods; and every
 replica's view of every node equals the owner's (used capacity, bound pods, quota usage,
 available reservations, no assumption left).
 """
@@ -51,7 +55,7 @@ import numpy as np
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agents.ports import Output
+from agents.ports import Output, Problem
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore
 from agents.state import devices
@@ -74,6 +78,7 @@ from agents.state.owner import (
     OwnerResult,
 )
 from agents.state.owner import REASON_STALE as CLAIM_STALE
+from agents.state.quotas import QuotaLedger, QuotaLedgerState, QuotaSpec, QuotaTree, is_quota_key
 from agents.state.resources import ResourceSpace
 from perf.checker import (
     DevicePlacement,
@@ -117,7 +122,10 @@ RETENTION_S = 600.0
 SKEW_S = RETENTION_S / 10  # `worker.max_clock_skew_s` (its default)
 DAY = 86400.0
 CPU_PER_NODE = 1000
-QUOTA = "q"  # every pod counts against one elastic quota
+QUOTA = "q"  # every pod counts against one elastic quota (reservations do not)
+QUOTA_MAX_CPU = 1200  # of the 2600m the pods ask for; claimed by both replicas with no pre-filter
+QUOTAS = QuotaTree([QuotaSpec(QUOTA, max={"cpu": QUOTA_MAX_CPU})])
+QUOTA_KEY = QUOTAS.key(QUOTA)
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,7 @@ class World:
     def __init__(self) -> None:
         self.owners = {n: Actor(state=NodeState(n)) for n in NODES}
         self.deciders = {k: Actor(state=LedgerState(k)) for k in KEYS}
+        self.quota = Actor(state=QuotaLedgerState(QUOTA_KEY))  # the quota's ledger, beside the deciders
         for n, owner in self.owners.items():
             owner.log.append(node_record(n))
         self.space = ResourceSpace()
@@ -207,7 +216,7 @@ class World:
             self.step_owner(n)
             self.flush(self.owners[n], 99)
             self.owners[n].commit()
-        for d in self.deciders.values():
+        for d in [*self.deciders.values(), self.quota]:
             d.commit()
 
     # -- the broker ------------------------------------------------------------------------------
@@ -221,6 +230,9 @@ class World:
             r = out.record
             if out.topic == topics.NODE_INBOX:
                 self.owners[out.key].log.append(r)
+            elif out.topic == topics.HOLDS and is_quota_key(out.key):
+                assert out.key == QUOTA_KEY, out
+                self.quota.log.append(r)
             elif out.topic == topics.HOLDS:
                 self.deciders[out.key].log.append(r)
                 if isinstance(r, Yield):
@@ -325,7 +337,7 @@ class World:
         assert isinstance(state, LedgerState)
         terminated = {u for u, e in state.pods.items() if e.status == TERMINATED}
         decision = Decision()
-        Decider(RETENTION_S).apply(state, [record], decision, [t], t, batch=actor.batch())
+        Decider(RETENTION_S, QUOTAS).apply(state, [record], decision, [t], t, batch=actor.batch())
         if key in GANGS and len(state.gave_up) > len(GANGS[key][1]):
             # A batch gives up at most a round per member (a member given up waits again only
             # with the attempt its Requeue announced, which goes out after the batch), and a
@@ -342,6 +354,19 @@ class World:
         self.violations += [f"{o.record.uid}: bound after its deletion was decided and persisted"
                             for o in after if isinstance(o.record, Binding) and o.record.uid in durable]
         actor.outgoing += decision.first + after
+
+    def step_quota(self) -> None:
+        """The quota's ledger takes one record (an ask or a return)."""
+        actor = self.quota
+        if actor.take() is None:
+            return
+        state = actor.state
+        assert isinstance(state, QuotaLedgerState)
+        outputs: list[Output] = []
+        problems: list[Problem] = []
+        QuotaLedger(QUOTAS).apply(state, [actor.log[actor.pos - 1]], outputs, problems)
+        self.problems += [p.error for p in problems]
+        actor.outgoing += outputs
 
     def refused_fresh(self, hid: str, scheduled_at: float, refusals: list[object]) -> None:
         """A claim refused as older than half the retention must be that old by the clock of
@@ -366,7 +391,7 @@ class World:
             assert isinstance(state, LedgerState)
             decision = Decision()
             actor.clock = max(actor.clock, self.now)
-            Decider(RETENTION_S).apply(state, [], decision, [], actor.clock, batch=actor.batch())
+            Decider(RETENTION_S, QUOTAS).apply(state, [], decision, [], actor.clock, batch=actor.batch())
             actor.outgoing += decision.first + decision.after_commit
 
     # -- the outside world -----------------------------------------------------------------------
@@ -480,8 +505,11 @@ class World:
                 actor.log.append(ReservationExpired(uid=uid, node=node))
             self.owner_timers = {k: v for k, v in self.owner_timers.items() if k[0] != node}
 
+    def actors(self) -> list[Actor]:
+        return [*self.owners.values(), *self.deciders.values(), self.quota]
+
     def busy(self) -> bool:
-        return any(a.pos < len(a.log) or a.outgoing for a in [*self.owners.values(), *self.deciders.values()])
+        return any(a.pos < len(a.log) or a.outgoing for a in self.actors())
 
     def drain(self) -> None:
         for _ in range(50):
@@ -490,7 +518,8 @@ class World:
                     self.step_owner(n)
                 for k in KEYS:
                     self.step_decider(k)
-                for a in [*self.owners.values(), *self.deciders.values()]:
+                self.step_quota()
+                for a in self.actors():
                     self.flush(a, len(a.outgoing))
             self.fire_timers()
             if not self.busy():
@@ -502,7 +531,7 @@ ACTIONS = st.tuples(
     st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
                      "delete", "terminate", "node-delete", "node-add", "timer",
                      "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small", "wait", "late-claim",
-                     "sweep", "restart", "future-node", "future-duplicate", "abort"]),
+                     "sweep", "restart", "future-node", "future-duplicate", "abort", "quota"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -511,7 +540,7 @@ def run(actions: list[tuple[str, int, int]]) -> World:
     world = World()
     for action, i, j in actions:
         node, uid = NODES[i % len(NODES)], UIDS[j % len(UIDS)]
-        actors = [*world.owners.values(), *world.deciders.values()]
+        actors = world.actors()
         actor = actors[(i + j) % len(actors)]
         if action == "owner":
             world.step_owner(node)
@@ -574,6 +603,10 @@ def run(actions: list[tuple[str, int, int]]) -> World:
                 world.claim(uid, node, i % 2, replica=i % 2, scheduled_at=world.deleted_at[uid] - 1.0)
         elif action == "sweep":
             world.sweep()
+        elif action == "quota":  # the quota's ledger decides an ask or a return
+            world.step_quota()
+            if i % 2:
+                world.flush(world.quota, 99)
         elif action == "restart":  # the scheduler replica that forwards deletions
             world.restart_router(i % 3)
         elif action == "future-node":  # the node updated by a producer whose clock runs a day ahead
@@ -613,6 +646,11 @@ def verify(world: World) -> None:
     placements = [DevicePlacement(t, b.uid, b.node, device_amounts(b.annotations.get(devices.DEVICE_ALLOCATED, "")))
                   for t, b in ran]
     assert devices_overcommitted(capacity, placements, world.frees) == {}
+    # Elastic quota: at no time do the quota's pods, from their Binding until their node frees
+    # them, request more than its max (two replicas claim with no pre-filter: the ledger alone
+    # guarantees it).
+    peak = quota_peak(ran, world.frees)
+    assert peak <= QUOTA_MAX_CPU, f"quota {QUOTA}: {peak}m committed at once against a max of {QUOTA_MAX_CPU}m"
     # Gangs: all or nothing.
     assert partial_gangs(GANGS, distinct) == [], f"gangs partially bound: {distinct}"
     # The ledger's word matches the Bindings out there.
@@ -645,6 +683,14 @@ def verify(world: World) -> None:
                 assert events and events[-1] == entry["phase"], f"{node}: {uid} is {entry['phase']}, said {events}"
             if entry["phase"] != rsv.AVAILABLE:
                 assert state.holds[entry["hold"]].status != COMMITTED, f"{node}: {uid} ended, its hold still committed"
+    # The quota's ledger counts what runs: a grant per committed pod of the quota, no more (none
+    # leaked by a pod that ended, a group given up or denied, a replay), no less.
+    ledger = world.quota.state
+    assert isinstance(ledger, QuotaLedgerState)
+    committed_quota = {e.uid for a in world.owners.values() for e in a.state.holds.values()  # type: ignore[attr-defined]
+                       if e.status == COMMITTED and e.quota}
+    assert set(ledger.grants) == committed_quota, f"the quota ledger grants {sorted(ledger.grants)}, " \
+                                                   f"the owners run {sorted(committed_quota)}"
     # Wound-wait: never both ways.
     mutual = {(a, b) for a, b in world.yields if (b, a) in world.yields}
     assert not mutual, f"gangs asked to yield to each other: {mutual}"
@@ -805,6 +851,23 @@ RESERVATIONS_END = [
 ]
 
 
+# Issue 28, item 2: two replicas claim against one quota (max 1200m): a, b (900m) held by one,
+# h0, h1 (800m) by the other; the ledger grants first come, first served, and the rest is
+# denied, released and requeued.
+QUOTA_TWO_REPLICAS = [("claim", 0, UIDS.index("a")), ("claim-b", 1, UIDS.index("b")),
+                      ("claim", 1, UIDS.index("h0")), ("claim-b", 2, UIDS.index("h1"))]
+# The same, the gang's denial decided and persisted, then a crash before its outputs went: the
+# redelivered denial must re-send them (its holds released, its members requeued).
+_H = KEYS.index("h")
+QUOTA_DENIED_GANG_REPLAYED = [
+    ("claim", 0, UIDS.index("a")), ("claim-b", 1, UIDS.index("b")), ("owner", 0, 1), ("owner", 1, 1),
+    ("decider", 1, KEYS.index("a")), ("decider", 1, KEYS.index("b")), ("quota", 1, 0), ("quota", 1, 0),
+    ("claim", 1, UIDS.index("h0")), ("claim-b", 2, UIDS.index("h1")), ("owner", 1, 1), ("owner", 2, 1),
+    ("decider", 1, _H), ("decider", 1, _H), ("quota", 1, 0), ("decider", 0, _H), ("persist", 3 + _H, 0),
+    ("crash", 3 + _H, 0),
+]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
 @example(GANG_COMPLETION)
@@ -827,10 +890,25 @@ RESERVATIONS_END = [
 @example(GANG_LOSES_ROUNDS)
 @example(ROUND_FORGOTTEN_IN_FLIGHT)
 @example(RESERVATIONS_END)
+@example(QUOTA_TWO_REPLICAS)
+@example(QUOTA_DENIED_GANG_REPLAYED)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
     verify_forgotten(world)
+
+
+def quota_peak(ran: list[tuple[int, Binding]], frees: list[Placement]) -> int:
+    """The most cpu the quota's pods took at once: each from its first Binding until its node
+    first freed it after that (a pod is bound once: decisions are final)."""
+    spans: dict[str, tuple[int, float]] = {}
+    for t, b in ran:
+        if b.uid not in spans:  # (`ran` holds no reservation: they count against no quota)
+            spans[b.uid] = (t, min((f.time for f in frees if f.uid == b.uid and f.node == b.node and f.time > t),
+                                   default=float("inf")))
+    moments = sorted(start for start, _ in spans.values())
+    return max((sum(PODS[u].cpu for u, (start, end) in spans.items() if start <= m < end) for m in moments),
+               default=0)
 
 
 def verify_forgotten(world: World) -> None:
@@ -861,6 +939,9 @@ def verify_forgotten(world: World) -> None:
         left = [k for table in (state.decisions, state.accepted, state.reasons, state.sent) for k in table
                 if k.split("/")[0].split(":")[-1] in world.deleted]
         assert left == [], f"{key}: records of deleted pods kept past the retention: {left}"
+    ledger = world.quota.state
+    assert isinstance(ledger, QuotaLedgerState)
+    assert set(ledger.grants) & world.deleted == set(), f"the quota ledger keeps deleted pods: {sorted(ledger.grants)}"
     bound_before = len(world.bindings)
     for uid in sorted(world.deleted - set(RESERVATIONS)):
         for node in NODES:

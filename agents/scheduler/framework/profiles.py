@@ -33,6 +33,8 @@ from agents.scheduler.framework import interface as api
 from agents.scheduler.framework.registry import DEFAULT_PLUGINS, REGISTRY, args_from_mapping
 from agents.scheduler.framework.runtime import ADAPTIVE, ProfilePlugins
 from agents.scheduler.plugins.args import ArgsError
+from agents.scheduler.plugins.elasticquota import ElasticQuota
+from agents.state.quotas import QuotaSpec, QuotaTree
 from schemas.records import DEFAULT_SCHEDULER
 
 # Extension point (YAML name) -> the protocol a plugin must implement to be enabled there.
@@ -67,6 +69,18 @@ class SchedulerConfig:
 
     def by_name(self) -> dict[str, ProfilePlugins]:
         return {p.name: p for p in self.profiles}
+
+
+def quota_tree(config: SchedulerConfig | None) -> QuotaTree:
+    """The elastic quotas of every profile's ElasticQuota plugin (where it is enabled), for
+    the deciders' quota ledgers (`agents.state.quotas`). Profiles that define the same quota
+    differently are refused: the ledger would not know which max to keep."""
+    specs: list[QuotaSpec] = []
+    for profile in config.profiles if config is not None else ():
+        for plugin in profile.all():
+            if isinstance(plugin, ElasticQuota):
+                specs += plugin.args.quotas
+    return QuotaTree(specs)
 
 
 def load(text: str) -> SchedulerConfig:

@@ -14,6 +14,10 @@ Admission: `used + request <= runtime quota` for the pod's quota and each of its
 checked in PreFilter (a pod over its quota fits no node; it waits for a cluster event).
 Reserve counts the claim against the quota until its owner decides it (`ClusterState`).
 
+This is a pre-filter: a replica sees only bound pods and its own claims, so the max is
+guaranteed where the decision is final, by each quota tree's ledger at the deciders
+(`agents.state.quotas`), built from these same args (`profiles.quota_tree`).
+
 Pods with a quota are not batched into equivalence classes (each admission changes the
 room of the next), and DefaultPreemption takes victims only from the preemptor's own quota.
 """
@@ -21,7 +25,7 @@ room of the next), and DefaultPreemption takes victims only from the preemptor's
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -31,21 +35,13 @@ from agents.scheduler.framework import status
 from agents.scheduler.framework.interface import UNSIGNABLE, CycleState, PodInfo
 from agents.scheduler.framework.status import Status
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
+from agents.state.quotas import QuotaSpec
 from agents.state.resources import ResourceSpace, Vector
 from schemas.errors import SchemaError
 from schemas.quantity import to_canonical
 from schemas.records import QUOTA_LABEL, hold_id
 
 NAME = "ElasticQuota"
-
-
-@dataclass(frozen=True)
-class QuotaSpec:
-    name: str
-    parent: str = ""
-    min: Mapping[str, int] = field(default_factory=dict)
-    max: Mapping[str, int] = field(default_factory=dict)
-    shared_weight: Mapping[str, int] | None = None  # default: max
 
 
 def _amounts(raw: Any, path: str) -> dict[str, int]:
