@@ -1,22 +1,28 @@
 """`koordstream perf run chaos`: kill -9 workers (and the broker) under load, then check.
 
 The run brings up a broker (Apache Kafka with its log in the run's folder, or the embedded
-Tansu), the topics, and four worker processes: two with the `state` role (owners and
-deciders, one consumer group) and two with the `scheduler` role. It publishes a seeded
-workload sized so that every pod fits (plain pods, GPU shares, whole GPUs with RDMA virtual
-functions, gangs with one member beyond min-available, pods that consume a Reservation
-published ahead of them) at a steady rate, deletes a seeded share of the pods a few seconds
-after their creation (before or after they were bound), and meanwhile kills -9 a seeded random
-worker at seeded random moments and restarts it at once; on Apache Kafka it also kills -9 the
-broker once and restarts it on the same log. Any worker that exits by itself is restarted too
-(and counted).
+Tansu), the topics, and five worker processes: two with the `state` role (owners and deciders,
+one consumer group), two with the `scheduler` role (sharing the elastic quota `chaos-quota` of
+their ElasticQuota plugin) and one with the `rebalancer` role (ScaleDownBinPack,
+EvictDirectly). It publishes a seeded workload sized so that every pod fits (plain pods, GPU
+shares, whole GPUs with RDMA virtual functions, gangs with one member beyond min-available,
+pods that consume a Reservation published ahead of them) at a steady rate, deletes a seeded
+share of the pods a few seconds after their creation (before or after they were bound), and
+publishes bursts of the quota's pods asking twice its max and ReplicaSet-like workloads under
+PodDisruptionBudgets that each ask, at a seeded moment, to lose more pods than their budget
+allows at once (`perf.chaos_cluster` plays the kubelet, the controller and the Eviction API
+around them). Meanwhile it kills -9 a seeded random worker at seeded random moments and
+restarts it at once; on Apache Kafka it also kills -9 the broker once and restarts it on the
+same log. Any worker that exits by itself is restarted too (and counted).
 
 At the end, once every pod is decided or nothing moves for the stall time, the independent
 checker works from the records on the topics only (read `read_committed`) and the published
 inputs: every pod bound exactly once or deleted, no pod with two distinct Bindings (another
 node, or other devices), no node over-committed, no GPU or NIC over-committed (from the
 Bindings' device results), no gang partially bound; and, from the owners' last reports on
-`state-changes`, no hold left held and no nomination left. A run that fails writes every
+`state-changes`, no hold left held and no nomination left; replaying the topics in log-time
+order, no quota's committed usage over its max (`quotas_overcommitted`) and no budget below its
+desired healthy pods (`pdb_violations`, sampled every 0.25 s). A run that fails writes every
 record it read back to `records.jsonl` in its folder (the embedded broker keeps nothing).
 
 Recovery of a kill: from the kill until every input partition that was deciding just before
