@@ -1,22 +1,28 @@
 """`koordstream perf run chaos`: kill -9 workers (and the broker) under load, then check.
 
 The run brings up a broker (Apache Kafka with its log in the run's folder, or the embedded
-Tansu), the topics, and four worker processes: two with the `state` role (owners and
-deciders, one consumer group) and two with the `scheduler` role. It publishes a seeded
-workload sized so that every pod fits (plain pods, GPU shares, whole GPUs with RDMA virtual
-functions, gangs with one member beyond min-available, pods that consume a Reservation
-published ahead of them) at a steady rate, deletes a seeded share of the pods a few seconds
-after their creation (before or after they were bound), and meanwhile kills -9 a seeded random
-worker at seeded random moments and restarts it at once; on Apache Kafka it also kills -9 the
-broker once and restarts it on the same log. Any worker that exits by itself is restarted too
-(and counted).
+Tansu), the topics, and five worker processes: two with the `state` role (owners and deciders,
+one consumer group), two with the `scheduler` role (sharing the elastic quota `chaos-quota` of
+their ElasticQuota plugin) and one with the `rebalancer` role (ScaleDownBinPack,
+EvictDirectly). It publishes a seeded workload sized so that every pod fits (plain pods, GPU
+shares, whole GPUs with RDMA virtual functions, gangs with one member beyond min-available,
+pods that consume a Reservation published ahead of them) at a steady rate, deletes a seeded
+share of the pods a few seconds after their creation (before or after they were bound), and
+publishes bursts of the quota's pods asking twice its max and ReplicaSet-like workloads under
+PodDisruptionBudgets that each ask, at a seeded moment, to lose more pods than their budget
+allows at once (`perf.chaos_cluster` plays the kubelet, the controller and the Eviction API
+around them). Meanwhile it kills -9 a seeded random worker at seeded random moments and
+restarts it at once; on Apache Kafka it also kills -9 the broker once and restarts it on the
+same log. Any worker that exits by itself is restarted too (and counted).
 
 At the end, once every pod is decided or nothing moves for the stall time, the independent
 checker works from the records on the topics only (read `read_committed`) and the published
 inputs: every pod bound exactly once or deleted, no pod with two distinct Bindings (another
 node, or other devices), no node over-committed, no GPU or NIC over-committed (from the
 Bindings' device results), no gang partially bound; and, from the owners' last reports on
-`state-changes`, no hold left held and no nomination left. A run that fails writes every
+`state-changes`, no hold left held and no nomination left; replaying the topics in log-time
+order, no quota's committed usage over its max (`quotas_overcommitted`) and no budget below its
+desired healthy pods (`pdb_violations`, sampled every 0.25 s). A run that fails writes every
 record it read back to `records.jsonl` in its folder (the embedded broker keeps nothing).
 
 Recovery of a kill: from the kill until every input partition that was deciding just before
@@ -39,7 +45,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,13 +54,19 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents.intake import origin_from_headers
 from agents.state import devices
+from perf.chaos_cluster import BudgetWorkload, ChaosCluster
 from perf.checker import (
+    BudgetSpec,
+    BudgetViolation,
     DevicePlacement,
     Placement,
+    PodSeen,
     check,
     device_amounts,
     devices_overcommitted,
     partial_gangs,
+    pdb_violations,
+    quotas_overcommitted,
 )
 from schemas import topics
 from schemas.codec import decode_message, to_plain
@@ -63,6 +75,7 @@ from schemas.records import (
     GANG_MIN_AVAILABLE_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_WAITING_TIME_ANNOTATION,
+    QUOTA_LABEL,
     Binding,
     Claim,
     GpuDevice,
@@ -86,8 +99,10 @@ from streams.settings import Settings
 from streams.worker import prepare
 
 GI = 1024**3
-WORKERS = ("state-0", "state-1", "scheduler-0", "scheduler-1")
+WORKERS = ("state-0", "state-1", "scheduler-0", "scheduler-1", "rebalancer-0")
 RECOVERY_GOAL_S = 20.0
+QUOTA = "chaos-quota"  # the elastic quota both scheduler replicas admit into
+SAMPLE_S = 0.25  # budgets' healthy pods are sampled this often (log time)
 
 
 @dataclass(frozen=True)
@@ -103,13 +118,26 @@ class ChaosConfig:
     stall_s: float = 90.0
     settle_s: float = 45.0  # after the last decision: gang timeouts (30 s) and late reports
     run_dir: str = ""
+    # The elastic quota: pods of one quota arrive in bursts of `quota_burst`, more than its max
+    # admits at once; each runs `quota_run_s` after its Binding, then ends (perf.chaos_cluster).
+    quota_pods: int = 240
+    quota_burst: int = 8
+    quota_max_cpu: int = 4000  # millicores: four of the quota's 1-CPU pods at a time
+    quota_run_s: float = 3.0
+    # The budgeted workloads: each `budget_replicas` pods under minAvailable `budget_min_available`,
+    # asked at a seeded moment of the load to lose `budget_scale_down` (the rebalancer evicts).
+    budget_workloads: int = 6
+    budget_replicas: int = 6
+    budget_min_available: int = 4
+    budget_scale_down: int = 3
+    ready_delay_s: float = 1.0  # Kwok's pod-ready stage: a bound pod is Running this long after
 
     @classmethod
     def preset(cls, broker: str, quick: bool, seed: int, run_dir: str = "") -> ChaosConfig:
         restarts = 1 if broker == "kafka" else 0
         if quick:
             return cls(broker=broker, seed=seed, pods=900, rate=20.0, kills=3, broker_restarts=restarts,
-                       stall_s=60.0, run_dir=run_dir)
+                       stall_s=60.0, run_dir=run_dir, quota_pods=40, budget_workloads=2)
         return cls(broker=broker, seed=seed, broker_restarts=restarts, run_dir=run_dir)
 
 
@@ -123,6 +151,22 @@ class Workload:
     pods: dict[str, Pod]
     deleted: set[str]
     gangs: dict[str, tuple[int, list[str]]]  # gang -> (min-available, member uids)
+    quotas: dict[str, dict[str, int]] = field(default_factory=dict)  # quota -> resource -> max
+    quota_pods: set[str] = field(default_factory=set)
+    budgeted: list[BudgetWorkload] = field(default_factory=list)
+
+    def profiles_yaml(self) -> str:
+        """The schedulers' profiles: the ElasticQuota plugin with the workload's quotas."""
+        quotas = "".join(f"            - {{name: {name}, max: {{cpu: {limits['cpu']}m}}}}\n"
+                         for name, limits in self.quotas.items())
+        return ("profiles:\n  - schedulerName: default-scheduler\n    pluginConfig:\n"
+                "      - name: ElasticQuota\n        args:\n          quotas:\n" + quotas)
+
+
+REBALANCER_YAML = (
+    "deschedulingInterval: 2s\n"
+    "profiles:\n- name: default\n  plugins: {balance: {enabled: [ScaleDownBinPack]}}\n"
+    "  pluginConfig:\n  - {name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 10}}\n")
 
 
 def workload(cfg: ChaosConfig, run: str, now: float = 0.0) -> Workload:
@@ -138,9 +182,10 @@ def workload(cfg: ChaosConfig, run: str, now: float = 0.0) -> Workload:
     weights = [50, 20, 12, 6, 2, 4]
     n = 0
 
-    def add(at: float, uid: str, requests: ResourceList, annotations: dict[str, str] | None = None) -> Pod:
+    def add(at: float, uid: str, requests: ResourceList, annotations: dict[str, str] | None = None,
+            labels: dict[str, str] | None = None) -> Pod:
         pod = Pod(uid=uid, name=uid, namespace=namespace, requests=requests, annotations=annotations or {},
-                  creation_timestamp=now + at)
+                  labels=labels or {}, creation_timestamp=now + at)
         pods[uid] = pod
         timeline.append((at, topics.PODS, pod))
         return pod
@@ -178,6 +223,22 @@ def workload(cfg: ChaosConfig, run: str, now: float = 0.0) -> Workload:
             gangs[gang] = (4, members)
             if rng.random() < cfg.deleted_share * 4:
                 deleted.add(rng.choice(members))
+    # The quota's pods, in bursts spread over the load (after the seeded stream, which they
+    # leave as it was), and the budgeted workloads with their seeded scale-down moments.
+    span = len(pods) / cfg.rate
+    quota_pods: set[str] = set()
+    bursts = math.ceil(cfg.quota_pods / cfg.quota_burst) if cfg.quota_pods else 0
+    for k in range(bursts):
+        for j in range(min(cfg.quota_burst, cfg.quota_pods - k * cfg.quota_burst)):
+            quota_pods.add(add(span * (k + 0.5) / bursts, f"c{run}-quota-{k:03d}-{j}",
+                               ResourceList(cpu=1000, memory=GI), labels={QUOTA_LABEL: QUOTA}).uid)
+    later = random.Random(cfg.seed * 104729 + 3)
+    budgeted = [BudgetWorkload(
+        name=f"keep-{i}", namespace=f"{namespace}-pdb", template=Pod(
+            uid="t", name="t", namespace=f"{namespace}-pdb", requests=ResourceList(cpu=500, memory=GI)),
+        replicas=cfg.budget_replicas, min_available=cfg.budget_min_available, scale_down_by=cfg.budget_scale_down,
+        scale_down_at=span * (i + later.uniform(0.2, 0.8)) / cfg.budget_workloads) for i in range(cfg.budget_workloads)]
+    asked_cpu_budgets = sum(b.replicas * b.template.requests["cpu"] for b in budgeted)
     # The cluster: GPU nodes for twice the GPUs asked, CPU nodes for the CPUs they leave short.
     asked_gpus = sum(p.requests.get(devices.NVIDIA_GPU, 0) + p.requests.get(devices.GPU_CORE, 0) / 100
                      for p in pods.values())
@@ -187,12 +248,12 @@ def workload(cfg: ChaosConfig, run: str, now: float = 0.0) -> Workload:
                   gpus=tuple(GpuDevice(minor=g, model="A100", memory=80 * GI) for g in range(8)),
                   rdma=(RdmaDevice("mlx5_0", 0, 8), RdmaDevice("mlx5_1", 1, 8)))
              for i in range(gpu_nodes)]
-    asked_cpu = sum(p.requests["cpu"] for p in pods.values())
+    asked_cpu = sum(p.requests["cpu"] for p in pods.values()) + asked_cpu_budgets
     cpu_nodes = max(2, math.ceil((asked_cpu * 2 - gpu_nodes * 96_000) / 64_000))
     nodes += [Node(name=f"c{run}-cpu-{i:04d}", labels={"pool": "cpu"},
                    allocatable=ResourceList(cpu=64_000, memory=256 * GI, pods=110))
               for i in range(cpu_nodes)]
-    singles = [uid for uid, p in pods.items() if GANG_NAME_ANNOTATION not in p.annotations]
+    singles = [uid for uid, p in pods.items() if GANG_NAME_ANNOTATION not in p.annotations and uid not in quota_pods]
     deleted.update(rng.sample(singles, int(len(singles) * cfg.deleted_share)))
     offsets = {uid: at for at, _, r in timeline if isinstance(r, Pod) for uid in (r.uid,)}
     for uid in sorted(deleted):
@@ -200,7 +261,8 @@ def workload(cfg: ChaosConfig, run: str, now: float = 0.0) -> Workload:
         timeline.append((offsets[uid] + rng.uniform(0.0, 15.0), topics.PODS, PodDeleted(
             uid=uid, name=p.name, namespace=p.namespace, annotations=p.annotations)))
     timeline.sort(key=lambda item: item[0])
-    return Workload(nodes, timeline, pods, deleted, gangs)
+    return Workload(nodes, timeline, pods, deleted, gangs, {QUOTA: {"cpu": cfg.quota_max_cpu}} if quota_pods else {},
+                    quota_pods, budgeted)
 
 
 # --- the processes -----------------------------------------------------------------------------
@@ -319,14 +381,20 @@ async def run_chaos(cfg: ChaosConfig, settings: Settings) -> dict[str, Any]:
     try:
         await wait_ready(broker.bootstrap, timeout_s=120.0)
         bootstrap = broker.bootstrap
+        w = workload(cfg, run, time.time())
+        profiles, rebalancer = run_dir / "profiles.yaml", run_dir / "rebalancer.yaml"
+        profiles.write_text(w.profiles_yaml())
+        rebalancer.write_text(REBALANCER_YAML)
         env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
-               "KOORDSTREAM_KAFKA_PARTITIONS": str(cfg.partitions)}
+               "KOORDSTREAM_KAFKA_PARTITIONS": str(cfg.partitions),
+               "KOORDSTREAM_SCHEDULING_PROFILES": str(profiles.resolve()),
+               "KOORDSTREAM_REBALANCER_CONFIG": str(rebalancer.resolve()), "KOORDSTREAM_REBALANCER_TICK_S": "0.1"}
         settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap, partitions=cfg.partitions))
         await prepare(settings)
         fleet = Fleet(env, run_dir / "logs")
         for name in WORKERS:
             fleet.start(name)
-        return await _drive(cfg, run, broker, fleet, run_dir)
+        return await _drive(cfg, w, broker, fleet, run_dir)
     finally:
         if fleet is not None:
             fleet.stop_all(settings.worker.shutdown_deadline_s + 1.0)
@@ -344,18 +412,23 @@ async def _publish_retrying(producer: RecordProducer, topic: str, records: list[
             await asyncio.sleep(0.5)
 
 
-async def _drive(cfg: ChaosConfig, run: str, broker: Any, fleet: Fleet, run_dir: Path) -> dict[str, Any]:
-    w = workload(cfg, run, time.time())
+async def _drive(cfg: ChaosConfig, w: Workload, broker: Any, fleet: Fleet, run_dir: Path) -> dict[str, Any]:
     seen = Seen()
     reader = asyncio.create_task(read_topics(
-        broker.bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.HOLDS, topics.NODE_INBOX, topics.STATE_CHANGES],
-        cfg.partitions, seen))
+        broker.bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.HOLDS, topics.NODE_INBOX, topics.STATE_CHANGES,
+                           topics.PODS, topics.EVICTIONS], cfg.partitions, seen))
     kills: list[dict[str, Any]] = []
     broker_restarts: list[dict[str, Any]] = []
     try:
         async with RecordProducer(broker.bootstrap, cfg.partitions) as producer:
+            async def publish(topic: str, records: list[Record]) -> None:
+                await _publish_retrying(producer, topic, records)
+
+            cluster = ChaosCluster(publish, {uid: w.pods[uid] for uid in w.quota_pods}, cfg.quota_run_s, w.budgeted,
+                                   cfg.ready_delay_s)
             await _publish_retrying(producer, topics.NODES, list(w.nodes))
             await _wait_nodes_reported(seen, {n.name for n in w.nodes}, timeout_s=180.0, fleet=fleet)
+            await cluster.start()
             span = w.timeline[-1][0]
             plan = _schedule(cfg, span)
             t0 = time.time()
@@ -377,15 +450,18 @@ async def _drive(cfg: ChaosConfig, run: str, broker: Any, fleet: Fleet, run_dir:
                 if j > i:
                     await _publish_retrying(producer, topics.PODS, [r for _, _, r in w.timeline[i:j]])
                     i = j
+                await cluster.step(seen.records, now)
                 fleet.restart_exited()
                 await asyncio.sleep(0.02)
             published_s = time.time() - t0
-        await _wait_quiet(cfg, w, seen, fleet)
+            await _wait_quiet(cfg, w, seen, fleet, lambda: cluster.step(seen.records, time.monotonic() - started))
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
     out = verdict(w, seen, cfg.partitions)
+    out["evictions_carried_out"] = len(cluster.evicted)
+    out["scale_downs_asked"] = len(cluster.scaled)
     if not succeeded(out):
         out["records_file"] = str(dump_records(seen, run_dir / "records.jsonl"))
     for k in kills:
@@ -435,9 +511,10 @@ async def _wait_nodes_reported(seen: Seen, names: set[str], timeout_s: float, fl
         await asyncio.sleep(0.2)
 
 
-async def _wait_quiet(cfg: ChaosConfig, w: Workload, seen: Seen, fleet: Fleet) -> None:
+async def _wait_quiet(cfg: ChaosConfig, w: Workload, seen: Seen, fleet: Fleet,
+                      step: Callable[[], Awaitable[None]]) -> None:
     """Until every pod that must bind is bound (then `settle_s` more for the last reports), or
-    nothing new was decided for `stall_s`."""
+    nothing new was decided for `stall_s`; `step` plays the cluster meanwhile."""
     must = set(w.pods) - w.deleted
     bound: set[str] = set()
     read, last, count = 0, time.monotonic(), -1
@@ -447,14 +524,18 @@ async def _wait_quiet(cfg: ChaosConfig, w: Workload, seen: Seen, fleet: Fleet) -
                 bound.add(r.uid)
         read = len(seen.records)
         if must <= bound:
-            await asyncio.sleep(cfg.settle_s if w.gangs else 5.0)
+            settle = time.monotonic() + (cfg.settle_s if w.gangs else 5.0)
+            while time.monotonic() < settle:
+                await step()
+                await asyncio.sleep(0.1)
             return
         if len(bound) != count:
             count, last = len(bound), time.monotonic()
         elif time.monotonic() - last > cfg.stall_s:
             return
         fleet.restart_exited()
-        await asyncio.sleep(0.5)
+        await step()
+        await asyncio.sleep(0.1)
 
 
 # --- the verdict -------------------------------------------------------------------------------
@@ -473,6 +554,10 @@ def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
     for _, _, r in w.timeline:
         if isinstance(r, Reservation):
             requests[r.uid] = devices.with_gpu_totals(r.requests)
+    budget_namespaces = {b.namespace for b in w.budgeted}
+    budget_pods = {r.uid: r for _, topic, _, _, r in seen.records
+                   if topic == topics.PODS and isinstance(r, Pod) and r.namespace in budget_namespaces}
+    requests.update((uid, devices.with_gpu_totals(p.requests)) for uid, p in budget_pods.items())
     allocatable = {n.name: devices.node_gpu_totals(n.allocatable, n.gpus, n.rdma) for n in w.nodes}
     result = check(allocatable, requests, [Placement(ts, b.uid, b.node) for ts, b in bindings],
                    terminations, counted=set(pods))
@@ -489,11 +574,13 @@ def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
         if topic == topics.STATE_CHANGES and isinstance(r, NodeStateChange):
             last_hold.update(r.holds)
             last_nominations[r.node] = tuple(n.uid for n in r.nominations)
-    ours = set(pods) | {f"r-{uid}" for uid in pods}
+    ours = set(pods) | {f"r-{uid}" for uid in pods} | set(budget_pods)
     holds_leaked = sorted(h for h, status in last_hold.items() if status == "held" and HoldId.parse(h).uid in ours)
     nominations_leaked = sorted(f"{node}/{uid}" for node, uids in last_nominations.items() for uid in uids
                                 if uid in ours)
     unbound = sorted(set(pods) - w.deleted - bound)
+    quotas_over = quota_verdict(w, seen)
+    budgets_broken = pdb_verdict(w, seen)
     return {
         "pods_total": len(pods),
         "pods_bound": len(bound & set(pods)),
@@ -507,6 +594,11 @@ def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
         "gangs_partial": len(partial_gangs(w.gangs, bound)),
         "holds_leaked": len(holds_leaked),
         "nominations_leaked": len(nominations_leaked),
+        "quota_pods": len(w.quota_pods),
+        "quotas_overcommitted": len(quotas_over),
+        "budgets": len(w.budgeted),
+        "pdb_violations": sum(v.samples for v in budgets_broken),
+        "pdb_lowest_healthy": {v.budget: v.lowest for v in budgets_broken},
         "examples": {
             "unbound": unbound[:10],
             "double_bound": sorted(uid for uid, b in distinct.items() if len(b) > 1)[:10],
@@ -514,11 +606,46 @@ def verdict(w: Workload, seen: Seen, partitions: int) -> dict[str, Any]:
             "devices_overcommitted": dict(list(devices_over.items())[:5]),
             "holds_leaked": holds_leaked[:10],
             "nominations_leaked": nominations_leaked[:10],
+            "quotas_overcommitted": quotas_over[:10],
+            "pdb_violations": [f"{v.budget}: {v.samples} samples, first {v.first}" for v in budgets_broken[:10]],
             # What the topics show of the first unbound pods (a gang: its first member), so that
             # a failed run can be read without its broker (Tansu keeps nothing after the run).
             "unbound_history": {uid: history(seen, uid) for uid in unbound[:2]},
         },
     }
+
+
+def quota_verdict(w: Workload, seen: Seen) -> list[str]:
+    """`quotas_overcommitted`: every Binding that took a quota's committed usage over its max,
+    replaying the Bindings and the pods' ends (PodTerminated on `node-inbox`, PodDeleted on
+    `pods`) in log-time order (`perf.checker.quotas_overcommitted`)."""
+    quota_of = {uid: w.pods[uid].labels[QUOTA_LABEL] for uid in w.quota_pods}
+    bindings = [Placement(ts, r.uid, r.node) for ts, topic, _, _, r in seen.records
+                if topic == topics.BINDINGS and isinstance(r, Binding) and r.uid in quota_of]
+    ends = [(ts, r.uid) for ts, topic, _, _, r in seen.records
+            if ((topic == topics.NODE_INBOX and isinstance(r, PodTerminated))
+                or (topic == topics.PODS and isinstance(r, PodDeleted))) and r.uid in quota_of]
+    return quotas_overcommitted(w.quotas, quota_of, {uid: w.pods[uid].requests for uid in quota_of}, bindings, ends)
+
+
+def pdb_verdict(w: Workload, seen: Seen) -> list[BudgetViolation]:
+    """`pdb_violations`: per budget, the samples (every `SAMPLE_S` of log time) in which its
+    healthy pods (Running on a node, as published on `pods`) were fewer than its desired
+    healthy count, once it had been satisfied; a pod ends at its PodTerminated or PodDeleted
+    (`perf.checker.pdb_violations`). Only evictions take the budgeted pods away."""
+    specs = [BudgetSpec(f"{b.namespace}/{b.name}", b.namespace, {"app": b.name}, min_available=b.min_available)
+             for b in w.budgeted]
+    if not specs:
+        return []
+    namespaces = {b.namespace for b in w.budgeted}
+    events: list[PodSeen] = []
+    for ts, topic, _, _, r in seen.records:
+        if topic == topics.PODS and isinstance(r, Pod) and r.namespace in namespaces:
+            events.append(PodSeen(ts, r.uid, r.namespace, r.labels, healthy=r.phase == "Running" and bool(r.node_name)))
+        elif (topic == topics.PODS and isinstance(r, PodDeleted) and r.namespace in namespaces) or (
+                topic == topics.NODE_INBOX and isinstance(r, PodTerminated)):
+            events.append(PodSeen(ts, r.uid, gone=True))
+    return pdb_violations(specs, events, sample_s=SAMPLE_S, until=max(ts for ts, *_ in seen.records))
 
 
 def dump_records(seen: Seen, path: Path) -> Path:
@@ -569,5 +696,5 @@ def succeeded(out: dict[str, Any]) -> bool:
     return bool(
         out["pods_unschedulable"] == 0 and out["pods_double_bound"] == 0 and out["nodes_overcommitted"] == 0
         and out["devices_overcommitted"] == 0 and out["gangs_partial"] == 0 and out["holds_leaked"] == 0
-        and out["nominations_leaked"] == 0
+        and out["nominations_leaked"] == 0 and out["quotas_overcommitted"] == 0 and out["pdb_violations"] == 0
     )

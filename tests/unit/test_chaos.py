@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from perf.chaos import (
+    QUOTA,
     ChaosConfig,
     Seen,
     Workload,
@@ -18,12 +19,14 @@ from perf.chaos import (
 from schemas import topics
 from schemas.records import (
     GANG_NAME_ANNOTATION,
+    QUOTA_LABEL,
     Binding,
     Claim,
     Node,
     NodeStateChange,
     Pod,
     PodDeleted,
+    PodTerminated,
     Requeue,
     Reservation,
     ResourceList,
@@ -49,6 +52,17 @@ def test_workload_is_seeded_and_fits_with_room_to_spare() -> None:
     # Deletions come after their pod.
     first = {r.uid: at for at, _, r in a.timeline if isinstance(r, Pod)}
     assert all(at >= first[r.uid] for at, _, r in a.timeline if isinstance(r, PodDeleted))
+    # The quota's pods come in bursts that ask more than its max; none is deleted by the workload.
+    assert len(a.quota_pods) == cfg.quota_pods and not a.quota_pods & a.deleted
+    assert all(a.pods[uid].labels == {QUOTA_LABEL: QUOTA} for uid in a.quota_pods)
+    bursts = sorted({first[uid] for uid in a.quota_pods})
+    assert len(bursts) == cfg.quota_pods // cfg.quota_burst and cfg.quota_burst * 1000 > a.quotas[QUOTA]["cpu"]
+    assert f"{{name: {QUOTA}, max: {{cpu: 4000m}}}}" in a.profiles_yaml()
+    # Budgeted workloads: each asked to lose more than its budget allows, at a seeded moment.
+    assert len(a.budgeted) == cfg.budget_workloads and a.budgeted == b.budgeted
+    span = len(a.pods) / cfg.rate
+    for bw in a.budgeted:
+        assert bw.replicas - bw.scale_down_by < bw.min_available < bw.replicas and 0 < bw.scale_down_at < span
 
 
 def test_kill_plan_is_seeded_inside_the_load_and_spaced() -> None:
@@ -111,3 +125,46 @@ def test_a_failed_runs_records_are_written_one_per_line(tmp_path: Path) -> None:
     first, second = (json.loads(line) for line in lines)
     assert first["type"] == "Requeue" and first["uid"] == "g1" and first["attempt"] == 3 and first["source"] == "holds/1"
     assert second["topic"] == topics.STATE_CHANGES and second["holds"] == {"g1/3/n1": "held"} and second["ts"] == 11.0
+
+
+def test_verdict_replays_quota_usage_and_budget_health_from_the_topics() -> None:
+    """The wiring of `quotas_overcommitted` and `pdb_violations` (the pure checks are table-tested
+    in test_checker.py): which topics and records count."""
+    quota = {"cpu": 2000}
+    pods = {u: Pod(uid=u, name=u, namespace="c", labels={QUOTA_LABEL: QUOTA}, requests=ResourceList(cpu=1000))
+            for u in ("q1", "q2", "q3")}
+    keep = ChaosConfig.preset("tansu", quick=True, seed=1)
+    budgeted = workload(keep, "x").budgeted[:1]
+    ns, app = budgeted[0].namespace, budgeted[0].name
+    w = Workload(nodes=[Node(name="n1", allocatable=ResourceList(cpu=64000, pods=110))], timeline=[], pods=pods,
+                 deleted=set(), gangs={}, quotas={QUOTA: quota}, quota_pods=set(pods), budgeted=budgeted)
+
+    def bind(t: float, uid: str) -> tuple[float, str, int, str, Binding]:
+        return (t, topics.BINDINGS, 0, "holds/0", Binding(uid=uid, namespace="c", name=uid, node="n1", attempt=0,
+                                                         decision_key=uid))
+
+    def budget_pod(t: float, i: int, running: bool) -> tuple[float, str, int, str, Pod]:
+        return (t, topics.PODS, 0, "", Pod(uid=f"k{i}", name=f"k{i}", namespace=ns, labels={"app": app},
+                                             requests=ResourceList(cpu=500), node_name="n1" if running else "",
+                                             phase="Running" if running else "Pending"))
+
+    seen = Seen()
+    seen.records += [bind(1.0, "q1"), bind(1.1, "q2"),
+                     (2.0, topics.PODS, 0, "", PodDeleted(uid="q1", name="q1", namespace="c")), bind(2.5, "q3")]
+    seen.records += [budget_pod(0.0, i, running=False) for i in range(6)]
+    seen.records += [budget_pod(1.0, i, running=True) for i in range(6)]
+    out = verdict(w, seen, 4)
+    assert out["quotas_overcommitted"] == 0 and out["pdb_violations"] == 0  # q3 was admitted after q1 went
+    # Two more evictions than minAvailable 4 of 6 allows (the pods terminate at their node)
+    seen.records += [(3.0, topics.NODE_INBOX, 0, "", PodTerminated(uid=f"k{i}", node="n1", reason="Evicted"))
+                     for i in range(3)]
+    seen.records += [bind(3.5, "q1"), (4.0, topics.NODE_INBOX, 0, "", PodTerminated(uid="q2", node="n1")),
+                     (4.0, topics.PODS, 0, "", PodDeleted(uid="k3", name="k3", namespace=ns)),
+                     (5.0, topics.FEEDBACK, 0, "", PodDeleted(uid="k4", name="k4", namespace=ns))]  # not `pods`
+    out = verdict(w, seen, 4)
+    assert out["quotas_overcommitted"] == 0  # q1 bound again after its deletion: it never ran again
+    assert out["pdb_violations"] == 4 + 4 and out["pdb_lowest_healthy"] == {f"{ns}/{app}": 2}  # 3.0 .. 4.75
+    seen.records.insert(3, bind(1.5, "q3"))  # q3 admitted while q1 and q2 were committed: 3000m of 2000m
+    out = verdict(w, seen, 4)
+    assert out["quotas_overcommitted"] == 1 and out["examples"]["quotas_overcommitted"][0].startswith(
+        f"{QUOTA}: cpu 3000 > 2000 after q3")
