@@ -552,10 +552,21 @@ class EvictionCommand(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class CurrentOwner:
+    """A pod that consumes a reservation (an entry of Koordinator's Reservation
+    `status.currentOwners`, an object reference)."""
+
+    uid: str
+    namespace: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ReservationEvent(Record):
     """A reservation changed phase, as its node's owner decided: Available (it holds capacity
     on `node`), Succeeded (an allocate-once reservation was consumed), Failed (expired, or its
-    node was deleted; `reason` says which)."""
+    node was deleted; `reason` says which). `current_owners` are the pods that consumed it when
+    it ended (Koordinator's `status.currentOwners`): for Succeeded, the pod bound into it."""
 
     KIND: ClassVar[str] = "ReservationEvent"
     name: str
@@ -565,6 +576,7 @@ class ReservationEvent(Record):
     reason: str = ""
     requests: ResourceList = field(default_factory=_resources)
     allocated: ResourceList = field(default_factory=_resources)
+    current_owners: tuple[CurrentOwner, ...] = ()
     kind: str = field(default="ReservationEvent", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

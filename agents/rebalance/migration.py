@@ -2,7 +2,7 @@
 `MigrationJob` record: every input returns the job's next version and the records to send.
 
     Pending --start--> Running/reserving --Available elsewhere--> Running/evicting
-        --evicted--> Running/replacing --reservation consumed--> Succeeded
+        --evicted--> Running/replacing --reservation consumed by a replacement--> Succeeded
 
 1. `start`: a Reservation for the pod's replacement, owned by the pod's controller (so the
    pod it recreates consumes it), with the pod's request, scheduler, priority, tolerations and
@@ -11,12 +11,15 @@
 2. `on_reservation`: Available on a node other than the source: the job asks to evict (the
    actuator sends the EvictionCommand when arbitration and the rate limit allow, `evicted`
    records it). Available on the source, or Failed (expired, node lost): Aborted.
-   Succeeded (an allocate-once reservation consumed) after the eviction: the replacement is
-   bound into it, the job Succeeded; before the eviction (another pod of the workload took
-   it): Aborted, nothing evicted, and `on_sibling_consumed` ends a job of the same workload
-   that evicted and still waits (the pod that took the reservation is its replacement:
-   Succeeded, its own reservation deleted). Several moves of one workload share an owner, so
-   the scheduler may put a replacement into any of their reservations.
+   Succeeded (an allocate-once reservation consumed) after the eviction: Succeeded when the
+   event's `current_owners` name a replacement (a pod of the job's namespace other than the
+   evicted one, of the job's workload when that pod is known: the reservation's owner is the
+   workload's controller, so only its pods can consume it), else Aborted; before the eviction
+   (another pod of the workload took it): Aborted, nothing evicted. Several moves of one
+   workload share an owner, so the scheduler may put a replacement into any of their
+   reservations; a job decides only from its own reservation's consumer, never from a
+   sibling's (the one that waits for its replacement keeps its reservation until it is
+   consumed or the ttl ends the job).
 3. `on_unschedulable`: the reservation fits nowhere (its final feedback): Aborted.
 4. `on_pod_gone`: the source pod went before the eviction: Aborted, its reservation deleted.
    After the eviction it is what the job waited for.
@@ -31,6 +34,7 @@ Finished jobs ignore every later input (a redelivered event changes nothing).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from agents.ports import Output
@@ -62,7 +66,7 @@ EVICTION_REFUSED = "eviction refused (PodDisruptionBudget); retrying"
 NO_CONTROLLER = "no controller to recreate the pod"
 DONE = "replacement bound into the reservation"
 CONSUMED_EARLY = "reservation consumed before the eviction"
-SIBLING = "replacement bound into another move's reservation"
+CONSUMED_BY_OTHER = "reservation consumed by a pod that is not the replacement"
 EVICTED = "evicted"
 
 RESERVATION_SUFFIX = "-reservation"  # a job's reservation is named after it
@@ -118,7 +122,20 @@ def start(job: MigrationJob, pod: Pod, now: float) -> Step:
                    [Output(topics.PODS, reservation.uid, reservation)])
 
 
-def on_reservation(job: MigrationJob, event: ReservationEvent, now: float) -> Step:
+def replacement(job: MigrationJob, event: ReservationEvent, pods: Mapping[str, Pod]) -> str:
+    """The uid of the pod the event says consumed the job's reservation, if it can be the
+    replacement of the job's pod: of the job's namespace, not the evicted pod, and of the job's
+    workload when `pods` knows it ("" for none)."""
+    for owner in event.current_owners:
+        pod = pods.get(owner.uid)
+        if (owner.uid != job.pod_uid and owner.namespace in ("", job.namespace)
+                and (pod is None or workload_of(pod) == job.workload)):
+            return owner.uid
+    return ""
+
+
+def on_reservation(job: MigrationJob, event: ReservationEvent, now: float,
+                   pods: Mapping[str, Pod] | None = None) -> Step:
     if job.phase in FINISHED or event.uid != job.reservation:
         return job, []
     if event.phase == reservations.AVAILABLE:
@@ -128,8 +145,10 @@ def on_reservation(job: MigrationJob, event: ReservationEvent, now: float) -> St
             return _end(job, ABORTED, ON_SOURCE, now, release=True)
         return _record(replace(job, step=EVICTING, reserved_on=event.node, updated=now), [])
     if event.phase == reservations.SUCCEEDED:
-        if job.step == REPLACING:
-            return _end(job, SUCCEEDED, DONE, now, release=False)
+        if job.step == REPLACING:  # consumed, so it holds nothing to delete
+            if replacement(job, event, pods or {}):
+                return _end(job, SUCCEEDED, DONE, now, release=False)
+            return _end(job, ABORTED, CONSUMED_BY_OTHER, now, release=False)
         # Consumed before the eviction, by another pod of the workload: evicting now would
         # leave the source's replacement without the capacity it was promised.
         return _end(job, ABORTED, CONSUMED_EARLY, now, release=False)
@@ -165,16 +184,6 @@ def evicted(job: MigrationJob, now: float) -> Step:
     if job.mode == EVICT_DIRECTLY:
         return _end(job, SUCCEEDED, EVICTED, now, release=False)
     return _record(replace(job, step=REPLACING, updated=now), [])
-
-
-def on_sibling_consumed(job: MigrationJob, now: float) -> Step:
-    """Another job's reservation of the same workload was consumed before that job evicted:
-    the replacement that took it is this job's (the only pods of the workload made since are
-    replacements of evicted ones), so this job is done where the other was planned, and its
-    own reservation, which nobody will take, goes."""
-    if job.phase != RUNNING or job.step != REPLACING:
-        return job, []
-    return _end(job, SUCCEEDED, SIBLING, now, release=True)
 
 
 def on_eviction_refused(job: MigrationJob, now: float) -> Step:

@@ -142,7 +142,7 @@ class RebalancerService:
                 job = r.uid.removesuffix(RESERVATION_SUFFIX)
                 if job not in self.done:
                     self.events[r.uid] = (r, now)
-                    out += self._consumed_early(self._apply(job, partial(mg.on_reservation, event=r, now=now)), now)
+                    out += self._apply(job, partial(mg.on_reservation, event=r, now=now, pods=self.pods))
             elif isinstance(r, SchedulingFeedback) and r.final and r.uid.endswith(RESERVATION_SUFFIX):
                 job = r.uid.removesuffix(RESERVATION_SUFFIX)
                 if job not in self.done:
@@ -165,18 +165,6 @@ class RebalancerService:
             field_name = exc.field if isinstance(exc, ArgsError) else "min_available/max_unavailable"
             value = exc.value if isinstance(exc, ArgsError) else f"{pdb.min_available}/{pdb.max_unavailable}"
             self.problems.append(Problem(field_name, str(value), str(exc), pdb))
-
-    def _consumed_early(self, outputs: list[Output], now: float) -> list[Output]:
-        """After a job ended because another replacement of its workload took its reservation,
-        end the oldest job of that workload still waiting for its replacement (see
-        `migration.on_sibling_consumed`)."""
-        ended = [o.record for o in outputs if isinstance(o.record, MigrationJob) and o.record.reason == mg.CONSUMED_EARLY]
-        for job in ended:
-            waiting = sorted((j for j in self.jobs.values() if j.workload == job.workload and j.step == mg.REPLACING),
-                             key=lambda j: (j.updated, j.uid))
-            if waiting:
-                outputs += self._apply(waiting[0].uid, partial(mg.on_sibling_consumed, now=now))
-        return outputs
 
     def _deleted(self, uid: str, now: float) -> list[Output]:
         pod = self.pods.pop(uid, None)
@@ -265,13 +253,13 @@ class RebalancerService:
         for uid in list(self.jobs):
             job = self.jobs[uid]
             seen = self.events.get(job.reservation)
-            steps = [partial(mg.on_reservation, event=seen[0], now=now)] if seen else []
+            steps = [partial(mg.on_reservation, event=seen[0], now=now, pods=self.pods)] if seen else []
             if job.reservation in self.unschedulable:
                 steps.append(partial(mg.on_unschedulable, reservation_uid=job.reservation, now=now))
             if job.pod_uid not in self.pods:
                 steps.append(partial(mg.on_pod_gone, uid=job.pod_uid, now=now))
             for step in steps:
-                out += self._consumed_early(self._apply(uid, step), now)
+                out += self._apply(uid, step)
             job = self.jobs.get(uid, job)
             if (job.step == mg.REPLACING and job.phase not in mg.FINISHED and job.pod_uid in self.pods
                     and job.pod_uid not in self.evicted):

@@ -14,6 +14,7 @@ from agents.rebalance.rebalancer import Rebalancer
 from agents.rebalance.service import RebalancerService
 from schemas.records import (
     Binding,
+    CurrentOwner,
     EvictionCommand,
     MigrationJob,
     Pod,
@@ -45,6 +46,14 @@ def available(job: MigrationJob, node: str = "") -> ReservationEvent:
     return ReservationEvent(name=job.reservation, uid=job.reservation, phase="Available", node=node or job.destination)
 
 
+def consumed(job: MigrationJob, by: str = "") -> ReservationEvent:
+    """The job's reservation consumed by pod `by` (a new pod of the workload by default), as
+    its owner says it (Koordinator's status.currentOwners)."""
+    by = by or f"{job.pod_uid}-new"
+    return ReservationEvent(name=job.reservation, uid=job.reservation, phase="Succeeded", node=job.destination,
+                            current_owners=(CurrentOwner(uid=by, namespace=job.namespace, name=by),))
+
+
 def test_a_move_from_plan_to_succeeded() -> None:
     svc, now = service()
     out = svc.cycle(now[0])
@@ -60,7 +69,7 @@ def test_a_move_from_plan_to_succeeded() -> None:
     assert [e.uid for e in evicted] == [job.pod_uid]
     assert svc.actuate(now[0]) == []  # burst 1, 10/s: the next one waits
     svc.on_records([PodDeleted(uid=job.pod_uid, name=job.pod_name)])
-    done = ReservationEvent(name=job.reservation, uid=job.reservation, phase="Succeeded", node=job.destination)
+    done = consumed(job)
     svc.on_records([done])
     assert job.uid in svc.done and job.uid not in svc.jobs and svc.finished[("Succeeded", mg.DONE)] == 1
     assert svc.on_records([done]) == []  # redelivered: nothing changes
@@ -188,18 +197,27 @@ def test_a_disruption_budget_holds_moves_back_and_a_bad_one_is_a_problem() -> No
     assert problem.field.endswith("matchExpressions[0].operator") and problem.value == "Near" and not bad.budgets
 
 
-def test_a_replacement_in_a_sibling_reservation_ends_both_moves_at_once() -> None:
-    """Two moves of one workload: the first evicted its pod, whose replacement the scheduler
-    put into the second's reservation. The second ends (nothing evicted), the first succeeds
-    and gives up its own reservation, which nobody would take: no job waits for its ttl."""
+def test_a_sibling_reservation_consumed_ends_neither_the_waiting_move_nor_its_reservation() -> None:
+    """Two moves of one workload: J1 evicted c00 and waits for its replacement; another new
+    pod of the workload is bound into J2's reservation. J2 ends (nothing evicted: its
+    reservation is gone); J1 goes on waiting with its reservation live (it is not told who
+    consumed J2's, and a guess would delete capacity c00's replacement may still need). J1
+    ends Succeeded only when its own reservation is consumed by a replacement."""
     svc, now = service()
     svc.cycle(now[0])
     first, second = sorted((j for j in svc.jobs.values() if j.workload.endswith("/cpu")), key=lambda j: j.uid)[:2]
     svc.on_records([available(first), available(second)])
     assert [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)] == [first.pod_uid]
-    taken = ReservationEvent(name=second.reservation, uid=second.reservation, phase="Succeeded", node=second.destination)
-    out = svc.on_records([taken])
+    svc.on_records([PodDeleted(uid=first.pod_uid, name=first.pod_name)])
+    out = svc.on_records([consumed(second, by="c-new")])
     ended = {o.record.uid: o.record for o in out if isinstance(o.record, MigrationJob)}
-    assert (ended[second.uid].phase, ended[second.uid].reason) == ("Aborted", mg.CONSUMED_EARLY)
-    assert (ended[first.uid].phase, ended[first.uid].reason) == ("Succeeded", mg.SIBLING)
-    assert [o.record.uid for o in out if isinstance(o.record, PodDeleted)] == [first.reservation]
+    assert set(ended) == {second.uid} and (ended[second.uid].phase, ended[second.uid].reason) == (
+        "Aborted", mg.CONSUMED_EARLY)
+    assert [o for o in out if isinstance(o.record, PodDeleted)] == []  # J1's reservation stays
+    assert svc.jobs[first.uid].step == mg.REPLACING and first.uid not in svc.done
+    now[0] += 10
+    assert [o for o in svc.tick(now[0]) + svc.actuate(now[0]) if isinstance(o.record, PodDeleted)] == []
+    out = svc.on_records([consumed(first, by="c-newer")])
+    [done] = [o.record for o in out if isinstance(o.record, MigrationJob)]
+    assert (done.phase, done.reason) == ("Succeeded", mg.DONE) and not [o for o in out if isinstance(o.record, PodDeleted)]
+
