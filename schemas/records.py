@@ -585,8 +585,10 @@ class ReservationEvent(Record):
 class MigrationJob(Record):
     """One move of a running pod (Koordinator's PodMigrationJob), as the rebalancer last
     recorded it: `phase` (Pending, Running, Succeeded, Failed, Aborted) and `reason`; `step`
-    says where a Running job is (reserving, evicting, replacing). ReservationFirst moves own
-    the Reservation `reservation`, pinned to `destination` when one was planned."""
+    says where a Running job is (reserving, evicting, replacing; terminating for an
+    EvictDirectly job whose eviction was sent). ReservationFirst moves own the Reservation
+    `reservation`, pinned to `destination` when one was planned. Every effect of a job can be
+    derived from its record: a new leader sends again what the record says was sent."""
 
     KIND: ClassVar[str] = "MigrationJob"
     uid: str
@@ -606,6 +608,7 @@ class MigrationJob(Record):
     ttl_s: float = 300.0
     updated: float = 0.0
     version: int = 0  # bumped each time the job is recorded: of two versions, a reader keeps the higher
+    released: bool = False  # ended with its reservation deleted (a new leader sends the deletion again)
     kind: str = field(default="MigrationJob", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

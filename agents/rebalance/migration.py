@@ -3,11 +3,15 @@
 
     Pending --start--> Running/reserving --Available elsewhere--> Running/evicting
         --evicted--> Running/replacing --reservation consumed by a replacement--> Succeeded
+    EvictDirectly: Pending --start--> Running/evicting --evicted--> Running/terminating
+        --pod deleted--> Succeeded
 
 1. `start`: a Reservation for the pod's replacement, owned by the pod's controller (so the
    pod it recreates consumes it), with the pod's request, scheduler, priority, tolerations and
-   node selector, allocate-once, its ttl the job's, and pinned to the planned destination by a
-   required node affinity on `metadata.name`. `EvictDirectly` skips it and evicts at once.
+   node selector, allocate-once, its ttl the job's (counted from the job's creation), and pinned
+   to the planned destination by a required node affinity on `metadata.name` (`reservation_of`:
+   built from the job and its pod alone, so a new leader sends the same one again).
+   `EvictDirectly` skips it and evicts at once.
 2. `on_reservation`: Available on a node other than the source: the job asks to evict (the
    actuator sends the EvictionCommand when arbitration and the rate limit allow, `evicted`
    records it). Available on the source, or Failed (expired, node lost): Aborted.
@@ -22,14 +26,17 @@
    consumed or the ttl ends the job).
 3. `on_unschedulable`: the reservation fits nowhere (its final feedback): Aborted.
 4. `on_pod_gone`: the source pod went before the eviction: Aborted, its reservation deleted.
-   After the eviction it is what the job waited for.
+   After the eviction it is what the job waited for: an EvictDirectly job is Succeeded (only
+   then: a job recorded as evicting whose eviction was lost is not Succeeded, and a new
+   leader sends the eviction again).
 5. `on_eviction_refused`: the Eviction API's 429 (a PodDisruptionBudget): the job keeps
    waiting to evict and says why.
 6. `on_tick`: past `created + ttl_s` and not finished: Aborted (TTL), the reservation deleted
    unless the replacement already took it.
 
-An Aborted or Failed job leaves nothing held: its reservation is deleted in the same step.
-Finished jobs ignore every later input (a redelivered event changes nothing).
+An Aborted or Failed job leaves nothing held: its reservation is deleted in the same step,
+and the record says so (`released`), so that a new leader sends the deletion again if it may
+have been lost. Finished jobs ignore every later input (a redelivered event changes nothing).
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from schemas.records import (
 )
 
 PENDING, RUNNING, SUCCEEDED, FAILED, ABORTED = "Pending", "Running", "Succeeded", "Failed", "Aborted"
-RESERVING, EVICTING, REPLACING = "reserving", "evicting", "replacing"
+RESERVING, EVICTING, REPLACING, TERMINATING = "reserving", "evicting", "replacing", "terminating"
 FINISHED = frozenset({SUCCEEDED, FAILED, ABORTED})
 RESERVATION_FIRST, EVICT_DIRECTLY = "ReservationFirst", "EvictDirectly"
 
@@ -92,12 +99,33 @@ def _record(job: MigrationJob, outputs: list[Output]) -> Step:
     return job, [*outputs, Output(topics.MIGRATIONS, job.uid, job)]
 
 
+def deletion(job: MigrationJob) -> PodDeleted:
+    """The deletion of the job's reservation (sent again, unchanged, by a leader that took over)."""
+    return PodDeleted(uid=job.reservation, name=job.reservation, namespace=job.namespace)
+
+
 def _end(job: MigrationJob, phase: str, reason: str, now: float, *, release: bool) -> Step:
-    outputs = []
-    if release and job.reservation:
-        outputs.append(Output(topics.PODS, job.reservation, PodDeleted(uid=job.reservation, name=job.reservation,
-                                                                       namespace=job.namespace)))
-    return _record(replace(job, phase=phase, step="", reason=reason, updated=now), outputs)
+    released = release and bool(job.reservation)
+    outputs = [Output(topics.PODS, job.reservation, deletion(job))] if released else []
+    return _record(replace(job, phase=phase, step="", reason=reason, updated=now, released=released), outputs)
+
+
+def reservation_of(job: MigrationJob, pod: Pod) -> Reservation | None:
+    """The Reservation a ReservationFirst job holds for its pod's replacement (None: the pod
+    has no controller), the same whenever it is built: from the job and its pod only."""
+    owner = controller_of(pod)
+    if owner is None:
+        return None
+    kind, name, uid = owner
+    name_ = job.uid + RESERVATION_SUFFIX
+    return Reservation(
+        uid=name_, name=name_,
+        owners=(ReservationOwner(controller_uid=uid, controller_namespace=pod.namespace, controller_kind=kind,
+                                 controller_name=name),),
+        requests=pod.requests, ttl_s=job.ttl_s, allocate_once=True, creation_timestamp=job.created,
+        labels={"koordstream.io/migration-job": job.uid}, scheduler_name=pod.scheduler_name, priority=pod.priority,
+        priority_class_name=pod.priority_class_name, node_selector=pod.node_selector,
+        affinity=pinned(job.destination) if job.destination else pod.affinity, tolerations=pod.tolerations)
 
 
 def start(job: MigrationJob, pod: Pod, now: float) -> Step:
@@ -106,18 +134,9 @@ def start(job: MigrationJob, pod: Pod, now: float) -> Step:
         return job, []
     if job.mode == EVICT_DIRECTLY:
         return _record(replace(job, phase=RUNNING, step=EVICTING, updated=now), [])
-    owner = controller_of(pod)
-    if owner is None:
+    reservation = reservation_of(job, pod)
+    if reservation is None:
         return _end(job, ABORTED, NO_CONTROLLER, now, release=False)
-    kind, name, uid = owner
-    reservation = Reservation(
-        uid=job.uid + RESERVATION_SUFFIX, name=job.uid + RESERVATION_SUFFIX,
-        owners=(ReservationOwner(controller_uid=uid, controller_namespace=pod.namespace, controller_kind=kind,
-                                 controller_name=name),),
-        requests=pod.requests, ttl_s=job.ttl_s, allocate_once=True, creation_timestamp=now,
-        labels={"koordstream.io/migration-job": job.uid}, scheduler_name=pod.scheduler_name, priority=pod.priority,
-        priority_class_name=pod.priority_class_name, node_selector=pod.node_selector,
-        affinity=pinned(job.destination) if job.destination else pod.affinity, tolerations=pod.tolerations)
     return _record(replace(job, phase=RUNNING, step=RESERVING, reservation=reservation.uid, updated=now),
                    [Output(topics.PODS, reservation.uid, reservation)])
 
@@ -181,9 +200,12 @@ def evicted(job: MigrationJob, now: float) -> Step:
     """The actuator sent the job's eviction."""
     if job.phase != RUNNING or job.step != EVICTING:
         return job, []
-    if job.mode == EVICT_DIRECTLY:
-        return _end(job, SUCCEEDED, EVICTED, now, release=False)
-    return _record(replace(job, step=REPLACING, updated=now), [])
+    return _record(replace(job, step=TERMINATING if job.mode == EVICT_DIRECTLY else REPLACING, updated=now), [])
+
+
+def sent_eviction(job: MigrationJob) -> bool:
+    """Whether the job's record says its eviction was sent (it waits for what follows it)."""
+    return job.phase == RUNNING and job.step in (REPLACING, TERMINATING)
 
 
 def on_eviction_refused(job: MigrationJob, now: float) -> Step:
@@ -195,6 +217,8 @@ def on_eviction_refused(job: MigrationJob, now: float) -> Step:
 def on_pod_gone(job: MigrationJob, uid: str, now: float) -> Step:
     if job.phase in FINISHED or uid != job.pod_uid or job.step == REPLACING:
         return job, []
+    if job.step == TERMINATING:  # the evicted pod went: the scale-down happened
+        return _end(job, SUCCEEDED, EVICTED, now, release=False)
     return _end(job, ABORTED, SOURCE_GONE, now, release=True)
 
 

@@ -28,16 +28,26 @@ patches the pod, acts on); with EvictDirectly the victims are evicted by jobs of
 EvictDirectly (no replacement is reserved: the workload is shrinking).
 
 The adapter delivers outputs in two waves: the MigrationJob records first, then what they
-do. A leader that dies between the two left its jobs recorded one step ahead; `lead` then
-sends the eviction of every job recorded as evicted that `evictions` does not show, while its
-pod is still there. So nothing the jobs say happened is left undone; an eviction is sent
-twice only when the last leader's landed but was not read yet (the Eviction API answers a pod
-already going with nothing new).
+do. A leader that dies between the two left its jobs recorded one step ahead, so every effect
+of a job can be derived from its record, and `lead` (after the events the jobs missed and the
+ttl) sends again each one the topics do not show:
+- a job recorded as reserving whose Reservation is not on `pods` (nor any event or feedback
+  of it): the Reservation (`migration.reservation_of`, the same record);
+- a job recorded as evicted (ReservationFirst replacing, EvictDirectly terminating) whose
+  eviction `evictions` does not show, its pod still there: the EvictionCommand;
+- a job recorded as ended with its reservation deleted (`released`) whose deletion `pods`
+  does not show: the PodDeleted.
+So nothing the jobs say happened is left undone. Each is the same record as the first time,
+and sent twice only when the last leader's landed but was not read yet: a Reservation again
+is the same pod again, a deletion again deletes nothing more, and the Eviction API answers a
+pod already going with nothing new.
 
 Memory holds the live view and the jobs in flight, not the history (`prune`, called by the
 adapter): a finished job leaves `jobs` at once and is remembered as finished (`done`, so that
-no late version brings it back) for `DONE_KEEP_S`; reservation events and feedback are kept
-only for jobs not known to be finished, and those of jobs never seen for `ORPHAN_KEEP_S`;
+no late version brings it back) for `DONE_KEEP_S`; reservation events and feedback, and which
+reservations were read on `pods`, are kept only for jobs not known to be finished, and those
+of jobs never seen for `ORPHAN_KEEP_S`; a finished job's reservation deletion until it is read
+(or for `DONE_KEEP_S`);
 `moved_at` for the longest `moveInterval`; a scale-down plan per profile and workload.
 
 Counted for the metrics: evictions by reason, migrations finished by phase and reason, and
@@ -71,6 +81,7 @@ from schemas.records import (
     PodDeleted,
     PodDisruptionBudget,
     Record,
+    Reservation,
     ReservationEvent,
     ScaleDownEvent,
     SchedulingFeedback,
@@ -101,6 +112,9 @@ class RebalancerService:
     evicted: dict[str, float] = field(default_factory=dict)  # pod uid -> when its eviction was sent
     moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
     events: dict[str, tuple[ReservationEvent, float]] = field(default_factory=dict)  # reservation -> last event
+    # A job's reservation read on `pods` -> (whether its deletion was read, when it was read).
+    posted: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    releasing: dict[str, tuple[MigrationJob, float]] = field(default_factory=dict)  # deletion not read yet
     unschedulable: dict[str, float] = field(default_factory=dict)  # reservations that fit nowhere
     budgets: dict[str, Budget] = field(default_factory=dict)  # PodDisruptionBudget uid -> budget
     problems: list[Problem] = field(default_factory=list)  # bad inputs, for the dead-letter topic (drained by the adapter)
@@ -129,7 +143,13 @@ class RebalancerService:
                 self.nodes.pop(r.name, None)
             elif isinstance(r, Pod):
                 self.pods[r.uid] = r
+            elif isinstance(r, Reservation) and r.uid.endswith(RESERVATION_SUFFIX):
+                if not self.posted.get(r.uid, (False, 0.0))[0]:
+                    self.posted[r.uid] = (False, now)
             elif isinstance(r, PodDeleted):
+                if r.uid.endswith(RESERVATION_SUFFIX):
+                    self.posted[r.uid] = (True, now)
+                    self.releasing.pop(r.uid, None)
                 out += self._deleted(r.uid, now)
             elif isinstance(r, Binding):
                 self.bound[r.uid] = r.node
@@ -192,6 +212,8 @@ class RebalancerService:
         found = _SEQUENCE.search(job.uid)
         self.sequence = max(self.sequence, int(found.group(1)) if found else 0)
         if job.phase in mg.FINISHED:
+            if job.released and not self.posted.get(job.reservation, (False, 0.0))[0]:
+                self.releasing[job.reservation] = (job, now)  # its deletion not read (yet)
             self._finish(job, now)
         else:
             self.jobs[job.uid] = job
@@ -202,6 +224,7 @@ class RebalancerService:
         self.done[job.uid] = now
         self.events.pop(job.reservation, None)
         self.unschedulable.pop(job.reservation, None)
+        self.posted.pop(job.reservation, None)
         self.departed.pop(job.pod_uid, None)
         if self.active.get(job.pod_uid) == job.uid:
             del self.active[job.pod_uid]
@@ -237,6 +260,9 @@ class RebalancerService:
                        if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - v[1] < ORPHAN_KEEP_S}
         self.unschedulable = {k: t for k, t in self.unschedulable.items()
                               if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - t < ORPHAN_KEEP_S}
+        self.posted = {k: v for k, v in self.posted.items()
+                       if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - v[1] < ORPHAN_KEEP_S}
+        self.releasing = {k: v for k, v in self.releasing.items() if now - v[1] < DONE_KEEP_S}
         self.evicted = {uid: t for uid, t in self.evicted.items() if now - t < EVICTED_KEEP_S}
         keep = max((p.fragmentation.move_interval_s for p in self.rebalancer.config.profiles if p.fragmentation),
                    default=0.0)
@@ -246,8 +272,10 @@ class RebalancerService:
 
     def lead(self, now: float) -> list[Output]:
         """Become the leader (the jobs read back whole): apply what the jobs in flight may have
-        missed, send the evictions recorded as sent that `evictions` does not show (their pods
-        still there), then end the jobs past their ttl."""
+        missed, end the jobs past their ttl, then send again every effect a job's record says
+        was sent and the topics do not show (see the module docstring): a reserving job's
+        Reservation, an evicted job's eviction (its pod still there), an ended job's
+        reservation deletion."""
         self.leading = True
         out: list[Output] = []
         for uid in list(self.jobs):
@@ -260,11 +288,22 @@ class RebalancerService:
                 steps.append(partial(mg.on_pod_gone, uid=job.pod_uid, now=now))
             for step in steps:
                 out += self._apply(uid, step)
-            job = self.jobs.get(uid, job)
-            if (job.step == mg.REPLACING and job.phase not in mg.FINISHED and job.pod_uid in self.pods
-                    and job.pod_uid not in self.evicted):
+        out += self.tick(now)
+        for job in list(self.jobs.values()):
+            pod = self.pods.get(job.pod_uid)
+            if pod is None or job.phase != mg.RUNNING:
+                continue
+            if (job.step == mg.RESERVING and job.reservation not in self.posted and job.reservation not in self.events
+                    and job.reservation not in self.unschedulable):
+                reservation = mg.reservation_of(job, pod)
+                if reservation is not None:
+                    self.posted[reservation.uid] = (False, now)
+                    out.append(Output(topics.PODS, reservation.uid, reservation))
+            elif mg.sent_eviction(job) and job.pod_uid not in self.evicted:
                 out += self._evict(job, now)
-        return out + self.tick(now)
+        for job, _ in list(self.releasing.values()):
+            out.append(Output(topics.PODS, job.reservation, mg.deletion(job)))
+        return out
 
     def follow(self) -> None:
         self.leading = False

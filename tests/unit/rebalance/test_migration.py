@@ -67,8 +67,11 @@ def test_evict_directly_skips_the_reservation() -> None:
     job, out = started(mg.EVICT_DIRECTLY)
     assert job.reservation == "" and not any(isinstance(o.record, Reservation) for o in out)
     assert mg.eviction(job) is not None
-    job, _ = mg.evicted(job, NOW)
-    assert job.phase == "Succeeded"
+    job, out = mg.evicted(job, NOW)
+    assert (job.phase, job.step) == ("Running", "terminating") and mg.sent_eviction(job)  # not Succeeded yet
+    assert mg.on_tick(job, NOW + 1) == (job, [])
+    job, out = mg.on_pod_gone(job, POD.uid, NOW + 2)  # the eviction happened
+    assert (job.phase, job.reason) == ("Succeeded", mg.EVICTED) and deleted_reservations(out) == []
 
 
 def test_only_a_replacement_consuming_its_own_reservation_ends_a_move_succeeded() -> None:

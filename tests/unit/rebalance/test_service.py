@@ -6,7 +6,9 @@ finishes what the last one missed."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
+from agents.ports import Output
 from agents.rebalance import config
 from agents.rebalance import migration as mg
 from agents.rebalance.binpack import DELETION_COST
@@ -107,6 +109,8 @@ def test_a_scale_down_evicts_directly_when_asked() -> None:
         sent += [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
         now[0] += 0.1  # the rate limit: one eviction per 0.1 s
     assert sorted(sent) == sorted(plan.victims)
+    assert len(svc.jobs) == 2 and not svc.finished  # Succeeded once the pods are gone, not when asked to go
+    svc.on_records([PodDeleted(uid=uid) for uid in sent])
     assert not svc.jobs and svc.finished[("Succeeded", mg.EVICTED)] == 2
     assert svc.evictions["rebalance: ScaleDownBinPack"] == 2
 
@@ -221,3 +225,68 @@ def test_a_sibling_reservation_consumed_ends_neither_the_waiting_move_nor_its_re
     [done] = [o.record for o in out if isinstance(o.record, MigrationJob)]
     assert (done.phase, done.reason) == ("Succeeded", mg.DONE) and not [o for o in out if isinstance(o.record, PodDeleted)]
 
+
+# -- a leader that died between a job's record and its effect (issue 28, item 5) --------------
+
+EVICT_DIRECTLY = ("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
+                  "pluginConfig: [{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
+
+
+def records(outputs: list[Output], kind: type) -> list[Any]:
+    return [o.record for o in outputs if isinstance(o.record, kind)]
+
+
+def test_a_new_leader_sends_a_reservation_recorded_but_not_seen_and_only_that() -> None:
+    """The last leader recorded its jobs as reserving and died before their Reservations went
+    out: the new leader sends each again, the same record; one that `pods` shows is not sent."""
+    leader, now = service()
+    out = leader.cycle(now[0])
+    written, sent = records(out, MigrationJob), records(out, Reservation)
+    assert len(sent) >= 2
+    for seen in (True, False):
+        follower, _ = service(leading=False)
+        follower.on_records([*written, *(sent[:1] if seen else [])])
+        again = records(follower.lead(now[0] + 1), Reservation)
+        assert again == (sent[1:] if seen else sent)  # the same records: the ttl counts from the job's start
+        assert all(r.creation_timestamp == now[0] for r in again)
+
+
+def test_a_new_leader_deletes_an_aborted_jobs_reservation_whose_deletion_was_lost() -> None:
+    """A job aborted (its reservation fits nowhere) and recorded so; the deletion of its
+    reservation was lost with the leader. The next leader deletes it (whichever order it read
+    the topics in, once: a deletion `pods` shows is not sent again)."""
+    leader, now = service()
+    out = leader.cycle(now[0])
+    written, posted = records(out, MigrationJob), records(out, Reservation)
+    job = written[0]
+    ended = leader.on_records([SchedulingFeedback(uid=job.reservation, namespace="default", name=job.reservation,
+                                                  attempt=1, message="0/4 nodes are available", final=True)])
+    [aborted], [deletion] = records(ended, MigrationJob), records(ended, PodDeleted)
+    assert aborted.released and deletion.uid == job.reservation
+    lost, _ = service(leading=False)
+    lost.on_records([*written, *posted, aborted])
+    assert records(lost.lead(now[0] + 1), PodDeleted) == [deletion]
+    for log in ([*written, *posted, aborted, deletion], [*posted, deletion, *written, aborted]):
+        seen, _ = service(leading=False)
+        seen.on_records(log)
+        assert records(seen.lead(now[0] + 1), PodDeleted) == []
+
+
+def test_a_new_leader_sends_a_direct_eviction_recorded_but_not_seen() -> None:
+    """A scale-down's EvictDirectly job recorded its eviction as sent; the eviction was lost
+    with the leader. The job is not Succeeded (its pod is still there): the next leader sends
+    the eviction, and the job ends Succeeded when the pod goes."""
+    leader, now = service(EVICT_DIRECTLY)
+    started, _ = leader.scale_down(ScaleDownEvent(workload="ReplicaSet/mem", replicas=3), now[0])
+    stepped = leader.actuate(now[0])
+    [command] = records(stepped, EvictionCommand)
+    [job] = [j for j in records(stepped, MigrationJob) if j.pod_uid == command.uid]
+    assert job.phase == mg.RUNNING and job.step == mg.TERMINATING
+    for seen in (True, False):
+        follower, _ = service(EVICT_DIRECTLY, leading=False)
+        follower.on_records([*records(started, MigrationJob), job, *([command] if seen else [])])
+        again = records(follower.lead(now[0] + 1), EvictionCommand)
+        assert again == ([] if seen else [command])
+        assert follower.jobs[job.uid].step == mg.TERMINATING
+        [done] = records(follower.on_records([PodDeleted(uid=command.uid)]), MigrationJob)
+        assert (done.phase, done.reason) == (mg.SUCCEEDED, mg.EVICTED)
