@@ -8,8 +8,21 @@ MigrationController arbitration, with its names and defaults), and the eviction 
   for 4-10 replicas, else 1; a workload of one replica is never moved, nor one whose limit
   would let every replica go at once. Pods of the workload that are not healthy now count as
   unavailable already (Koordinator's `mergeUnavailableAndMigratingPods`).
-- PodDisruptionBudgets (`Budget`): a disruption that would leave fewer healthy pods than
-  the budget allows is refused, as the Eviction API answers 429.
+- `evictionTTLMargin` (default 30s, shorter than a job's 5 min ttl): a ReservationFirst
+  move is evicted only while at least this much of its ttl is left; its reservation goes at
+  the ttl, and the replacement needs the time to be recreated and bound into it.
+- PodDisruptionBudgets (`Budget`), computed as the disruption controller and the Eviction
+  API do: the budget's pods are every live pod it covers (`covered`: pending ones, and pods on
+  a deleted node, included), `expected` their count; `healthy` those Running (standing for
+  Ready: the Pod record carries no Ready condition), not terminating, not evicted already and
+  bound to a node that exists (the caller's predicate); `desiredHealthy` is `minAvailable`,
+  or `expected - maxUnavailable` (percentages of `expected` rounded up, as Kubernetes rounds
+  both), and `disruptionsAllowed = healthy - desiredHealthy`. Each disruption admitted (a
+  migration in flight, an eviction of this batch) of a healthy pod takes one away. A healthy
+  pod goes only with one allowed; an unhealthy one only while the budget is met
+  (`healthy >= max(desiredHealthy, 1)`, the Eviction API's IfHealthyBudget). Otherwise the
+  refusal is `PDB`, as the Eviction API answers 429. `budget_refusal` is that check alone:
+  the path of evictions no other limit applies to (EvictDirectly).
 
 `Arbitrator` is the ledger of what is in flight: `refusal` says why a move may not start now
 ("" when it may), `admit` counts it, `finish` releases it. Planners ask it for every move they
@@ -26,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.rebalance.args import integer
+from agents.rebalance.args import JOB_TTL_S, duration_s, integer
 from agents.rebalance.evictor import workload_of
 from agents.rebalance.selectors import LabelSelector
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
@@ -37,6 +50,7 @@ PER_NAMESPACE = "maxMigratingPerNamespace"
 GLOBALLY = "maxMigratingGlobally"
 PER_WORKLOAD = "maxMigratingPerWorkload"
 UNAVAILABLE = "maxUnavailablePerWorkload"
+TTL_MARGIN = "evictionTTLMargin"
 SINGLE_REPLICA = "single-replica workload"
 NO_WORKLOAD = "no workload"
 PDB = "PodDisruptionBudget"
@@ -84,11 +98,12 @@ class ArbitrationArgs:
     max_unavailable_per_workload: int | str | None = None
     eviction_qps: float = 10.0
     eviction_burst: int = 1
+    eviction_ttl_margin_s: float = 30.0
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], path: str = "") -> ArbitrationArgs:
         reject_unknown(raw, {PER_NODE, PER_NAMESPACE, GLOBALLY, PER_WORKLOAD, UNAVAILABLE,
-                             "evictionQPS", "evictionBurst"}, path)
+                             "evictionQPS", "evictionBurst", TTL_MARGIN}, path)
         kw: dict[str, Any] = {}
         for name, attr in ((PER_NODE, "max_migrating_per_node"), (PER_NAMESPACE, "max_migrating_per_namespace"),
                            (GLOBALLY, "max_migrating_globally")):
@@ -102,6 +117,12 @@ class ArbitrationArgs:
                 raise ArgsError(f"{path}evictionQPS", qps, "must be a positive finite number")
             kw["eviction_qps"] = float(qps)
         kw["eviction_burst"] = integer(raw, "evictionBurst", path, 1, 1)
+        if raw.get(TTL_MARGIN) is not None:
+            margin = duration_s(raw[TTL_MARGIN], f"{path}{TTL_MARGIN}")
+            if margin >= JOB_TTL_S:
+                raise ArgsError(f"{path}{TTL_MARGIN}", raw[TTL_MARGIN],
+                                f"must be shorter than a migration job's ttl ({JOB_TTL_S:g}s): no move would evict")
+            kw["eviction_ttl_margin_s"] = margin
         return cls(**kw)
 
     def max_unavailable(self, replicas: int) -> int:
@@ -130,22 +151,32 @@ class Budget:
     def covers(self, pod: Pod) -> bool:
         return pod.namespace == self.namespace and self.selector.matches(pod.labels)
 
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def desired(self, expected: int) -> int:
+        """The PDB controller's `desiredHealthy` for `expected` pods."""
+        if self.max_unavailable is not None:
+            return max(0, expected - _rounded_up(self.max_unavailable, expected))
+        if self.min_available is not None:
+            return _rounded_up(self.min_available, expected)
+        return expected  # an empty budget allows nothing, as Kubernetes reads it
+
     def allowed(self, expected: int, healthy: int) -> int:
         """Disruptions allowed now (the PDB controller's `disruptionsAllowed`)."""
-        if self.max_unavailable is not None:
-            unavailable = _rounded_up(self.max_unavailable, expected)
-            desired = expected - unavailable
-        elif self.min_available is not None:
-            desired = _rounded_up(self.min_available, expected)
-        else:
-            desired = expected  # an empty budget allows nothing, as Kubernetes reads it
-        return max(0, healthy - desired)
+        return max(0, healthy - self.desired(expected))
 
 
 def _rounded_up(value: int | str, total: int) -> int:
     if isinstance(value, str):
         return math.ceil(total * percent(value, "") / 100)
     return value
+
+
+def running(pod: Pod) -> bool:
+    """Healthy as far as the pod alone says: Running and not terminating."""
+    return pod.phase == "Running" and pod.deletion_timestamp is None
 
 
 @dataclass
@@ -158,6 +189,7 @@ class Arbitrator:
     budgets: tuple[Budget, ...] = ()
     healthy_by_budget: dict[str, int] = field(default_factory=dict)  # budget name -> healthy now
     expected_by_budget: dict[str, int] = field(default_factory=dict)
+    healthy_uids: frozenset[str] = frozenset()  # the covered pods healthy now
     by_node: Counter[str] = field(default_factory=Counter)
     by_namespace: Counter[str] = field(default_factory=Counter)
     by_workload: Counter[str] = field(default_factory=Counter)
@@ -167,16 +199,26 @@ class Arbitrator:
 
     @classmethod
     def over(cls, args: ArbitrationArgs, pods: Iterable[Pod], budgets: Iterable[Budget] = (),
-             healthy: Callable[[Pod], bool] = lambda p: p.phase == "Running") -> Arbitrator:
+             healthy: Callable[[Pod], bool] = running, covered: Iterable[Pod] | None = None,
+             budget_healthy: Callable[[Pod], bool] | None = None) -> Arbitrator:
         """An arbitrator over the pods (replicas: each workload's pods; those not `healthy`
-        count as unavailable already, as Koordinator counts them)."""
+        count as unavailable already, as Koordinator counts them; a pod in flight is counted
+        by `admit`). The budgets count `covered` (default: `pods`: every live pod, bound or
+        pending, each once) with `budget_healthy` (default: `healthy`)."""
         pods = list(pods)
         replicas: Counter[str] = Counter(w for w in map(workload_of, pods) if w)
         down: Counter[str] = Counter(w for p in pods if not healthy(p) and (w := workload_of(p)))
         budgets = tuple(budgets)
-        expected = {f"{b.namespace}/{b.name}": sum(1 for p in pods if b.covers(p)) for b in budgets}
-        up = {f"{b.namespace}/{b.name}": sum(1 for p in pods if b.covers(p) and healthy(p)) for b in budgets}
-        return cls(args, dict(replicas), budgets, up, expected, unavailable=dict(down))
+        counted = pods if covered is None else list(covered)
+        ok = healthy if budget_healthy is None else budget_healthy
+        up = frozenset(p.uid for p in counted if ok(p)) if budgets else frozenset()
+        expected: dict[str, int] = {}
+        healthy_now: dict[str, int] = {}
+        for b in budgets:
+            mine = [p for p in counted if b.covers(p)]
+            expected[b.key] = len(mine)
+            healthy_now[b.key] = sum(1 for p in mine if p.uid in up)
+        return cls(args, dict(replicas), budgets, healthy_now, expected, up, unavailable=dict(down))
 
     def refusal(self, pod: Pod, node: str) -> str:
         """Why moving `pod` off `node` may not start now ("" if it may)."""
@@ -200,10 +242,20 @@ class Arbitrator:
             return PER_WORKLOAD
         if self.by_workload[workload] + self.unavailable.get(workload, 0) >= limit:
             return UNAVAILABLE
+        return self.budget_refusal(pod)
+
+    def budget_refusal(self, pod: Pod) -> str:
+        """PDB when evicting `pod` now would break a budget covering it ("" if none would),
+        with every disruption admitted so far counted."""
         for b in self.budgets:
-            key = f"{b.namespace}/{b.name}"
-            if b.covers(pod) and b.allowed(self.expected_by_budget.get(key, 0),
-                                           self.healthy_by_budget.get(key, 0) - self.by_budget[key]) < 1:
+            if not b.covers(pod):
+                continue
+            healthy = self.healthy_by_budget.get(b.key, 0) - self.by_budget[b.key]
+            desired = b.desired(self.expected_by_budget.get(b.key, 0))
+            if pod.uid in self.healthy_uids:
+                if healthy - desired < 1:
+                    return PDB
+            elif healthy < max(desired, 1):  # an unhealthy pod: only while the budget is met
                 return PDB
         return ""
 
@@ -217,9 +269,10 @@ class Arbitrator:
         self.by_node[node] += step
         self.by_namespace[pod.namespace] += step
         self.by_workload[workload_of(pod)] += step
-        for b in self.budgets:
-            if b.covers(pod):
-                self.by_budget[f"{b.namespace}/{b.name}"] += step
+        if pod.uid in self.healthy_uids:  # an unhealthy pod's disruption is counted already
+            for b in self.budgets:
+                if b.covers(pod):
+                    self.by_budget[b.key] += step
         self.total += step
 
 

@@ -14,6 +14,7 @@ from schemas.quantity import parse_duration
 DEFAULT_OBJECTIVE = ("cpu", "memory")
 INT32_MAX = 2**31 - 1
 LONGEST_S = 30 * 86400.0  # a duration past this is a typo, not a setting
+JOB_TTL_S = 300.0  # a migration job's ttl, and its reservation's (Koordinator's default, 5 min)
 _RESOURCE_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 

@@ -13,8 +13,11 @@
    built from the job and its pod alone, so a new leader sends the same one again).
    `EvictDirectly` skips it and evicts at once.
 2. `on_reservation`: Available on a node other than the source: the job asks to evict (the
-   actuator sends the EvictionCommand when arbitration and the rate limit allow, `evicted`
-   records it). Available on the source, or Failed (expired, node lost): Aborted.
+   actuator sends the EvictionCommand when arbitration and the rate limit allow and at least
+   the margin `evictionTTLMargin` of the ttl is left (`ttl_left`: a pod evicted at the ttl's
+   edge would find its reservation deleted at the ttl), `evicted` records it; a new leader
+   sends a recorded eviction again as it is, its margin and budget judged when it was
+   decided). Available on the source, or Failed (expired, node lost): Aborted.
    Succeeded (an allocate-once reservation consumed) after the eviction: Succeeded when the
    event's `current_owners` name a replacement (a pod of the job's namespace other than the
    evicted one, of the job's workload when that pod is known: the reservation's owner is the
@@ -45,6 +48,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from agents.ports import Output
+from agents.rebalance.args import JOB_TTL_S
 from agents.rebalance.evictor import controller_of, workload_of
 from agents.state import reservations
 from schemas import topics
@@ -82,7 +86,7 @@ Step = tuple[MigrationJob, list[Output]]
 
 
 def new_job(pod: Pod, *, source: str, destination: str, now: float, mode: str = RESERVATION_FIRST,
-            ttl_s: float = 300.0, sequence: int = 0) -> MigrationJob:
+            ttl_s: float = JOB_TTL_S, sequence: int = 0) -> MigrationJob:
     return MigrationJob(uid=f"migrate-{pod.uid}-{sequence}", pod_uid=pod.uid, namespace=pod.namespace,
                         pod_name=pod.name, workload=workload_of(pod), source=source, destination=destination,
                         mode=mode, created=now, ttl_s=ttl_s, updated=now)
@@ -188,6 +192,11 @@ def eviction(job: MigrationJob, reason: str = "rebalance: FragmentationAware") -
     if job.phase != RUNNING or job.step != EVICTING:
         return None
     return command(job, reason)
+
+
+def ttl_left(job: MigrationJob, now: float) -> float:
+    """Seconds until the job's ttl (and its reservation's) runs out; negative past it."""
+    return job.created + job.ttl_s - now
 
 
 def command(job: MigrationJob, reason: str) -> EvictionCommand:

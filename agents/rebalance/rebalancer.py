@@ -17,11 +17,12 @@ by its controller's name, or `Kind/name`, in its namespace.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from agents.rebalance.arbitration import Arbitrator, Budget
+from agents.rebalance.arbitration import Arbitrator, Budget, running
 from agents.rebalance.binpack import ScaleDownPlan, plan_scale_down
 from agents.rebalance.config import RebalancerConfig
 from agents.rebalance.fragmentation import MovePlan, plan_moves, plan_text
@@ -57,10 +58,15 @@ class Rebalancer:
 
     def cycle(self, nodes: Iterable[Node], pods: Iterable[Pod], *, now: float,
               moved_at: Mapping[str, float] | None = None,
-              in_flight: Sequence[tuple[Pod, str, str]] = (), budgets: Sequence[Budget] = ()) -> list[CyclePlan]:
+              in_flight: Sequence[tuple[Pod, str, str]] = (), budgets: Sequence[Budget] = (),
+              covered: Sequence[Pod] | None = None, healthy: Callable[[Pod], bool] | None = None) -> list[CyclePlan]:
         """`in_flight`: migrations running, as (pod, source node, destination node or "");
-        `budgets`: the PodDisruptionBudgets no plan may break."""
+        `budgets`: the PodDisruptionBudgets no plan may break, counted over `covered` (every
+        live pod, pending ones included; default: `pods`) with `healthy` (default: Running,
+        not terminating, on one of `nodes`)."""
+        pods = list(pods)
         view = self.view(nodes, pods)
+        counts = partial(_healthy_on, view.index) if healthy is None else healthy
         simulator = Simulator(view, self.scheduler)  # one for every profile: arrivals add up
         running = list(in_flight)
         for pod, _, destination in running:
@@ -70,7 +76,8 @@ class Rebalancer:
         for profile in self.config.profiles:
             if profile.fragmentation is None:
                 continue
-            arbitrator = Arbitrator.over(profile.arbitration, view.pods, budgets)
+            arbitrator = Arbitrator.over(profile.arbitration, view.pods, budgets,
+                                         covered=pods if covered is None else covered, budget_healthy=counts)
             for pod, source, _ in running:
                 arbitrator.admit(pod, source)
             plan = plan_moves(view, profile.fragmentation, simulator, arbitrator, now=now, evictor=profile.evictor,
@@ -86,6 +93,10 @@ class Rebalancer:
         workload = resolve_workload(view, event.namespace, event.workload)
         return [(p.name, plan_scale_down(view, workload, event.replicas, p.binpack, now=now, evictor=p.evictor))
                 for p in self.config.profiles if p.binpack is not None]
+
+
+def _healthy_on(live: Mapping[str, int], pod: Pod) -> bool:
+    return running(pod) and pod.node_name in live
 
 
 def resolve_workload(view: ClusterView, namespace: str, name: str) -> str:

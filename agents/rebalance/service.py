@@ -8,8 +8,10 @@ evicted again), ReservationEvent (`reservations`), SchedulingFeedback (`feedback
 for a migration's reservation means it fits nowhere) and its own MigrationJob records
 (`migrations`: of two versions of a job the higher wins, so a record read back late never
 undoes a step), and PodDisruptionBudgets (`disruption-budgets`: planners plan no move that
-would break one, and the actuator sends no eviction that would; one whose selector or amounts
-cannot be read is a problem for the dead-letter topic, and protects nothing).
+would break one, and the actuator sends no eviction that would, on every path: moves and
+EvictDirectly scale-downs; counted as the Eviction API counts them, see `healthy`, `covered`
+and `arbitration`; one whose selector or amounts cannot be read is a problem for the
+dead-letter topic, and protects nothing).
 
 Every worker with the rebalancer role keeps this view; one of them leads (`lead`), and only
 the leader steps jobs and writes. A follower records the last event of each migration's
@@ -20,7 +22,8 @@ nothing: a finished job ignores every input, a job past a step ignores that step
 Led, every `deschedulingInterval` `cycle(now)` plans over the bound pods and starts a
 migration job per planned move (their Reservations go to `pods`, the jobs to `migrations`);
 `actuate(now)` sends the evictions that jobs wait for, ReservationFirst moves through the
-arbitration again, all through the eviction rate limit (`TokenBucket`); `tick(now)` ends jobs
+arbitration again and only with `evictionTTLMargin` of their ttl left, all through the
+eviction rate limit (`TokenBucket`); `tick(now)` ends jobs
 past their ttl. `scale_down` answers a ScaleDownEvent: with CalculateOnly the ranks go out as
 `controller.kubernetes.io/pod-deletion-cost` annotations on the pods (a Pod update of a bound
 pod on `pods`, which the scheduler ignores and a ReplicaSet controller, or the bridge that
@@ -49,6 +52,11 @@ reservations were read on `pods`, are kept only for jobs not known to be finishe
 of jobs never seen for `ORPHAN_KEEP_S`; a finished job's reservation deletion until it is read
 (or for `DONE_KEEP_S`);
 `moved_at` for the longest `moveInterval`; a scale-down plan per profile and workload.
+The tail reads `pods` and `bindings` interleaved in no fixed order, so a short-lived pod's
+Binding may be read after its PodDeleted (or before its Pod): a deleted uid is remembered in
+`gone` for `GONE_KEEP_S` and a Binding read for it then is dropped (pod uids are never
+reused), while a Binding read before its Pod is kept for the Pod to come. Memory of deletions
+is bounded by the deletion rate times `GONE_KEEP_S`, not by history.
 
 Counted for the metrics: evictions by reason, migrations finished by phase and reason, and
 each profile's cluster objective as its last cycle measured it.
@@ -64,10 +72,11 @@ from functools import partial
 
 from agents.ports import Output, Problem
 from agents.rebalance import migration as mg
-from agents.rebalance.arbitration import Arbitrator, Budget, TokenBucket
+from agents.rebalance.arbitration import Arbitrator, Budget, TokenBucket, running
 from agents.rebalance.binpack import DELETION_COST, ScaleDownPlan
 from agents.rebalance.objective import Objective
 from agents.rebalance.rebalancer import Rebalancer, budget_of
+from agents.rebalance.view import TERMINAL
 from agents.scheduler.plugins.args import ArgsError
 from agents.state import reservations
 from schemas import topics
@@ -93,6 +102,7 @@ SCALE_DOWN_REASON = "rebalance: ScaleDownBinPack"
 DONE_KEEP_S = 3600.0  # a finished job's uid is remembered this long (no later version revives it)
 ORPHAN_KEEP_S = 600.0  # an event for a job not seen yet is kept this long
 EVICTED_KEEP_S = 600.0  # a pod an eviction was sent for is left alone this long, unless deleted
+GONE_KEEP_S = 600.0  # a deleted pod's uid is remembered this long: its Binding read later is dropped
 PRUNE_EVERY_S = 10.0
 _SEQUENCE = re.compile(r"-([0-9]+)$")
 
@@ -109,6 +119,7 @@ class RebalancerService:
     active: dict[str, str] = field(default_factory=dict)  # pod uid -> its unfinished job
     done: dict[str, float] = field(default_factory=dict)  # finished job uid -> when it was seen finished
     departed: dict[str, Pod] = field(default_factory=dict)  # deleted pods of unfinished jobs
+    gone: dict[str, float] = field(default_factory=dict)  # deleted pod uid -> when its deletion was read
     evicted: dict[str, float] = field(default_factory=dict)  # pod uid -> when its eviction was sent
     moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
     events: dict[str, tuple[ReservationEvent, float]] = field(default_factory=dict)  # reservation -> last event
@@ -152,7 +163,8 @@ class RebalancerService:
                     self.releasing.pop(r.uid, None)
                 out += self._deleted(r.uid, now)
             elif isinstance(r, Binding):
-                self.bound[r.uid] = r.node
+                if r.uid not in self.gone:  # read after its pod's deletion: it binds nothing any more
+                    self.bound[r.uid] = r.node
             elif isinstance(r, EvictionCommand):
                 if r.uid in self.pods:
                     self.evicted[r.uid] = now  # whoever sent it (a past leader, a preemption): the pod is going
@@ -187,6 +199,7 @@ class RebalancerService:
             self.problems.append(Problem(field_name, str(value), str(exc), pdb))
 
     def _deleted(self, uid: str, now: float) -> list[Output]:
+        self.gone[uid] = now
         pod = self.pods.pop(uid, None)
         node = self.bound.pop(uid, None)
         self.evicted.pop(uid, None)
@@ -264,6 +277,7 @@ class RebalancerService:
                        if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - v[1] < ORPHAN_KEEP_S}
         self.releasing = {k: v for k, v in self.releasing.items() if now - v[1] < DONE_KEEP_S}
         self.evicted = {uid: t for uid, t in self.evicted.items() if now - t < EVICTED_KEEP_S}
+        self.gone = {uid: t for uid, t in self.gone.items() if now - t < GONE_KEEP_S}
         keep = max((p.fragmentation.move_interval_s for p in self.rebalancer.config.profiles if p.fragmentation),
                    default=0.0)
         self.moved_at = {uid: t for uid, t in self.moved_at.items() if uid in self.active or now - t < keep}
@@ -336,7 +350,8 @@ class RebalancerService:
         out: list[Output] = []
         staying = [p for p in self.placed() if p.uid not in self.evicted]
         plans = self.rebalancer.cycle(self.nodes.values(), staying, now=now, moved_at=self.moved_at,
-                                      in_flight=self.in_flight(), budgets=list(self.budgets.values()))
+                                      in_flight=self.in_flight(), budgets=list(self.budgets.values()),
+                                      covered=self.covered(), healthy=self.healthy)
         for c in plans:
             self.objective[c.profile] = (c.moves.before, c.moves.after)
             args = next(p.fragmentation for p in self.rebalancer.config.profiles if p.name == c.profile)
@@ -346,15 +361,31 @@ class RebalancerService:
                 out += self._start(self.pods[move.uid], move.source, move.destination, now, mg.RESERVATION_FIRST)
         return out
 
+    def healthy(self, pod: Pod) -> bool:
+        """Healthy as the Eviction API counts it: Running (standing for Ready: the Pod record
+        carries no Ready condition), not terminating, still there, not evicted already (the
+        API's disruptedPods) and bound to a node that exists."""
+        return (running(pod) and pod.uid in self.pods and pod.uid not in self.evicted
+                and self.bound.get(pod.uid, "") in self.nodes)
+
+    def covered(self) -> list[Pod]:
+        """The pods the budgets count: every live pod that has not finished, bound or pending,
+        and the deleted pods of unfinished jobs (their replacements may not be there yet)."""
+        live = [p for p in self.pods.values() if p.phase not in TERMINAL]
+        return live + [p for uid, p in self.departed.items() if uid not in self.pods]
+
     def actuate(self, now: float) -> list[Output]:
-        """Evictions that jobs wait for, within the arbitration and the rate limit. Every
-        unfinished job counts against the limits, its pod deleted or not."""
+        """Evictions that jobs wait for, within the arbitration and the rate limit; every one,
+        EvictDirectly included, within the PodDisruptionBudgets, each eviction of the batch
+        counted. Every unfinished job counts against the limits, its pod deleted or not."""
         if not self.leading or not self.rebalancer.config.profiles:
+            return []
+        if not any(mg.eviction(job) is not None for job in self.jobs.values()):
             return []
         out: list[Output] = []
         departed = [p for p in self.departed.values() if p.uid not in self.pods]
         arbitrator = Arbitrator.over(self.rebalancer.config.profiles[0].arbitration, [*self.placed(), *departed],
-                                     self.budgets.values())
+                                     self.budgets.values(), covered=self.covered(), budget_healthy=self.healthy)
         waiting = []
         for job in self.jobs.values():
             pod = self.pods.get(job.pod_uid) or self.departed.get(job.pod_uid)
@@ -364,10 +395,14 @@ class RebalancerService:
                 arbitrator.admit(pod, job.source)
             else:
                 waiting.append((job, pod))
+        margin = self.rebalancer.config.profiles[0].arbitration.eviction_ttl_margin_s
         for job, pod in waiting:
             moving = job.mode == mg.RESERVATION_FIRST
-            if job.pod_uid not in self.pods or (moving and arbitrator.refusal(pod, job.source)):
-                continue
+            if job.pod_uid not in self.pods or (moving and (mg.ttl_left(job, now) < margin
+                                                            or arbitrator.refusal(pod, job.source))):
+                continue  # too little ttl left: its reservation would go before the replacement came
+            if not moving and arbitrator.budget_refusal(pod):
+                continue  # a scale-down's eviction waits for its budget too (until its ttl)
             if not self.bucket.take():
                 break
             arbitrator.admit(pod, job.source)

@@ -31,7 +31,7 @@ profiles:
       - name: FragmentationAware
         args: {mode: koordinator, imbalanceThreshold: 0.2}
       - name: MigrationController
-        args: {maxMigratingPerNode: 3, maxMigratingGlobally: 10}
+        args: {maxMigratingPerNode: 3, maxMigratingGlobally: 10, evictionTTLMargin: 45s}
       - name: DefaultEvictor
         args: {evictLocalStoragePods: true}
 """
@@ -48,6 +48,7 @@ def test_defaults_and_a_full_file() -> None:
     assert p.evictor.evict_local_storage_pods
     # The global per-cycle limits tighten the arbitration's.
     assert (p.arbitration.max_migrating_per_node, p.arbitration.max_migrating_globally) == (1, 5)
+    assert p.arbitration.eviction_ttl_margin_s == 45 and default.profiles[0].arbitration.eviction_ttl_margin_s == 30
 
 
 BAD: list[tuple[str, Any, str]] = [
@@ -69,6 +70,12 @@ BAD: list[tuple[str, Any, str]] = [
                                   "pluginConfig": [{"name": "DefaultEvictor"}, {"name": "ScaleDownBinPack",
                                                     "args": {"resourceWeights": {"cpu": -1}}}]}]},
      "profiles[0].pluginConfig[1].args.resourceWeights.cpu"),
+    ("ttl margin not shorter than the ttl", {"profiles": [{"name": "a", "pluginConfig": [
+        {"name": "MigrationController", "args": {"evictionTTLMargin": "5m"}}]}]},
+     "profiles[0].pluginConfig[0].args.evictionTTLMargin"),
+    ("ttl margin not a duration", {"profiles": [{"name": "a", "pluginConfig": [
+        {"name": "MigrationController", "args": {"evictionTTLMargin": "soon"}}]}]},
+     "profiles[0].pluginConfig[0].args.evictionTTLMargin"),
     ("two profiles, one name", {"profiles": [{"name": "a"}, {"name": "a"}]}, "profiles[1].name"),
     ("profile without a name", {"profiles": [{}]}, "profiles[0].name"),
 ]

@@ -12,15 +12,18 @@ from typing import Any
 
 from agents.rebalance import migration as mg
 from agents.rebalance.arbitration import TokenBucket
+from agents.rebalance.service import GONE_KEEP_S, PRUNE_EVERY_S
 from schemas.records import (
+    Binding,
     EvictionCommand,
     MigrationJob,
+    Pod,
     PodDeleted,
     ReservationEvent,
     ScaleDownEvent,
     SchedulingFeedback,
 )
-from tests.unit.rebalance.test_service import available, consumed, service
+from tests.unit.rebalance.test_service import MOVES, available, consumed, service
 
 EVICT_DIRECTLY = ("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
                   "pluginConfig: [{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
@@ -276,6 +279,29 @@ def test_moved_at_keeps_every_migrated_pod_forever() -> None:
     assert not gone & set(follower.moved_at), f"moved_at keeps deleted pods: {sorted(gone & set(follower.moved_at))}"
 
 
+def test_bindings_read_after_their_pods_deletion_leave_no_entries() -> None:
+    """Issue 28, item 11. The tail reads `pods` and `bindings` interleaved in no fixed order,
+    so a short-lived pod's Binding can be read after its PodDeleted: it was kept in `bound`
+    for ever (10,000 such pods left 10,000 entries). A deleted uid is remembered for
+    `GONE_KEEP_S` and its late Binding dropped; a Binding read before its Pod still counts."""
+    svc, now = service(leading=False)
+    before = len(svc.bound)
+    for i in range(10_000):
+        uid = f"short-{i}"
+        svc.on_records([Pod(uid=uid, name=uid, phase="Running"), PodDeleted(uid=uid, name=uid),
+                        Binding(uid=uid, namespace="default", name=uid, node="n0", attempt=0, decision_key=uid)])
+        now[0] += 0.1
+        svc.prune(now[0])
+    assert len(svc.bound) == before, f"{len(svc.bound) - before} Bindings of deleted pods kept"
+    assert len(svc.gone) <= (GONE_KEEP_S + PRUNE_EVERY_S) / 0.1 + 1  # bounded by time, not history
+    now[0] += GONE_KEEP_S + PRUNE_EVERY_S
+    svc.prune(now[0])
+    assert not svc.gone
+    early = Binding(uid="early", namespace="default", name="early", node="n0", attempt=0, decision_key="early")
+    svc.on_records([early, Pod(uid="early", name="early", phase="Running")])
+    assert svc.bound["early"] == "n0" and "early" in {p.uid for p in svc.placed()}
+
+
 def test_the_leader_keeps_every_scale_down_plan() -> None:
     """Invariant 9 (leader side). `scale_downs` (service.py:264) is appended to on every
     answered ScaleDownEvent and never trimmed; nothing in the service reads it back."""
@@ -329,3 +355,35 @@ def test_an_available_event_without_a_node_lets_the_move_evict() -> None:
     svc.on_records([ReservationEvent(name=job.reservation, uid=job.reservation, phase="Available", node="")])
     sent = [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
     assert job.pod_uid not in sent
+
+
+# --- issue 28, item 7: no eviction at the ttl's edge -------------------------------------------
+
+def test_a_late_available_event_does_not_evict_at_the_ttls_edge() -> None:
+    """Issue 28, item 7. A ReservationFirst job's reservation Available at 299.9 s of its
+    300 s ttl: `actuate` evicted, and at 300 s the job aborted and deleted the reservation, a
+    pod evicted with no reservation for its replacement. With less than `evictionTTLMargin`
+    (MigrationController, default 30 s) of the ttl left, the job sends no eviction and ends at
+    its ttl; with the margin configured to 0 the old edge is back (the setting is read)."""
+    for margin, evicts in (("", False), ("0s", True)):
+        text = MOVES if not margin else MOVES.replace(
+            "pluginConfig: [", f"pluginConfig: [{{name: MigrationController, args: {{evictionTTLMargin: {margin}}}}}, ", 1)
+        svc, now = service(text)
+        job = [o.record for o in svc.cycle(now[0]) if isinstance(o.record, MigrationJob)][0]
+        now[0] += job.ttl_s - 0.1
+        svc.on_records([available(job)])
+        sent = [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+        assert (job.pod_uid in sent) == evicts, f"margin {margin or 'default'}: evicted {sent}"
+        if not evicts:
+            now[0] += 0.1
+            out = svc.tick(now[0])
+            assert job.uid in svc.done and job.reservation in {o.record.uid for o in out if isinstance(o.record, PodDeleted)}
+            assert not [o for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+
+
+def test_an_available_event_with_the_margin_left_still_evicts() -> None:
+    svc, now = service()
+    job = [o.record for o in svc.cycle(now[0]) if isinstance(o.record, MigrationJob)][0]
+    now[0] += job.ttl_s - 30.0  # exactly the default margin left
+    svc.on_records([available(job)])
+    assert job.pod_uid in [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]

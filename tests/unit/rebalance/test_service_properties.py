@@ -6,16 +6,29 @@ after both read the whole log. The leader also crashes while delivering: its job
 (the first wave) land, and only part of what they do (the second wave: Reservations,
 evictions, reservation deletions); it restarts with nothing but the log, and the other takes
 over. Whatever happens: a ReservationFirst move evicts only after its reservation was
-Available on another node and before it was deleted, no pod is evicted twice, a follower
-writes nothing, every effect a job's record says was sent is on the topics once a leader
-took over (its Reservation, its eviction, its reservation's deletion), sent again as the same
-record, and a job is Succeeded only once its pod went (EvictDirectly) or its own reservation
-was consumed by a replacement (ReservationFirst)."""
+Available on another node and before it was deleted, no pod is evicted twice, no move is
+evicted with less than `evictionTTLMargin` of its ttl left (a recorded eviction sent again by
+a new leader aside: it was judged when it was decided), a follower writes nothing, every
+effect a job's record says was sent is on the topics once a leader took over (its
+Reservation, its eviction, its reservation's deletion), sent again as the same record, and a
+job is Succeeded only once its pod went (EvictDirectly) or its own reservation was consumed
+by a replacement (ReservationFirst).
+
+With a PodDisruptionBudget over every pod (drawn: minAvailable or maxUnavailable, integers
+or percentages), pending replicas arriving and being bound, nodes deleted and added back
+and EvictDirectly scale-downs: every eviction, on either path, re-sent ones included, is one
+the Eviction API would let through, judged from the outside (the pods, bindings and nodes
+fed, and the evictions sent so far): healthy = Running on a node that exists and not
+evicted, expected = every live pod, disruptionsAllowed = healthy - desiredHealthy
+(percentages rounded up). The cluster's records are on the log too, so a restarted worker
+rebuilds the same view and budgets from it."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -26,31 +39,57 @@ from agents.rebalance import migration as mg
 from agents.rebalance.service import RebalancerService
 from schemas import topics
 from schemas.records import (
+    Binding,
     CurrentOwner,
     EvictionCommand,
     MigrationJob,
+    Node,
+    NodeDeleted,
+    Pod,
     PodDeleted,
+    PodDisruptionBudget,
     Record,
     Reservation,
     ReservationEvent,
     ScaleDownEvent,
     SchedulingFeedback,
 )
+from tests.builders import GI
+from tests.unit.rebalance.conftest import nodes, replica
+from tests.unit.rebalance.test_fragmentation import lopsided
 from tests.unit.rebalance.test_service import service
 
 EVENTS = ("Available", "Available", "Succeeded", "Failed")
 BOTH = ("profiles: [{name: p, plugins: {balance: {enabled: [FragmentationAware, ScaleDownBinPack]}}, "
         "pluginConfig: [{name: FragmentationAware, args: {minPodAge: 0}}, "
-        "{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
-READ_BACK = (MigrationJob, PodDeleted, EvictionCommand, Reservation, ReservationEvent, SchedulingFeedback)
+        "{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 3}}]}]")
+READ_BACK = (MigrationJob, PodDeleted, EvictionCommand, Reservation, ReservationEvent, SchedulingFeedback,
+             Pod, Binding, Node, NodeDeleted, PodDisruptionBudget)
+BUDGETS: tuple[tuple[str, str] | None, ...] = (
+    None, ("10", ""), ("11", ""), ("12", ""), ("90%", ""), ("", "0"), ("", "1"), ("", "2"), ("", "10%"), ("", "20%"))
+
+
+def desired_healthy(min_available: str, max_unavailable: str, expected: int) -> int:
+    """The disruption controller's desiredHealthy, written apart from the code under test."""
+    def scaled(text: str) -> int:
+        return math.ceil(expected * int(text[:-1]) / 100) if text.endswith("%") else int(text)
+    if max_unavailable:
+        return max(0, expected - scaled(max_unavailable))
+    return scaled(min_available) if min_available else expected
 
 
 class World:
-    def __init__(self, rng: random.Random, crashes: float = 0.0) -> None:
+    def __init__(self, rng: random.Random, crashes: float = 0.0, budget: tuple[str, str] | None = None) -> None:
         self.rng, self.crashes = rng, crashes
         self.clock = [0.0]
         self.a, self.b = self.fresh(leading=True), self.fresh(leading=False)
         self.leader = self.a
+        node_list, pods = lopsided()
+        self.pods: dict[str, Pod] = {p.uid: p for p in pods}  # live, as fed
+        self.bound: dict[str, str] = {p.uid: p.node_name for p in pods}
+        self.nodes = {n.name: n for n in node_list}  # those that exist
+        self.budget = budget
+        self.added = 0
         self.log: list[Record] = []  # everything on the topics, in order
         self.jobs: dict[str, MigrationJob] = {}  # each job's last record
         self.posted: dict[str, Reservation] = {}  # reservations on `pods`
@@ -62,6 +101,9 @@ class World:
         self.evicted: Counter[str] = Counter()
         self.crashed = 0
         self.lost: Counter[str] = Counter()  # effects lost in crashes, by kind
+        if budget is not None:
+            self.feed([PodDisruptionBudget(uid="default/all", name="all", selector={},
+                                           min_available=budget[0], max_unavailable=budget[1])])
 
     def fresh(self, leading: bool) -> RebalancerService:
         """A service as a worker starts it (the cluster view), on the world's clock."""
@@ -88,7 +130,14 @@ class World:
 
     def deliver(self, r: Record) -> None:
         if isinstance(r, MigrationJob):
-            assert r.version > self.jobs.get(r.uid, r).version - 1, "a job's record went back"
+            before = self.jobs.get(r.uid)
+            assert before is None or r.version >= before.version, "a job's record went back"
+            if r.mode == mg.RESERVATION_FIRST and r.step == mg.REPLACING and (before is None
+                                                                             or before.step != mg.REPLACING):
+                # decided now (a recorded eviction sent again by a new leader writes no record)
+                margin = self.leader.rebalancer.config.profiles[0].arbitration.eviction_ttl_margin_s
+                left = mg.ttl_left(r, self.clock[0])
+                assert left >= margin, f"{r.pod_uid} evicted with {left:.1f} s of its ttl left"
             self.jobs[r.uid] = r
         elif isinstance(r, Reservation):
             assert self.posted.get(r.uid, r) == r, "a Reservation sent again differs"
@@ -96,12 +145,25 @@ class World:
         elif isinstance(r, PodDeleted) and r.uid.endswith(mg.RESERVATION_SUFFIX):
             self.deleted.add(r.uid)
         elif isinstance(r, EvictionCommand):
+            self.check_budget(r.uid)
             self.evicted[r.uid] += 1
             job = self.jobs[r.reason.split("(migration ")[1].rstrip(")")]
             if job.mode == mg.RESERVATION_FIRST:
                 assert job.reservation in self.available, f"{r.uid} evicted before its reservation was Available"
                 assert job.reservation not in self.deleted, f"{r.uid} evicted after its reservation went"
         self.log.append(r)
+
+    def check_budget(self, uid: str) -> None:
+        """The Eviction API's answer to evicting `uid` now, from the outside."""
+        if self.budget is None or uid in self.evicted or uid not in self.pods:
+            return
+        healthy = {u for u, p in self.pods.items()
+                   if p.phase == "Running" and self.bound.get(u) in self.nodes and u not in self.evicted}
+        desired = desired_healthy(*self.budget, len(self.pods))
+        if uid in healthy:
+            assert len(healthy) - desired >= 1, f"{uid} evicted: {len(healthy)} healthy, {desired} desired"
+        else:
+            assert len(healthy) >= max(desired, 1), f"unhealthy {uid} evicted with the budget broken"
 
     def crash(self) -> None:
         """The leader dies: it restarts with only the log, the other takes over."""
@@ -133,8 +195,16 @@ class World:
         """Records from the cluster: on the topics, read by both."""
         for r in records:
             self.log.append(r)
-            if isinstance(r, PodDeleted) and not r.uid.endswith(mg.RESERVATION_SUFFIX):
-                self.gone.add(r.uid)
+            if isinstance(r, Pod):
+                self.pods[r.uid] = r
+            elif isinstance(r, PodDeleted):
+                self.pods.pop(r.uid, None)
+                if not r.uid.endswith(mg.RESERVATION_SUFFIX):
+                    self.gone.add(r.uid)
+            elif isinstance(r, Binding):
+                self.bound[r.uid] = r.node
+            elif isinstance(r, NodeDeleted):
+                self.nodes.pop(r.name, None)
         self.read(records)
 
     def read(self, records: list[Record]) -> None:
@@ -146,6 +216,9 @@ class World:
 
     def step(self) -> None:
         rng = self.rng
+        if rng.random() < 0.25:
+            self.cluster_step(rng)
+            return
         op, jobs = rng.random(), list(self.jobs.values())
         live = [j for j in jobs if j.reservation in self.posted and j.reservation not in self.deleted | self.ended]
         now = self.clock[0]
@@ -181,7 +254,7 @@ class World:
         elif op < 0.5:
             self.emit(self.leader.actuate(now) + self.leader.tick(now))
         elif op < 0.6:
-            self.clock[0] += rng.choice([0.05, 0.1, 1, 30, 200, 400])
+            self.clock[0] += rng.choice([0.05, 0.1, 1, 30, 200, 285, 400])  # 285: into the ttl margin
         elif op < 0.75 and self.log:
             self.read([r for r in self.log[rng.randrange(len(self.log)):] if isinstance(r, READ_BACK)])
         elif op < 0.82:
@@ -199,9 +272,40 @@ class World:
             if j.phase == mg.SUCCEEDED and j.mode == mg.RESERVATION_FIRST:
                 assert j.reservation in self.replaced, f"{j.uid} Succeeded without a replacement in its reservation"
 
+    def cluster_step(self, rng: random.Random) -> None:
+        """What moves around the budgets: pending replicas, their bindings, nodes, scale-downs."""
+        op = rng.random()
+        pending = [p for p in self.pods.values() if p.uid not in self.bound]
+        if op < 0.3:
+            self.added += 1
+            workload = rng.choice(["cpu", "mem"])
+            self.feed([replica(f"new{self.added}", "", workload=workload, cpu=100, memory=GI // 4, phase="Pending")])
+        elif op < 0.5 and pending:
+            p = rng.choice(pending)
+            node = rng.choice(sorted(self.nodes) or ["n0"])
+            self.feed([Binding(uid=p.uid, namespace=p.namespace, name=p.name, node=node, attempt=0, decision_key=p.uid),
+                       replace(p, phase="Running")])
+        elif op < 0.65:
+            gone = [n for n in ("n0", "n1", "n2", "n3") if n not in self.nodes]
+            if gone and rng.random() < 0.5:
+                name = rng.choice(gone)
+                node = next(n for n in nodes(4) if n.name == name)
+                self.nodes[node.name] = node
+                self.feed([node])
+            elif self.nodes:
+                self.feed([NodeDeleted(name=rng.choice(sorted(self.nodes)))])
+        elif op < 0.8:
+            event = ScaleDownEvent(workload=f"ReplicaSet/{rng.choice(['cpu', 'mem'])}", replicas=rng.randint(1, 3))
+            out, _ = self.leader.scale_down(event, self.clock[0])
+            self.emit(out)
+        else:
+            self.emit(self.leader.actuate(self.clock[0]))
+            self.clock[0] += 0.1
+
 
 def run(seed: int, crashes: float) -> World:
-    world = World(random.Random(seed), crashes)
+    rng = random.Random(seed)
+    world = World(rng, crashes, rng.choice(BUDGETS))
     for _ in range(60):
         world.step()
     assert not {u: n for u, n in world.evicted.items() if n > 1}, "a pod evicted twice"
@@ -220,7 +324,7 @@ def test_moves_evict_only_when_reserved_and_never_twice_whoever_leads(seed: int)
 def test_a_leader_that_dies_between_a_job_record_and_its_effects_leaves_nothing_undone(seed: int) -> None:
     """Crashes between a job's record and each of its effects: a new leader sends again the
     Reservation, the eviction (either mode) and the reservation's deletion the record says
-    were sent."""
+    were sent, within the budgets."""
     world: Any = run(seed, crashes=0.25)
     world.crashes = 0.0
     world.take_over(world.leader)  # one last takeover: its effects are all on the topics
