@@ -8,7 +8,8 @@
 
 1. `start`: a Reservation for the pod's replacement, owned by the pod's controller (so the
    pod it recreates consumes it), with the pod's request, scheduler, priority, tolerations and
-   node selector, allocate-once, its ttl the job's (counted from the job's creation), and pinned
+   node selector, allocate-once, its ttl the job's (MigrationController's `defaultJobTTL` when
+   the job began, counted from the job's creation), and pinned
    to the planned destination by a required node affinity on `metadata.name` (`reservation_of`:
    built from the job and its pod alone, so a new leader sends the same one again).
    `EvictDirectly` skips it and evicts at once.

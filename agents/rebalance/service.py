@@ -23,8 +23,8 @@ Led, every `deschedulingInterval` `cycle(now)` plans over the bound pods and sta
 migration job per planned move (their Reservations go to `pods`, the jobs to `migrations`);
 `actuate(now)` sends the evictions that jobs wait for, ReservationFirst moves through the
 arbitration again and only with `evictionTTLMargin` of their ttl left, all through the
-eviction rate limit (`TokenBucket`); `tick(now)` ends jobs
-past their ttl. `scale_down` answers a ScaleDownEvent: with CalculateOnly the ranks go out as
+eviction rate limit (`TokenBucket`); `tick(now)` ends jobs past their ttl (each job records
+its own, its profile's `defaultJobTTL` when it began). `scale_down` answers a ScaleDownEvent: with CalculateOnly the ranks go out as
 `controller.kubernetes.io/pod-deletion-cost` annotations on the pods (a Pod update of a bound
 pod on `pods`, which the scheduler ignores and a ReplicaSet controller, or the bridge that
 patches the pod, acts on); with EvictDirectly the victims are evicted by jobs of mode
@@ -337,9 +337,12 @@ class RebalancerService:
                 out.append((pod, j.source, j.reserved_on or j.destination))
         return out
 
-    def _start(self, pod: Pod, source: str, destination: str, now: float, mode: str) -> list[Output]:
+    def _start(self, pod: Pod, source: str, destination: str, now: float, mode: str, profile: str) -> list[Output]:
+        """A job for `pod`, with its profile's `defaultJobTTL` (recorded in the job)."""
         self.sequence += 1
-        job = mg.new_job(pod, source=source, destination=destination, now=now, mode=mode, sequence=self.sequence)
+        ttl_s = next(p.arbitration.job_ttl_s for p in self.rebalancer.config.profiles if p.name == profile)
+        job = mg.new_job(pod, source=source, destination=destination, now=now, mode=mode, ttl_s=ttl_s,
+                         sequence=self.sequence)
         self.moved_at[pod.uid] = now
         return self._step(mg.start(job, pod, now))
 
@@ -358,7 +361,8 @@ class RebalancerService:
             if args is None or args.dry_run:
                 continue
             for move in c.moves.moves:
-                out += self._start(self.pods[move.uid], move.source, move.destination, now, mg.RESERVATION_FIRST)
+                out += self._start(self.pods[move.uid], move.source, move.destination, now, mg.RESERVATION_FIRST,
+                                   c.profile)
         return out
 
     def healthy(self, pod: Pod) -> bool:
@@ -448,7 +452,7 @@ class RebalancerService:
             if args is not None and args.strategy == "EvictDirectly":
                 for uid in plan.victims:
                     if uid not in self.active:
-                        out += self._start(self.pods[uid], self.bound[uid], "", now, mg.EVICT_DIRECTLY)
+                        out += self._start(self.pods[uid], self.bound[uid], "", now, mg.EVICT_DIRECTLY, profile)
                 continue
             for uid, cost in plan.costs.items():
                 pod = self.pods[uid]

@@ -226,6 +226,31 @@ def test_a_sibling_reservation_consumed_ends_neither_the_waiting_move_nor_its_re
     assert (done.phase, done.reason) == ("Succeeded", mg.DONE) and not [o for o in out if isinstance(o.record, PodDeleted)]
 
 
+def test_the_job_ttl_is_the_migration_controllers_default_job_ttl() -> None:
+    """`defaultJobTTL` (MigrationController, Koordinator's arg, 5 min by default) is each job's
+    ttl and its reservation's: it bounds how long a move whose replacement went into a
+    sibling's reservation holds its own, waiting (the sibling case above). Set to 40 s, J1 keeps
+    its reservation live through 39.9 s and is Aborted at 40 s, its reservation deleted; the
+    Reservation says 40 s too, so the scheduler expires it at the same time (was fixed at
+    300 s: the integration run's moves could not settle within 90 s)."""
+    text = MOVES.replace("pluginConfig: [", "pluginConfig: [{name: MigrationController, args: "
+                         "{defaultJobTTL: 40s, evictionTTLMargin: 10s}}, ", 1)
+    svc, now = service(text)
+    out = svc.cycle(now[0])
+    assert {r.ttl_s for r in records(out, Reservation)} == {40.0} and {j.ttl_s for j in records(out, MigrationJob)} == {40.0}
+    first, second = sorted((j for j in svc.jobs.values() if j.workload.endswith("/cpu")), key=lambda j: j.uid)[:2]
+    svc.on_records([available(first), available(second)])
+    assert [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)] == [first.pod_uid]
+    svc.on_records([PodDeleted(uid=first.pod_uid, name=first.pod_name), consumed(second, by="c-new")])
+    now[0] += 39.9
+    assert not records(svc.tick(now[0]), PodDeleted) and svc.jobs[first.uid].step == mg.REPLACING
+    now[0] += 0.1
+    out = svc.tick(now[0])
+    ended = {j.uid: j for j in records(out, MigrationJob)}
+    assert (ended[first.uid].phase, ended[first.uid].reason) == ("Aborted", mg.TTL)
+    assert first.reservation in {d.uid for d in records(out, PodDeleted)}
+
+
 # -- a leader that died between a job's record and its effect (issue 28, item 5) --------------
 
 EVICT_DIRECTLY = ("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
