@@ -29,11 +29,15 @@ and phase, as a bridge watching the pods would.
    reservation. Availability is sampled from the outside: per workload, ready replicas against
    desired minus its `maxUnavailablePerWorkload` (the gap, in replica-seconds, must stay 0).
    The moves are over when no job runs and nothing new arrived for `quiet_s` (or after
-   `moves_timeout_s`).
+   `moves_timeout_s`). The jobs' ttl is MigrationController's `defaultJobTTL` (`job_ttl_s`,
+   60 s here, shorter than Koordinator's 5 min default): a move whose replacement was bound
+   into another move's reservation of the same workload keeps waiting for its own until the
+   ttl (it cannot tell that pod was its replacement; migration.py), so the moves settle only
+   after it, and `moves_timeout_s` must be longer than `job_ttl_s + quiet_s`.
 
 The result: the scale-down's empty nodes, the objective (sum and max of node std, stranded
-capacity) before and after the moves, the migration jobs by phase and reason, evictions, the
-availability gap, and the consistency check (`perf.checker`) over every binding and
+capacity) before and after the moves, the migration jobs by phase and reason, evictions (and
+how the jobs that evicted ended), the availability gap, and the consistency check (`perf.checker`) over every binding and
 termination.
 """
 
@@ -90,7 +94,7 @@ class MoveRunConfig:
     nodes_per_side: int = 3
     pods_per_node: int = 3  # CPU-heavy pods: 2 CPU, 1 GiB; memory-heavy: 0.25 CPU, 8 GiB
     interval_s: float = 2.0
-    moves_timeout_s: float = 90.0
+    moves_timeout_s: float = 120.0  # longer than job_ttl_s + quiet_s (see below)
     quiet_s: float = 8.0  # no job running and none started for this long: the moves are over
     scale_down_by: int = 3  # a node's worth: the rebalancer's ranks can empty one node
     timeout_s: float = 60.0
@@ -98,12 +102,20 @@ class MoveRunConfig:
     kill_leader: bool = False  # kill -9 the leading one once the first moves began (needs 2 or more)
     budget: bool = True  # a PodDisruptionBudget on the memory-heavy workload: one pod of it down at a time
     ready_delay_s: float = 1.0  # Kwok's pod-ready stage: a bound pod is Running and Ready this long after
+    # MigrationController's defaultJobTTL and evictionTTLMargin. A move whose replacement went
+    # into a sibling's reservation waits for its own until its ttl (migration.py), so the
+    # moves settle only after the longest ttl: `moves_timeout_s` must be longer than it.
+    # Shorter than Koordinator's 5 min: here a move takes seconds.
+    job_ttl_s: float = 60.0
+    eviction_ttl_margin_s: float = 15.0
 
     def rebalancer_yaml(self) -> str:
         return (f"deschedulingInterval: {self.interval_s}s\n"
                 "profiles:\n- name: default\n  plugins: {balance: {enabled: [FragmentationAware, ScaleDownBinPack]}}\n"
                 "  pluginConfig:\n  - {name: FragmentationAware, args: {minPodAge: 0s, moveInterval: 0s,\n"
-                f"      nodeSelector: {{matchLabels: {{{MOVABLE}: 'yes'}}}}}}}}\n")
+                f"      nodeSelector: {{matchLabels: {{{MOVABLE}: 'yes'}}}}}}}}\n"
+                f"  - {{name: MigrationController, args: {{defaultJobTTL: {self.job_ttl_s:g}s,"
+                f" evictionTTLMargin: {self.eviction_ttl_margin_s:g}s}}}}\n")
 
 
 CPU_HEAVY = Pod(uid="t", name="t", namespace=NAMESPACE, requests=ResourceList(cpu=2000, memory=GI))
@@ -295,6 +307,9 @@ class Harness:
 
 async def run_moves(cfg: MoveRunConfig, settings: Settings, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     rebalance_config.load(cfg.rebalancer_yaml())  # refused here, naming the field, rather than in the worker
+    if cfg.moves_timeout_s <= cfg.job_ttl_s + cfg.quiet_s:
+        raise ValueError(f"moves_timeout_s={cfg.moves_timeout_s:g} must be longer than defaultJobTTL "
+                         f"({cfg.job_ttl_s:g}s) plus quiet_s: a move may wait for its ttl")
     with tempfile.TemporaryDirectory(prefix="koordstream-rebalance-") as tmp:
         path = Path(tmp) / "rebalancer.yaml"
         path.write_text(cfg.rebalancer_yaml())
@@ -362,6 +377,8 @@ async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, 
                     bindings=[Placement(ts, b.uid, b.node) for ts, b in collector.of(Binding) if b.uid in h.pods],
                     terminations=h.terminated)
     phases = Counter(f"{j.phase}: {j.reason}" if j.reason else j.phase for j in jobs.values())
+    evicted_by = Counter(e.reason.rsplit("(migration ", 1)[-1].rstrip(")") for _, e in collector.of(EvictionCommand))
+    evicted_ends = Counter(f"{j.phase}: {j.reason}" for uid, j in jobs.items() if uid in evicted_by)
     return {
         "scenario": "rebalance (through the broker)", "broker": cfg.broker,
         "pods_double_bound": checked.pods_double_bound, "nodes_overcommitted": checked.nodes_overcommitted,
@@ -370,6 +387,7 @@ async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, 
         "migrations": dict(phases), "migrations_succeeded": sum(1 for j in jobs.values() if j.phase == "Succeeded"),
         "migrations_aborted": sum(1 for j in jobs.values() if j.phase == "Aborted"),
         "evictions": len(collector.of(EvictionCommand)), "evictions_refused": dict(h.refused),
+        "jobs_evicted": len(evicted_by), "evicted_jobs_ended": dict(evicted_ends),
         "availability_gap": round(h.gap, 3), "lowest_ready": dict(h.lowest),
         "availability": {k: list(v) for k, v in h.workloads.availability().items()},
         "scale_down": scale_down, "failover": failover,

@@ -75,6 +75,9 @@ class ImbalanceRun:
     quiet_s: float = 15.0
     place_timeout_s: float = 300.0
     ready_delay_s: float = 1.0  # Kwok's pod-ready stage: Running and Ready this long after binding
+    # MigrationController's defaultJobTTL: a move whose replacement went into another move's
+    # reservation waits for its own until the ttl, so a run finishes only after it (< limit_s).
+    job_ttl_s: float = 300.0
     quick: bool = False
 
     @classmethod
@@ -83,7 +86,7 @@ class ImbalanceRun:
             # As many pods per node as the full run: with 10, a node starts only just above
             # imbalanceThreshold and leaves the sources after a move or two, whatever the planner.
             return cls(broker=broker, nodes=10, per_node=20, workloads=4, interval_s=2.0, quiet_s=8.0, limit_s=120.0,
-                       place_timeout_s=120.0, quick=True)
+                       place_timeout_s=120.0, job_ttl_s=60.0, quick=True)
         return cls(broker=broker)
 
     def rebalancer_yaml(self, mode: str) -> str:
@@ -93,7 +96,7 @@ class ImbalanceRun:
                 f"  - {{name: FragmentationAware, args: {{mode: {mode}, minImprovementThreshold: {self.min_improvement},"
                 f" minPodAge: {self.min_pod_age_s}s, nodeSelector: {{matchLabels: {{{MOVABLE}: 'yes'}}}}}}}}\n"
                 f"  - {{name: MigrationController, args: {{evictionQPS: {self.eviction_qps},"
-                f" evictionBurst: {self.eviction_burst}}}}}\n")
+                f" evictionBurst: {self.eviction_burst}, defaultJobTTL: {self.job_ttl_s:g}s}}}}\n")
 
 
 @dataclass(frozen=True)

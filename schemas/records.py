@@ -619,10 +619,21 @@ class EvictionCommand(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class CurrentOwner:
+    """A pod that consumes a reservation (an entry of Koordinator's Reservation
+    `status.currentOwners`, an object reference)."""
+
+    uid: str
+    namespace: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ReservationEvent(Record):
     """A reservation changed phase, as its node's owner decided: Available (it holds capacity
     on `node`), Succeeded (an allocate-once reservation was consumed), Failed (expired, or its
-    node was deleted; `reason` says which)."""
+    node was deleted; `reason` says which). `current_owners` are the pods that consumed it when
+    it ended (Koordinator's `status.currentOwners`): for Succeeded, the pod bound into it."""
 
     KIND: ClassVar[str] = "ReservationEvent"
     name: str
@@ -632,6 +643,7 @@ class ReservationEvent(Record):
     reason: str = ""
     requests: ResourceList = field(default_factory=_resources)
     allocated: ResourceList = field(default_factory=_resources)
+    current_owners: tuple[CurrentOwner, ...] = ()
     kind: str = field(default="ReservationEvent", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -640,8 +652,10 @@ class ReservationEvent(Record):
 class MigrationJob(Record):
     """One move of a running pod (Koordinator's PodMigrationJob), as the rebalancer last
     recorded it: `phase` (Pending, Running, Succeeded, Failed, Aborted) and `reason`; `step`
-    says where a Running job is (reserving, evicting, replacing). ReservationFirst moves own
-    the Reservation `reservation`, pinned to `destination` when one was planned."""
+    says where a Running job is (reserving, evicting, replacing; terminating for an
+    EvictDirectly job whose eviction was sent). ReservationFirst moves own the Reservation
+    `reservation`, pinned to `destination` when one was planned. Every effect of a job can be
+    derived from its record: a new leader sends again what the record says was sent."""
 
     KIND: ClassVar[str] = "MigrationJob"
     uid: str
@@ -661,6 +675,7 @@ class MigrationJob(Record):
     ttl_s: float = 300.0
     updated: float = 0.0
     version: int = 0  # bumped each time the job is recorded: of two versions, a reader keeps the higher
+    released: bool = False  # ended with its reservation deleted (a new leader sends the deletion again)
     kind: str = field(default="MigrationJob", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -8,7 +8,10 @@ MigrationController arbitration, with its names and defaults), and the eviction 
   for 4-10 replicas, else 1; a workload of one replica is never moved, nor one whose limit
   would let every replica go at once. Pods of the workload that are not healthy now count as
   unavailable already (Koordinator's `mergeUnavailableAndMigratingPods`).
-- `evictionTTLMargin` (default 30s, shorter than a job's 5 min ttl): a ReservationFirst
+- `defaultJobTTL` (default 5m, Koordinator's): a migration job's ttl, and its reservation's;
+  a job not finished by then is Aborted and its reservation deleted. It bounds how long a
+  move whose replacement went into a sibling's reservation holds its own (migration.py).
+- `evictionTTLMargin` (default 30s, shorter than `defaultJobTTL`): a ReservationFirst
   move is evicted only while at least this much of its ttl is left; its reservation goes at
   the ttl, and the replacement needs the time to be recreated and bound into it.
 - PodDisruptionBudgets (`Budget`), computed as the disruption controller and the Eviction
@@ -51,6 +54,7 @@ GLOBALLY = "maxMigratingGlobally"
 PER_WORKLOAD = "maxMigratingPerWorkload"
 UNAVAILABLE = "maxUnavailablePerWorkload"
 TTL_MARGIN = "evictionTTLMargin"
+JOB_TTL = "defaultJobTTL"
 SINGLE_REPLICA = "single-replica workload"
 NO_WORKLOAD = "no workload"
 PDB = "PodDisruptionBudget"
@@ -99,11 +103,12 @@ class ArbitrationArgs:
     eviction_qps: float = 10.0
     eviction_burst: int = 1
     eviction_ttl_margin_s: float = 30.0
+    job_ttl_s: float = JOB_TTL_S
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any], path: str = "") -> ArbitrationArgs:
         reject_unknown(raw, {PER_NODE, PER_NAMESPACE, GLOBALLY, PER_WORKLOAD, UNAVAILABLE,
-                             "evictionQPS", "evictionBurst", TTL_MARGIN}, path)
+                             "evictionQPS", "evictionBurst", TTL_MARGIN, JOB_TTL}, path)
         kw: dict[str, Any] = {}
         for name, attr in ((PER_NODE, "max_migrating_per_node"), (PER_NAMESPACE, "max_migrating_per_namespace"),
                            (GLOBALLY, "max_migrating_globally")):
@@ -117,12 +122,20 @@ class ArbitrationArgs:
                 raise ArgsError(f"{path}evictionQPS", qps, "must be a positive finite number")
             kw["eviction_qps"] = float(qps)
         kw["eviction_burst"] = integer(raw, "evictionBurst", path, 1, 1)
+        ttl = JOB_TTL_S
+        if raw.get(JOB_TTL) is not None:
+            ttl = duration_s(raw[JOB_TTL], f"{path}{JOB_TTL}")
+            if ttl <= 0:
+                raise ArgsError(f"{path}{JOB_TTL}", raw[JOB_TTL], "must be longer than 0: every job would time out")
+            kw["job_ttl_s"] = ttl
+        margin = cls.eviction_ttl_margin_s
         if raw.get(TTL_MARGIN) is not None:
-            margin = duration_s(raw[TTL_MARGIN], f"{path}{TTL_MARGIN}")
-            if margin >= JOB_TTL_S:
-                raise ArgsError(f"{path}{TTL_MARGIN}", raw[TTL_MARGIN],
-                                f"must be shorter than a migration job's ttl ({JOB_TTL_S:g}s): no move would evict")
-            kw["eviction_ttl_margin_s"] = margin
+            margin = kw["eviction_ttl_margin_s"] = duration_s(raw[TTL_MARGIN], f"{path}{TTL_MARGIN}")
+        if margin >= ttl:
+            name = TTL_MARGIN if raw.get(TTL_MARGIN) is not None else JOB_TTL
+            raise ArgsError(f"{path}{name}", raw[name],
+                            f"{TTL_MARGIN} ({margin:g}s) must be shorter than {JOB_TTL}, a migration job's ttl "
+                            f"({ttl:g}s): no move would evict")
         return cls(**kw)
 
     def max_unavailable(self, replicas: int) -> int:

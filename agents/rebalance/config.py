@@ -13,7 +13,7 @@
           - name: DefaultEvictor         # the DefaultEvictor protections (evictor.EvictorArgs)
             args: {evictLocalStoragePods: false}
           - name: MigrationController    # arbitration: Koordinator's limits, the eviction rate
-            args: {maxMigratingPerNode: 2, evictionQPS: 10, evictionTTLMargin: 30s}
+            args: {maxMigratingPerNode: 2, evictionQPS: 10, evictionTTLMargin: 30s, defaultJobTTL: 5m}
           - name: FragmentationAware
             args: {mode: global, imbalanceThreshold: 0.15}
           - name: ScaleDownBinPack

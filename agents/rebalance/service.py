@@ -23,24 +23,34 @@ Led, every `deschedulingInterval` `cycle(now)` plans over the bound pods and sta
 migration job per planned move (their Reservations go to `pods`, the jobs to `migrations`);
 `actuate(now)` sends the evictions that jobs wait for, ReservationFirst moves through the
 arbitration again and only with `evictionTTLMargin` of their ttl left, all through the
-eviction rate limit (`TokenBucket`); `tick(now)` ends jobs
-past their ttl. `scale_down` answers a ScaleDownEvent: with CalculateOnly the ranks go out as
+eviction rate limit (`TokenBucket`); `tick(now)` ends jobs past their ttl (each job records
+its own, its profile's `defaultJobTTL` when it began). `scale_down` answers a ScaleDownEvent: with CalculateOnly the ranks go out as
 `controller.kubernetes.io/pod-deletion-cost` annotations on the pods (a Pod update of a bound
 pod on `pods`, which the scheduler ignores and a ReplicaSet controller, or the bridge that
 patches the pod, acts on); with EvictDirectly the victims are evicted by jobs of mode
 EvictDirectly (no replacement is reserved: the workload is shrinking).
 
 The adapter delivers outputs in two waves: the MigrationJob records first, then what they
-do. A leader that dies between the two left its jobs recorded one step ahead; `lead` then
-sends the eviction of every job recorded as evicted that `evictions` does not show, while its
-pod is still there. So nothing the jobs say happened is left undone; an eviction is sent
-twice only when the last leader's landed but was not read yet (the Eviction API answers a pod
-already going with nothing new).
+do. A leader that dies between the two left its jobs recorded one step ahead, so every effect
+of a job can be derived from its record, and `lead` (after the events the jobs missed and the
+ttl) sends again each one the topics do not show:
+- a job recorded as reserving whose Reservation is not on `pods` (nor any event or feedback
+  of it): the Reservation (`migration.reservation_of`, the same record);
+- a job recorded as evicted (ReservationFirst replacing, EvictDirectly terminating) whose
+  eviction `evictions` does not show, its pod still there: the EvictionCommand;
+- a job recorded as ended with its reservation deleted (`released`) whose deletion `pods`
+  does not show: the PodDeleted.
+So nothing the jobs say happened is left undone. Each is the same record as the first time,
+and sent twice only when the last leader's landed but was not read yet: a Reservation again
+is the same pod again, a deletion again deletes nothing more, and the Eviction API answers a
+pod already going with nothing new.
 
 Memory holds the live view and the jobs in flight, not the history (`prune`, called by the
 adapter): a finished job leaves `jobs` at once and is remembered as finished (`done`, so that
-no late version brings it back) for `DONE_KEEP_S`; reservation events and feedback are kept
-only for jobs not known to be finished, and those of jobs never seen for `ORPHAN_KEEP_S`;
+no late version brings it back) for `DONE_KEEP_S`; reservation events and feedback, and which
+reservations were read on `pods`, are kept only for jobs not known to be finished, and those
+of jobs never seen for `ORPHAN_KEEP_S`; a finished job's reservation deletion until it is read
+(or for `DONE_KEEP_S`);
 `moved_at` for the longest `moveInterval`; a scale-down plan per profile and workload.
 The tail reads `pods` and `bindings` interleaved in no fixed order, so a short-lived pod's
 Binding may be read after its PodDeleted (or before its Pod): a deleted uid is remembered in
@@ -80,6 +90,7 @@ from schemas.records import (
     PodDeleted,
     PodDisruptionBudget,
     Record,
+    Reservation,
     ReservationEvent,
     ScaleDownEvent,
     SchedulingFeedback,
@@ -112,6 +123,9 @@ class RebalancerService:
     evicted: dict[str, float] = field(default_factory=dict)  # pod uid -> when its eviction was sent
     moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
     events: dict[str, tuple[ReservationEvent, float]] = field(default_factory=dict)  # reservation -> last event
+    # A job's reservation read on `pods` -> (whether its deletion was read, when it was read).
+    posted: dict[str, tuple[bool, float]] = field(default_factory=dict)
+    releasing: dict[str, tuple[MigrationJob, float]] = field(default_factory=dict)  # deletion not read yet
     unschedulable: dict[str, float] = field(default_factory=dict)  # reservations that fit nowhere
     budgets: dict[str, Budget] = field(default_factory=dict)  # PodDisruptionBudget uid -> budget
     problems: list[Problem] = field(default_factory=list)  # bad inputs, for the dead-letter topic (drained by the adapter)
@@ -140,7 +154,13 @@ class RebalancerService:
                 self.nodes.pop(r.name, None)
             elif isinstance(r, Pod):
                 self.pods[r.uid] = r
+            elif isinstance(r, Reservation) and r.uid.endswith(RESERVATION_SUFFIX):
+                if not self.posted.get(r.uid, (False, 0.0))[0]:
+                    self.posted[r.uid] = (False, now)
             elif isinstance(r, PodDeleted):
+                if r.uid.endswith(RESERVATION_SUFFIX):
+                    self.posted[r.uid] = (True, now)
+                    self.releasing.pop(r.uid, None)
                 out += self._deleted(r.uid, now)
             elif isinstance(r, Binding):
                 if r.uid not in self.gone:  # read after its pod's deletion: it binds nothing any more
@@ -154,7 +174,7 @@ class RebalancerService:
                 job = r.uid.removesuffix(RESERVATION_SUFFIX)
                 if job not in self.done:
                     self.events[r.uid] = (r, now)
-                    out += self._consumed_early(self._apply(job, partial(mg.on_reservation, event=r, now=now)), now)
+                    out += self._apply(job, partial(mg.on_reservation, event=r, now=now, pods=self.pods))
             elif isinstance(r, SchedulingFeedback) and r.final and r.uid.endswith(RESERVATION_SUFFIX):
                 job = r.uid.removesuffix(RESERVATION_SUFFIX)
                 if job not in self.done:
@@ -177,18 +197,6 @@ class RebalancerService:
             field_name = exc.field if isinstance(exc, ArgsError) else "min_available/max_unavailable"
             value = exc.value if isinstance(exc, ArgsError) else f"{pdb.min_available}/{pdb.max_unavailable}"
             self.problems.append(Problem(field_name, str(value), str(exc), pdb))
-
-    def _consumed_early(self, outputs: list[Output], now: float) -> list[Output]:
-        """After a job ended because another replacement of its workload took its reservation,
-        end the oldest job of that workload still waiting for its replacement (see
-        `migration.on_sibling_consumed`)."""
-        ended = [o.record for o in outputs if isinstance(o.record, MigrationJob) and o.record.reason == mg.CONSUMED_EARLY]
-        for job in ended:
-            waiting = sorted((j for j in self.jobs.values() if j.workload == job.workload and j.step == mg.REPLACING),
-                             key=lambda j: (j.updated, j.uid))
-            if waiting:
-                outputs += self._apply(waiting[0].uid, partial(mg.on_sibling_consumed, now=now))
-        return outputs
 
     def _deleted(self, uid: str, now: float) -> list[Output]:
         self.gone[uid] = now
@@ -217,6 +225,8 @@ class RebalancerService:
         found = _SEQUENCE.search(job.uid)
         self.sequence = max(self.sequence, int(found.group(1)) if found else 0)
         if job.phase in mg.FINISHED:
+            if job.released and not self.posted.get(job.reservation, (False, 0.0))[0]:
+                self.releasing[job.reservation] = (job, now)  # its deletion not read (yet)
             self._finish(job, now)
         else:
             self.jobs[job.uid] = job
@@ -227,6 +237,7 @@ class RebalancerService:
         self.done[job.uid] = now
         self.events.pop(job.reservation, None)
         self.unschedulable.pop(job.reservation, None)
+        self.posted.pop(job.reservation, None)
         self.departed.pop(job.pod_uid, None)
         if self.active.get(job.pod_uid) == job.uid:
             del self.active[job.pod_uid]
@@ -262,6 +273,9 @@ class RebalancerService:
                        if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - v[1] < ORPHAN_KEEP_S}
         self.unschedulable = {k: t for k, t in self.unschedulable.items()
                               if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - t < ORPHAN_KEEP_S}
+        self.posted = {k: v for k, v in self.posted.items()
+                       if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - v[1] < ORPHAN_KEEP_S}
+        self.releasing = {k: v for k, v in self.releasing.items() if now - v[1] < DONE_KEEP_S}
         self.evicted = {uid: t for uid, t in self.evicted.items() if now - t < EVICTED_KEEP_S}
         self.gone = {uid: t for uid, t in self.gone.items() if now - t < GONE_KEEP_S}
         keep = max((p.fragmentation.move_interval_s for p in self.rebalancer.config.profiles if p.fragmentation),
@@ -272,25 +286,38 @@ class RebalancerService:
 
     def lead(self, now: float) -> list[Output]:
         """Become the leader (the jobs read back whole): apply what the jobs in flight may have
-        missed, send the evictions recorded as sent that `evictions` does not show (their pods
-        still there), then end the jobs past their ttl."""
+        missed, end the jobs past their ttl, then send again every effect a job's record says
+        was sent and the topics do not show (see the module docstring): a reserving job's
+        Reservation, an evicted job's eviction (its pod still there), an ended job's
+        reservation deletion."""
         self.leading = True
         out: list[Output] = []
         for uid in list(self.jobs):
             job = self.jobs[uid]
             seen = self.events.get(job.reservation)
-            steps = [partial(mg.on_reservation, event=seen[0], now=now)] if seen else []
+            steps = [partial(mg.on_reservation, event=seen[0], now=now, pods=self.pods)] if seen else []
             if job.reservation in self.unschedulable:
                 steps.append(partial(mg.on_unschedulable, reservation_uid=job.reservation, now=now))
             if job.pod_uid not in self.pods:
                 steps.append(partial(mg.on_pod_gone, uid=job.pod_uid, now=now))
             for step in steps:
-                out += self._consumed_early(self._apply(uid, step), now)
-            job = self.jobs.get(uid, job)
-            if (job.step == mg.REPLACING and job.phase not in mg.FINISHED and job.pod_uid in self.pods
-                    and job.pod_uid not in self.evicted):
+                out += self._apply(uid, step)
+        out += self.tick(now)
+        for job in list(self.jobs.values()):
+            pod = self.pods.get(job.pod_uid)
+            if pod is None or job.phase != mg.RUNNING:
+                continue
+            if (job.step == mg.RESERVING and job.reservation not in self.posted and job.reservation not in self.events
+                    and job.reservation not in self.unschedulable):
+                reservation = mg.reservation_of(job, pod)
+                if reservation is not None:
+                    self.posted[reservation.uid] = (False, now)
+                    out.append(Output(topics.PODS, reservation.uid, reservation))
+            elif mg.sent_eviction(job) and job.pod_uid not in self.evicted:
                 out += self._evict(job, now)
-        return out + self.tick(now)
+        for job, _ in list(self.releasing.values()):
+            out.append(Output(topics.PODS, job.reservation, mg.deletion(job)))
+        return out
 
     def follow(self) -> None:
         self.leading = False
@@ -310,9 +337,12 @@ class RebalancerService:
                 out.append((pod, j.source, j.reserved_on or j.destination))
         return out
 
-    def _start(self, pod: Pod, source: str, destination: str, now: float, mode: str) -> list[Output]:
+    def _start(self, pod: Pod, source: str, destination: str, now: float, mode: str, profile: str) -> list[Output]:
+        """A job for `pod`, with its profile's `defaultJobTTL` (recorded in the job)."""
         self.sequence += 1
-        job = mg.new_job(pod, source=source, destination=destination, now=now, mode=mode, sequence=self.sequence)
+        ttl_s = next(p.arbitration.job_ttl_s for p in self.rebalancer.config.profiles if p.name == profile)
+        job = mg.new_job(pod, source=source, destination=destination, now=now, mode=mode, ttl_s=ttl_s,
+                         sequence=self.sequence)
         self.moved_at[pod.uid] = now
         return self._step(mg.start(job, pod, now))
 
@@ -331,7 +361,8 @@ class RebalancerService:
             if args is None or args.dry_run:
                 continue
             for move in c.moves.moves:
-                out += self._start(self.pods[move.uid], move.source, move.destination, now, mg.RESERVATION_FIRST)
+                out += self._start(self.pods[move.uid], move.source, move.destination, now, mg.RESERVATION_FIRST,
+                                   c.profile)
         return out
 
     def healthy(self, pod: Pod) -> bool:
@@ -421,7 +452,7 @@ class RebalancerService:
             if args is not None and args.strategy == "EvictDirectly":
                 for uid in plan.victims:
                     if uid not in self.active:
-                        out += self._start(self.pods[uid], self.bound[uid], "", now, mg.EVICT_DIRECTLY)
+                        out += self._start(self.pods[uid], self.bound[uid], "", now, mg.EVICT_DIRECTLY, profile)
                 continue
             for uid, cost in plan.costs.items():
                 pod = self.pods[uid]

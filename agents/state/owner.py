@@ -61,7 +61,9 @@ capacity at all.
 Reservations (`agents.state.reservations`) ride on the same machine: a claim that carries
 `reserving` is a reservation; once committed it is Available and holds its remainder (what
 its consumers have not taken). A claim that names a `reservation` consumes it first. The
-owner reports the phase changes as ReservationEvents, asks its agent for an expiry timer
+owner reports the phase changes as ReservationEvents (an end event names the pods consuming
+the reservation when it ended, recorded with the end: Koordinator's `status.currentOwners`,
+which the rebalancer's jobs decide from), asks its agent for an expiry timer
 (`OwnerResult.timers`) and ends the reservation when the `ReservationExpired` record the
 timer appends comes back through the inbox. The ttl counts from the reservation's creation
 time, or, without one, from the log time its claim was first read here (`HoldEntry.seen`).
@@ -98,6 +100,7 @@ from schemas.records import (
     BoundPod,
     Claim,
     Commit,
+    CurrentOwner,
     GangHold,
     Held,
     HoldStatus,
@@ -830,7 +833,8 @@ class NodeOwner:
                 if hold.reserving is not None:
                     failed = rsv.REASON_NODE_DELETED if misfit == REASON_NODE_DELETED else misfit
                     state.reservations[hold.uid] = {"hold": hid, "phase": rsv.FAILED, "reason": failed,
-                                                    "allocated": {}, "ended_by": hid}
+                                                    "allocated": {}, "ended_by": hid,
+                                                    "owners": []}
         elif hold is None or hold.status not in (COMMITTED, TERMINATED):
             result.problems.append(Problem(
                 "hold_id", hid,
@@ -892,9 +896,13 @@ class NodeOwner:
     @staticmethod
     def _end_reservation(state: NodeState, uid: str, phase: str, reason: str, ended_by: str) -> None:
         """An available reservation stops holding its remainder (its consumers keep theirs).
-        Recorded with what was allocated when it ended, and which input ended it."""
+        Recorded with what was allocated when it ended, which input ended it, and the pods
+        that consumed it then (its current owners: every redelivery's event names the same)."""
         entry = state.reservations[uid]
-        entry.update(phase=phase, reason=reason, allocated=dict(state.consumption(uid)[0]), ended_by=ended_by)
+        owners = [[h.uid, h.namespace, h.name] for h in state.holds.values()
+                  if h.reservation == uid and h.status in COUNTED]
+        entry.update(phase=phase, reason=reason, allocated=dict(state.consumption(uid)[0]), ended_by=ended_by,
+                     owners=sorted(owners))
 
     @staticmethod
     def _fold(state: NodeState, uid: str) -> None:
@@ -935,15 +943,21 @@ class NodeOwner:
 
     def _end_event(self, state: NodeState, uid: str) -> Output:
         entry = state.reservations[uid]
+        owners = entry.get("owners")
+        if owners is None:  # ended by an owner older than the record of its owners: its consumer, if known
+            consumer = state.holds.get(entry.get("ended_by", ""))
+            owners = ([[consumer.uid, consumer.namespace, consumer.name]]
+                      if consumer is not None and consumer.reservation == uid else [])
         return self._event(state, state.holds[entry["hold"]], entry["phase"], entry.get("reason", ""),
-                           entry.get("allocated", {}))
+                           entry.get("allocated", {}), tuple(CurrentOwner(*o) for o in owners))
 
     @staticmethod
-    def _event(state: NodeState, hold: HoldEntry, phase: str, reason: str, allocated: dict[str, int]) -> Output:
+    def _event(state: NodeState, hold: HoldEntry, phase: str, reason: str, allocated: dict[str, int],
+               current_owners: tuple[CurrentOwner, ...] = ()) -> Output:
         assert hold.reserving is not None
         return Output(topics.RESERVATIONS, hold.uid, ReservationEvent(
             name=hold.reserving["name"], uid=hold.uid, phase=phase, node=state.name, reason=reason,
-            requests=ResourceList(hold.requests), allocated=ResourceList(allocated),
+            requests=ResourceList(hold.requests), allocated=ResourceList(allocated), current_owners=current_owners,
         ))
 
     # -- terminations and deletions -----------------------------------------------------------

@@ -24,6 +24,7 @@ from schemas import topics
 from schemas.records import (
     Claim,
     Commit,
+    CurrentOwner,
     GpuDevice,
     Held,
     NodeDeleted,
@@ -421,10 +422,24 @@ def test_a_redelivered_expiry_or_consuming_commit_re_sends_the_end_of_the_reserv
              make_claim("w1", cpu=400, reservation="r1")], state)
         first = of(run([ender], state), ReservationEvent)
         assert [(o.record.phase, o.record.allocated) for o in first] == [(phase, {"cpu": 400, "pods": 1})]  # type: ignore[attr-defined]
+        # Who consumed it (Koordinator's status.currentOwners): the rebalancer's jobs decide from it.
+        assert [o.record.current_owners for o in first] == [(CurrentOwner(uid="w1", namespace="default"),)]  # type: ignore[attr-defined]
         state = restored(state)
         assert comparable(of(run([ender], state), ReservationEvent)) == comparable(first)
         run([PodTerminated(uid="r1", node="n1")], state)  # the reservation deleted since
         assert comparable(of(run([ender], state), ReservationEvent))[-1:] == comparable(first)
+
+
+def test_a_reservation_ended_before_owners_were_recorded_names_its_consumer_when_redelivered() -> None:
+    """A table written by an owner that did not record the current owners: the consuming
+    commit's redelivery names the consumer it recorded as the reservation's end."""
+    state = NodeState("n1")
+    run([make_node("n1", cpu=4000), make_claim("r1", cpu=600, reserving=reservation(ttl_s=60.0)), commit("r1"),
+         make_claim("w1", cpu=400, reservation="r1"), commit("w1")], state)
+    raw = state.to_json()
+    del raw["reservations"]["r1"]["owners"]
+    [event] = of(run([commit("w1")], NodeState.from_json(raw)), ReservationEvent)
+    assert event.record.current_owners == (CurrentOwner(uid="w1", namespace="default"),)  # type: ignore[attr-defined]
 
 
 def test_a_redelivered_node_deletion_re_sends_the_reservations_it_failed() -> None:

@@ -31,7 +31,7 @@ profiles:
       - name: FragmentationAware
         args: {mode: koordinator, imbalanceThreshold: 0.2}
       - name: MigrationController
-        args: {maxMigratingPerNode: 3, maxMigratingGlobally: 10, evictionTTLMargin: 45s}
+        args: {maxMigratingPerNode: 3, maxMigratingGlobally: 10, evictionTTLMargin: 45s, defaultJobTTL: 10m}
       - name: DefaultEvictor
         args: {evictLocalStoragePods: true}
 """
@@ -49,6 +49,7 @@ def test_defaults_and_a_full_file() -> None:
     # The global per-cycle limits tighten the arbitration's.
     assert (p.arbitration.max_migrating_per_node, p.arbitration.max_migrating_globally) == (1, 5)
     assert p.arbitration.eviction_ttl_margin_s == 45 and default.profiles[0].arbitration.eviction_ttl_margin_s == 30
+    assert p.arbitration.job_ttl_s == 600 and default.profiles[0].arbitration.job_ttl_s == 300
 
 
 BAD: list[tuple[str, Any, str]] = [
@@ -76,6 +77,18 @@ BAD: list[tuple[str, Any, str]] = [
     ("ttl margin not a duration", {"profiles": [{"name": "a", "pluginConfig": [
         {"name": "MigrationController", "args": {"evictionTTLMargin": "soon"}}]}]},
      "profiles[0].pluginConfig[0].args.evictionTTLMargin"),
+    ("job ttl not longer than the default margin", {"profiles": [{"name": "a", "pluginConfig": [
+        {"name": "MigrationController", "args": {"defaultJobTTL": "20s"}}]}]},
+     "profiles[0].pluginConfig[0].args.defaultJobTTL"),
+    ("ttl margin not shorter than a job ttl set", {"profiles": [{"name": "a", "pluginConfig": [
+        {"name": "MigrationController", "args": {"defaultJobTTL": "1m", "evictionTTLMargin": "1m"}}]}]},
+     "profiles[0].pluginConfig[0].args.evictionTTLMargin"),
+    ("job ttl zero", {"profiles": [{"name": "a", "pluginConfig": [
+        {"name": "MigrationController", "args": {"defaultJobTTL": 0}}]}]},
+     "profiles[0].pluginConfig[0].args.defaultJobTTL"),
+    ("job ttl not a duration", {"profiles": [{"name": "a", "pluginConfig": [
+        {"name": "MigrationController", "args": {"defaultJobTTL": "later"}}]}]},
+     "profiles[0].pluginConfig[0].args.defaultJobTTL"),
     ("two profiles, one name", {"profiles": [{"name": "a"}, {"name": "a"}]}, "profiles[1].name"),
     ("profile without a name", {"profiles": [{}]}, "profiles[0].name"),
 ]

@@ -14,7 +14,7 @@ from agents.ports import Output
 from agents.rebalance import migration as mg
 from agents.scheduler.plugins.nodeaffinity import parse
 from schemas import topics
-from schemas.records import MigrationJob, PodDeleted, Reservation, ReservationEvent
+from schemas.records import CurrentOwner, MigrationJob, PodDeleted, Reservation, ReservationEvent
 from tests.unit.rebalance.conftest import NOW, replica
 
 POD = replica("web-1", "n0", cpu=1500)
@@ -25,8 +25,15 @@ def started(mode: str = mg.RESERVATION_FIRST, destination: str = "n2") -> tuple[
     return mg.start(job, POD, NOW)
 
 
-def event(job: MigrationJob, phase: str, node: str = "n2", reason: str = "") -> ReservationEvent:
-    return ReservationEvent(name=job.reservation, uid=job.reservation, phase=phase, node=node, reason=reason)
+REPLACEMENT = CurrentOwner(uid="web-2", namespace="default", name="web-2")
+
+
+def event(job: MigrationJob, phase: str, node: str = "n2", reason: str = "",
+          owners: tuple[CurrentOwner, ...] = ()) -> ReservationEvent:
+    if phase == "Succeeded" and not owners:
+        owners = (REPLACEMENT,)  # consumed by a new pod of the workload
+    return ReservationEvent(name=job.reservation, uid=job.reservation, phase=phase, node=node, reason=reason,
+                            current_owners=owners)
 
 
 def deleted_reservations(outputs: list[Output]) -> list[str]:
@@ -60,8 +67,33 @@ def test_evict_directly_skips_the_reservation() -> None:
     job, out = started(mg.EVICT_DIRECTLY)
     assert job.reservation == "" and not any(isinstance(o.record, Reservation) for o in out)
     assert mg.eviction(job) is not None
-    job, _ = mg.evicted(job, NOW)
-    assert job.phase == "Succeeded"
+    job, out = mg.evicted(job, NOW)
+    assert (job.phase, job.step) == ("Running", "terminating") and mg.sent_eviction(job)  # not Succeeded yet
+    assert mg.on_tick(job, NOW + 1) == (job, [])
+    job, out = mg.on_pod_gone(job, POD.uid, NOW + 2)  # the eviction happened
+    assert (job.phase, job.reason) == ("Succeeded", mg.EVICTED) and deleted_reservations(out) == []
+
+
+def test_only_a_replacement_consuming_its_own_reservation_ends_a_move_succeeded() -> None:
+    """After the eviction, the job's reservation consumed: Succeeded only when the event names
+    a pod that can be the replacement (not the evicted pod, of the job's namespace and, when
+    known, of its workload); the reservation is consumed either way, so nothing is deleted."""
+    job, _ = started()
+    job, _ = mg.on_reservation(job, event(job, "Available"), NOW + 1)
+    job, _ = mg.evicted(job, NOW + 2)
+    stranger = replica("db-0", "n3", workload="db")
+    others = {
+        "unnamed": ReservationEvent(name=job.reservation, uid=job.reservation, phase="Succeeded", node="n2"),
+        "the evicted pod": event(job, "Succeeded", owners=(CurrentOwner(uid=POD.uid, namespace="default"),)),
+        "another namespace": event(job, "Succeeded", owners=(CurrentOwner(uid="x", namespace="other"),)),
+        "another workload": event(job, "Succeeded", owners=(CurrentOwner(uid=stranger.uid, namespace="default"),)),
+    }
+    for name, other in others.items():
+        ended, out = mg.on_reservation(job, other, NOW + 3, pods={stranger.uid: stranger})
+        assert (ended.phase, ended.reason, deleted_reservations(out)) == ("Aborted", mg.CONSUMED_BY_OTHER, []), name
+    new = replica("web-2", "n2")
+    ended, _ = mg.on_reservation(job, event(job, "Succeeded"), NOW + 3, pods={new.uid: new})
+    assert (ended.phase, ended.reason) == ("Succeeded", mg.DONE)
 
 
 ABORTS: list[tuple[str, Any, str, bool]] = [
@@ -95,8 +127,8 @@ def test_a_bare_pod_cannot_be_moved_reservation_first() -> None:
     assert (job.phase, job.reason) == ("Aborted", mg.NO_CONTROLLER) and len(out) == 1
 
 
-INPUTS = st.sampled_from(["available", "available-source", "succeeded", "expired", "unschedulable", "gone",
-                          "refused", "evicted", "tick", "tick-late", "other-reservation"])
+INPUTS = st.sampled_from(["available", "available-source", "succeeded", "succeeded-by-source", "expired",
+                          "unschedulable", "gone", "refused", "evicted", "tick", "tick-late", "other-reservation"])
 
 
 def apply(job: MigrationJob, name: str) -> tuple[MigrationJob, list[Output]]:
@@ -104,6 +136,8 @@ def apply(job: MigrationJob, name: str) -> tuple[MigrationJob, list[Output]]:
         "available": lambda: mg.on_reservation(job, event(job, "Available"), NOW),
         "available-source": lambda: mg.on_reservation(job, event(job, "Available", node="n0"), NOW),
         "succeeded": lambda: mg.on_reservation(job, event(job, "Succeeded"), NOW),
+        "succeeded-by-source": lambda: mg.on_reservation(
+            job, event(job, "Succeeded", owners=(CurrentOwner(uid=POD.uid, namespace="default"),)), NOW),
         "expired": lambda: mg.on_reservation(job, event(job, "Failed", reason="Expired"), NOW),
         "unschedulable": lambda: mg.on_unschedulable(job, job.reservation, NOW),
         "gone": lambda: mg.on_pod_gone(job, POD.uid, NOW),
@@ -121,7 +155,7 @@ def apply(job: MigrationJob, name: str) -> tuple[MigrationJob, list[Output]]:
 @given(st.lists(INPUTS, max_size=12))
 def test_any_sequence_ends_cleanly(names: list[str]) -> None:
     job, _ = started()
-    reservation_live, evicted_once = True, 0
+    reservation_live, evicted_once, replaced = True, 0, False
     for name in names:
         before = job
         job, out = apply(job, name)
@@ -133,15 +167,16 @@ def test_any_sequence_ends_cleanly(names: list[str]) -> None:
             reservation_live = False
         if name == "expired" and job.phase == "Aborted" and before.phase not in mg.FINISHED:
             reservation_live = False  # the owner ended it
-        if name == "succeeded" and before.phase not in mg.FINISHED:
+        if name.startswith("succeeded") and before.phase not in mg.FINISHED:
             reservation_live = False  # consumed (by the replacement, or early by another pod)
+            replaced = name == "succeeded" and before.step == "replacing"
         if before.step == "evicting" and job.step != "evicting" and job.phase == "Running":
             evicted_once += 1
     if job.phase in ("Aborted", "Failed"):
         assert not reservation_live, "an aborted job left its reservation held"
     assert evicted_once <= 1
     if job.phase == "Succeeded":
-        assert job.reason == mg.DONE
+        assert job.reason == mg.DONE and replaced, "Succeeded without its replacement in its own reservation"
     if job.reason == mg.CONSUMED_EARLY:
         assert evicted_once == 0
 

@@ -6,7 +6,9 @@ finishes what the last one missed."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
+from agents.ports import Output
 from agents.rebalance import config
 from agents.rebalance import migration as mg
 from agents.rebalance.binpack import DELETION_COST
@@ -14,6 +16,7 @@ from agents.rebalance.rebalancer import Rebalancer
 from agents.rebalance.service import RebalancerService
 from schemas.records import (
     Binding,
+    CurrentOwner,
     EvictionCommand,
     MigrationJob,
     Pod,
@@ -45,6 +48,14 @@ def available(job: MigrationJob, node: str = "") -> ReservationEvent:
     return ReservationEvent(name=job.reservation, uid=job.reservation, phase="Available", node=node or job.destination)
 
 
+def consumed(job: MigrationJob, by: str = "") -> ReservationEvent:
+    """The job's reservation consumed by pod `by` (a new pod of the workload by default), as
+    its owner says it (Koordinator's status.currentOwners)."""
+    by = by or f"{job.pod_uid}-new"
+    return ReservationEvent(name=job.reservation, uid=job.reservation, phase="Succeeded", node=job.destination,
+                            current_owners=(CurrentOwner(uid=by, namespace=job.namespace, name=by),))
+
+
 def test_a_move_from_plan_to_succeeded() -> None:
     svc, now = service()
     out = svc.cycle(now[0])
@@ -60,7 +71,7 @@ def test_a_move_from_plan_to_succeeded() -> None:
     assert [e.uid for e in evicted] == [job.pod_uid]
     assert svc.actuate(now[0]) == []  # burst 1, 10/s: the next one waits
     svc.on_records([PodDeleted(uid=job.pod_uid, name=job.pod_name)])
-    done = ReservationEvent(name=job.reservation, uid=job.reservation, phase="Succeeded", node=job.destination)
+    done = consumed(job)
     svc.on_records([done])
     assert job.uid in svc.done and job.uid not in svc.jobs and svc.finished[("Succeeded", mg.DONE)] == 1
     assert svc.on_records([done]) == []  # redelivered: nothing changes
@@ -98,6 +109,8 @@ def test_a_scale_down_evicts_directly_when_asked() -> None:
         sent += [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
         now[0] += 0.1  # the rate limit: one eviction per 0.1 s
     assert sorted(sent) == sorted(plan.victims)
+    assert len(svc.jobs) == 2 and not svc.finished  # Succeeded once the pods are gone, not when asked to go
+    svc.on_records([PodDeleted(uid=uid) for uid in sent])
     assert not svc.jobs and svc.finished[("Succeeded", mg.EVICTED)] == 2
     assert svc.evictions["rebalance: ScaleDownBinPack"] == 2
 
@@ -188,18 +201,117 @@ def test_a_disruption_budget_holds_moves_back_and_a_bad_one_is_a_problem() -> No
     assert problem.field.endswith("matchExpressions[0].operator") and problem.value == "Near" and not bad.budgets
 
 
-def test_a_replacement_in_a_sibling_reservation_ends_both_moves_at_once() -> None:
-    """Two moves of one workload: the first evicted its pod, whose replacement the scheduler
-    put into the second's reservation. The second ends (nothing evicted), the first succeeds
-    and gives up its own reservation, which nobody would take: no job waits for its ttl."""
+def test_a_sibling_reservation_consumed_ends_neither_the_waiting_move_nor_its_reservation() -> None:
+    """Two moves of one workload: J1 evicted c00 and waits for its replacement; another new
+    pod of the workload is bound into J2's reservation. J2 ends (nothing evicted: its
+    reservation is gone); J1 goes on waiting with its reservation live (it is not told who
+    consumed J2's, and a guess would delete capacity c00's replacement may still need). J1
+    ends Succeeded only when its own reservation is consumed by a replacement."""
     svc, now = service()
     svc.cycle(now[0])
     first, second = sorted((j for j in svc.jobs.values() if j.workload.endswith("/cpu")), key=lambda j: j.uid)[:2]
     svc.on_records([available(first), available(second)])
     assert [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)] == [first.pod_uid]
-    taken = ReservationEvent(name=second.reservation, uid=second.reservation, phase="Succeeded", node=second.destination)
-    out = svc.on_records([taken])
+    svc.on_records([PodDeleted(uid=first.pod_uid, name=first.pod_name)])
+    out = svc.on_records([consumed(second, by="c-new")])
     ended = {o.record.uid: o.record for o in out if isinstance(o.record, MigrationJob)}
-    assert (ended[second.uid].phase, ended[second.uid].reason) == ("Aborted", mg.CONSUMED_EARLY)
-    assert (ended[first.uid].phase, ended[first.uid].reason) == ("Succeeded", mg.SIBLING)
-    assert [o.record.uid for o in out if isinstance(o.record, PodDeleted)] == [first.reservation]
+    assert set(ended) == {second.uid} and (ended[second.uid].phase, ended[second.uid].reason) == (
+        "Aborted", mg.CONSUMED_EARLY)
+    assert [o for o in out if isinstance(o.record, PodDeleted)] == []  # J1's reservation stays
+    assert svc.jobs[first.uid].step == mg.REPLACING and first.uid not in svc.done
+    now[0] += 10
+    assert [o for o in svc.tick(now[0]) + svc.actuate(now[0]) if isinstance(o.record, PodDeleted)] == []
+    out = svc.on_records([consumed(first, by="c-newer")])
+    [done] = [o.record for o in out if isinstance(o.record, MigrationJob)]
+    assert (done.phase, done.reason) == ("Succeeded", mg.DONE) and not [o for o in out if isinstance(o.record, PodDeleted)]
+
+
+def test_the_job_ttl_is_the_migration_controllers_default_job_ttl() -> None:
+    """`defaultJobTTL` (MigrationController, Koordinator's arg, 5 min by default) is each job's
+    ttl and its reservation's: it bounds how long a move whose replacement went into a
+    sibling's reservation holds its own, waiting (the sibling case above). Set to 40 s, J1 keeps
+    its reservation live through 39.9 s and is Aborted at 40 s, its reservation deleted; the
+    Reservation says 40 s too, so the scheduler expires it at the same time (was fixed at
+    300 s: the integration run's moves could not settle within 90 s)."""
+    text = MOVES.replace("pluginConfig: [", "pluginConfig: [{name: MigrationController, args: "
+                         "{defaultJobTTL: 40s, evictionTTLMargin: 10s}}, ", 1)
+    svc, now = service(text)
+    out = svc.cycle(now[0])
+    assert {r.ttl_s for r in records(out, Reservation)} == {40.0} and {j.ttl_s for j in records(out, MigrationJob)} == {40.0}
+    first, second = sorted((j for j in svc.jobs.values() if j.workload.endswith("/cpu")), key=lambda j: j.uid)[:2]
+    svc.on_records([available(first), available(second)])
+    assert [o.record.uid for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)] == [first.pod_uid]
+    svc.on_records([PodDeleted(uid=first.pod_uid, name=first.pod_name), consumed(second, by="c-new")])
+    now[0] += 39.9
+    assert not records(svc.tick(now[0]), PodDeleted) and svc.jobs[first.uid].step == mg.REPLACING
+    now[0] += 0.1
+    out = svc.tick(now[0])
+    ended = {j.uid: j for j in records(out, MigrationJob)}
+    assert (ended[first.uid].phase, ended[first.uid].reason) == ("Aborted", mg.TTL)
+    assert first.reservation in {d.uid for d in records(out, PodDeleted)}
+
+
+# -- a leader that died between a job's record and its effect (issue 28, item 5) --------------
+
+EVICT_DIRECTLY = ("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
+                  "pluginConfig: [{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
+
+
+def records(outputs: list[Output], kind: type) -> list[Any]:
+    return [o.record for o in outputs if isinstance(o.record, kind)]
+
+
+def test_a_new_leader_sends_a_reservation_recorded_but_not_seen_and_only_that() -> None:
+    """The last leader recorded its jobs as reserving and died before their Reservations went
+    out: the new leader sends each again, the same record; one that `pods` shows is not sent."""
+    leader, now = service()
+    out = leader.cycle(now[0])
+    written, sent = records(out, MigrationJob), records(out, Reservation)
+    assert len(sent) >= 2
+    for seen in (True, False):
+        follower, _ = service(leading=False)
+        follower.on_records([*written, *(sent[:1] if seen else [])])
+        again = records(follower.lead(now[0] + 1), Reservation)
+        assert again == (sent[1:] if seen else sent)  # the same records: the ttl counts from the job's start
+        assert all(r.creation_timestamp == now[0] for r in again)
+
+
+def test_a_new_leader_deletes_an_aborted_jobs_reservation_whose_deletion_was_lost() -> None:
+    """A job aborted (its reservation fits nowhere) and recorded so; the deletion of its
+    reservation was lost with the leader. The next leader deletes it (whichever order it read
+    the topics in, once: a deletion `pods` shows is not sent again)."""
+    leader, now = service()
+    out = leader.cycle(now[0])
+    written, posted = records(out, MigrationJob), records(out, Reservation)
+    job = written[0]
+    ended = leader.on_records([SchedulingFeedback(uid=job.reservation, namespace="default", name=job.reservation,
+                                                  attempt=1, message="0/4 nodes are available", final=True)])
+    [aborted], [deletion] = records(ended, MigrationJob), records(ended, PodDeleted)
+    assert aborted.released and deletion.uid == job.reservation
+    lost, _ = service(leading=False)
+    lost.on_records([*written, *posted, aborted])
+    assert records(lost.lead(now[0] + 1), PodDeleted) == [deletion]
+    for log in ([*written, *posted, aborted, deletion], [*posted, deletion, *written, aborted]):
+        seen, _ = service(leading=False)
+        seen.on_records(log)
+        assert records(seen.lead(now[0] + 1), PodDeleted) == []
+
+
+def test_a_new_leader_sends_a_direct_eviction_recorded_but_not_seen() -> None:
+    """A scale-down's EvictDirectly job recorded its eviction as sent; the eviction was lost
+    with the leader. The job is not Succeeded (its pod is still there): the next leader sends
+    the eviction, and the job ends Succeeded when the pod goes."""
+    leader, now = service(EVICT_DIRECTLY)
+    started, _ = leader.scale_down(ScaleDownEvent(workload="ReplicaSet/mem", replicas=3), now[0])
+    stepped = leader.actuate(now[0])
+    [command] = records(stepped, EvictionCommand)
+    [job] = [j for j in records(stepped, MigrationJob) if j.pod_uid == command.uid]
+    assert job.phase == mg.RUNNING and job.step == mg.TERMINATING
+    for seen in (True, False):
+        follower, _ = service(EVICT_DIRECTLY, leading=False)
+        follower.on_records([*records(started, MigrationJob), job, *([command] if seen else [])])
+        again = records(follower.lead(now[0] + 1), EvictionCommand)
+        assert again == ([] if seen else [command])
+        assert follower.jobs[job.uid].step == mg.TERMINATING
+        [done] = records(follower.on_records([PodDeleted(uid=command.uid)]), MigrationJob)
+        assert (done.phase, done.reason) == (mg.SUCCEEDED, mg.EVICTED)

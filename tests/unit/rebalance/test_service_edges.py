@@ -23,7 +23,7 @@ from schemas.records import (
     ScaleDownEvent,
     SchedulingFeedback,
 )
-from tests.unit.rebalance.test_service import MOVES, available, service
+from tests.unit.rebalance.test_service import MOVES, available, consumed, service
 
 EVICT_DIRECTLY = ("profiles: [{name: p, plugins: {balance: {enabled: [ScaleDownBinPack]}}, "
                   "pluginConfig: [{name: ScaleDownBinPack, args: {strategy: EvictDirectly, maxPodsToEvict: 2}}]}]")
@@ -270,8 +270,7 @@ def test_moved_at_keeps_every_migrated_pod_forever() -> None:
         log += [o.record for o in leader.actuate(now[0]) if isinstance(o.record, MigrationJob)]
         now[0] += 0.1
     deleted = [PodDeleted(uid=j.pod_uid, name=j.pod_name) for j in written]
-    done = [ReservationEvent(name=j.reservation, uid=j.reservation, phase="Succeeded", node=j.destination)
-            for j in written]
+    done = [consumed(j) for j in written]
     log += [o.record for o in leader.on_records([*deleted, *done]) if isinstance(o.record, MigrationJob)]
     follower, _ = service(leading=False)
     follower.on_records([*written, *deleted, *done, *log])
