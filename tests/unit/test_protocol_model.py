@@ -868,6 +868,17 @@ QUOTA_DENIED_GANG_REPLAYED = [
 ]
 
 
+# Found by a longer run: h holds n0, g0's claim there is rejected softly (h asked to yield, g0
+# nominated on n0) and its Rejected is late (an owner that lagged more than the retention read
+# the claim at its old log time); meanwhile g0 is deleted and forgotten by its decider, which
+# then reads the Rejected as stale, of a pod it does not know: the nomination must be cleared.
+_GK = KEYS.index("g")
+SOFT_REJECTED_AFTER_FORGETTING = [
+    ("claim", 0, UIDS.index("h0")), ("claim", 0, UIDS.index("h1")), ("owner", 0, 0), ("owner", 0, 0),
+    ("claim", 0, UIDS.index("g0")), ("owner", 0, 0), ("delete", 0, UIDS.index("g0")), ("decider", 0, _GK),
+    ("wait", 3, 0), ("wait", 3, 0), ("sweep", 0, 0), ("owner", 0, 1),
+]
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
 @example(GANG_COMPLETION)
@@ -892,6 +903,7 @@ QUOTA_DENIED_GANG_REPLAYED = [
 @example(RESERVATIONS_END)
 @example(QUOTA_TWO_REPLICAS)
 @example(QUOTA_DENIED_GANG_REPLAYED)
+@example(SOFT_REJECTED_AFTER_FORGETTING)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
