@@ -26,8 +26,8 @@ at every point between table write, outputs and offset commit:
   while the partition stays ours);
 - outputs reach the broker when flushed, in order, possibly in part, the table written first
   (the loop writes a run's table before its outputs, or with them in a transaction); records
-  may be delivered twice; timers fire as records on the deciders' and owners' own logs, re-armed from their
-  tables after a crash.
+  may be delivered twice; timers fire as records on the deciders' and owners' own logs,
+  re-armed from their tables after a crash.
 
 Invariants, at every step and at quiescence (everything drained, every timer fired):
 no pod with two distinct Bindings; no node over-committed in the owners' accounting or as the
