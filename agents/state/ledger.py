@@ -19,7 +19,7 @@ sees every member of a gang. The decisions:
 - a Rejected of a pending pod requeues it with the next attempt (an older attempt announces
   the latest one again); a soft rejection (wound-wait) also notes the node where the owner
   nominated the pod (`PodEntry.nominated`); a soft rejection of a pod that is bound or gone
-  clears that nomination at once;
+  (or not known here: forgotten) clears that nomination at once;
 - a deleted pod releases what it holds and clears its nominations; a deleted bound pod is
   terminated at its node. A termination (PodTerminated) makes a pod final.
 
@@ -645,8 +645,13 @@ class Decider:
         if entry is None and stale(rejected.scheduled_at, t, self.retention_s):
             # The answer to a claim too old to act on, of a pod not known here (perhaps
             # forgotten): its scheduler, if it still has the pod, places it again; a scheduler
-            # ignores a Requeue of a pod it does not have. Nothing recorded.
+            # ignores a Requeue of a pod it does not have. Nothing recorded. A soft rejection
+            # nominated the pod at its owner: cleared now, or a pod deleted and forgotten here
+            # would keep it for ever (nominations have no lapse timer).
             out.first.append(self._requeue(state.key, rejected.uid, rejected.attempt + 1, REASON_STALE))
+            if rejected.soft:
+                out.first.append(Output(topics.NODE_INBOX, rejected.node,
+                                        NominationCleared(uid=rejected.uid, node=rejected.node)))
             return
         if entry is None:
             entry = state.pods[rejected.uid] = PodEntry()

@@ -24,9 +24,10 @@ at every point between table write, outputs and offset commit:
   table, rewinds to the committed offset and loses what was not acknowledged; `abort` does
   the same but keeps the table in memory (a transaction aborted, or a producer restarted,
   while the partition stays ours);
-- outputs reach the broker when flushed, in order, possibly in part; records may be delivered
-  twice; timers fire as records on the deciders' and owners' own logs, re-armed from their
-  tables after a crash.
+- outputs reach the broker when flushed, in order, possibly in part, the table written first
+  (the loop writes a run's table before its outputs, or with them in a transaction); records
+  may be delivered twice; timers fire as records on the deciders' and owners' own logs,
+  re-armed from their tables after a crash.
 
 Invariants, at every step and at quiescence (everything drained, every timer fired):
 no pod with two distinct Bindings; no node over-committed in the owners' accounting or as the
@@ -274,6 +275,16 @@ class World:
 
     def flush(self, actor: Actor, count: int) -> None:
         sent, actor.outgoing = actor.outgoing[:count], actor.outgoing[count:]
+        if sent:
+            # The loop makes a run's table (its states and the partition's clock, with the offset
+            # after the records it covers) durable before any of its outputs goes out (the plain
+            # sink writes the changelog first; a transaction writes both at once): no output is
+            # ever out while what it followed from is lost. A crash after this replays the
+            # records at the saved clock, exactly as decided; without it, a replay after a wait
+            # judged a record stamped a day ahead again at the later wall clock, and a claim
+            # whose Held had gone out was then rejected (FUTURE_NODE_CRASH).
+            actor.persist_state()
+            self.note_durable(actor)
         self.route(sent)
 
     # -- the agents ------------------------------------------------------------------------------
@@ -564,7 +575,13 @@ def run(actions: list[tuple[str, int, int]]) -> World:
             if consumer not in world.deleted:
                 world.claim(consumer, node, i % 2, consume=sorted(RESERVATIONS)[(j // 2) % 2])
         elif action == "reclaim":  # the same hold id claimed again, with the other GPU
-            world.claim(uid, node, (i + 1) % 2)
+            # A deleted pod is claimed only by a replica that had not read its deletion, whose
+            # cycle began before it (as "late-claim"): a scheduler never claims a pod it knows
+            # deleted, nor one whose deletion it read before its cycle (it dropped the pod from
+            # its queue first). Claimed fresh, a pod its decider had forgotten was bound after
+            # its deletion, or kept in its ledger past the retention (RECLAIM_AFTER_FORGETTING).
+            world.claim(uid, node, (i + 1) % 2,
+                        scheduled_at=world.deleted_at[uid] - 1.0 if uid in world.deleted else None)
         elif action == "nominate":
             world.nominate(uid, node, i % 2)
         elif action == "persist":
@@ -868,6 +885,28 @@ QUOTA_DENIED_GANG_REPLAYED = [
 ]
 
 
+# Found by a longer run: h holds n0, g0's claim there is rejected softly (h asked to yield, g0
+# nominated on n0) and its Rejected is late (an owner that lagged more than the retention read
+# the claim at its old log time); meanwhile g0 is deleted and forgotten by its decider, which
+# then reads the Rejected as stale, of a pod it does not know: the nomination must be cleared.
+_GK = KEYS.index("g")
+SOFT_REJECTED_AFTER_FORGETTING = [
+    ("claim", 0, UIDS.index("h0")), ("claim", 0, UIDS.index("h1")), ("owner", 0, 0), ("owner", 0, 0),
+    ("claim", 0, UIDS.index("g0")), ("owner", 0, 0), ("delete", 0, UIDS.index("g0")), ("decider", 0, _GK),
+    ("wait", 3, 0), ("wait", 3, 0), ("sweep", 0, 0), ("owner", 0, 1),
+]
+
+# Found by a longer run: n0 updated by a producer a day ahead; b's claim held there and its Held
+# committed by b's decider; n0's owner crashes a retention later, its table never saved. Its
+# outputs went out, so its table (and clock) were durable first: the replayed claim is judged
+# as it was, held again (it was rejected as stale: "Commit for a hold that is not held").
+FUTURE_NODE_CRASH = [("future-node", 0, 0), ("owner", 0, 0), ("claim", 0, UIDS.index("b")), ("owner", 0, 1),
+                     ("decider", 1, KEYS.index("b")), ("wait", 3, 0), ("crash", 0, 0)]
+# Found by a longer run: a deleted and forgotten; a replica claims it again with the other GPU.
+# Only one that had not read the deletion does, with a cycle begun before it: refused as stale.
+RECLAIM_AFTER_FORGETTING = [("delete", 0, 0), ("decider", 1, KEYS.index("a")), ("wait", 3, 0), ("wait", 3, 0),
+                            ("sweep", 0, 0), ("reclaim", 0, 0)]
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
 @example(GANG_COMPLETION)
@@ -892,6 +931,9 @@ QUOTA_DENIED_GANG_REPLAYED = [
 @example(RESERVATIONS_END)
 @example(QUOTA_TWO_REPLICAS)
 @example(QUOTA_DENIED_GANG_REPLAYED)
+@example(SOFT_REJECTED_AFTER_FORGETTING)
+@example(FUTURE_NODE_CRASH)
+@example(RECLAIM_AFTER_FORGETTING)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
