@@ -246,6 +246,7 @@ def node_from_manifest(obj: dict[str, Any]) -> Node:
     )
     return Node(
         name=str(meta["name"]),
+        uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         labels=labels,
         annotations=_str_map(meta.get("annotations"), "metadata.annotations"),

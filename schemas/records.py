@@ -278,14 +278,21 @@ class Node(Record):
     gpus: tuple[GpuDevice, ...] = ()
     rdma: tuple[RdmaDevice, ...] = ()
     numa: tuple[NumaCell, ...] = ()
+    uid: str = ""  # metadata.uid: which object of that name it is (a node deleted and added again is another)
     kind: str = field(default="Node", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
 @dataclass(frozen=True, slots=True)
 class NodeDeleted(Record):
+    """The node object `name` was deleted. `uid`: the deleted object's `metadata.uid` (empty in
+    records written before it was carried: the node of that name, whichever it is). An owner
+    ignores the deletion of another object than the node it has (`agents.state.owner`): a
+    deletion delivered again after the node was added again deletes nothing new."""
+
     KIND: ClassVar[str] = "NodeDeleted"
     name: str
+    uid: str = ""
     kind: str = field(default="NodeDeleted", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

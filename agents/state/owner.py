@@ -76,9 +76,10 @@ the outputs (Held / Rejected / Yield and PodTerminated to the deciders, feedback
 ReservationEvents, one `NodeStateChange` per batch for the schedulers' replicas), the problems
 and the timers.
 
-Known limit: a NodeDeleted carries no identity of the node object it deleted, so a deletion
-redelivered after the node was added again (the table already has the new node) is taken for
-a new deletion.
+A NodeDeleted names the object it deleted (`uid`, the node's `metadata.uid`): a deletion
+delivered again after the node was added again (the table already has the new node, another
+uid) terminates nothing (`NodeOwner.deletes`). A deletion or a Node without a uid (records
+written before uids were carried) deletes the node of that name, whichever it is.
 """
 
 from __future__ import annotations
@@ -743,7 +744,7 @@ class NodeOwner:
             state.allocatable.setdefault("pods", DEFAULT_MAX_PODS)
             state.unschedulable = record.unschedulable
         elif isinstance(record, NodeDeleted):
-            self._node_deleted(state, result, report)
+            self._node_deleted(state, record, result, report)
         elif isinstance(record, Nomination):
             if not self._placed_here(state, record.uid):  # moot once the pod is bound here (or gone)
                 state.nominations[record.uid] = record
@@ -986,10 +987,22 @@ class NodeOwner:
         if entry is not None and entry["phase"] == rsv.AVAILABLE:  # a reservation deleted
             entry["phase"] = rsv.DELETED
 
-    def _node_deleted(self, state: NodeState, result: OwnerResult, report: dict[str, None]) -> None:
+    @staticmethod
+    def deletes(state: NodeState, deleted: NodeDeleted) -> bool:
+        """Whether the deletion is of the node object the owner has: the same uid, or either
+        uid unknown (a record written before uids were carried: the node of that name). A
+        deletion of another object of the name (one deleted before the node was added again,
+        delivered again after that) deletes nothing."""
+        current = (state.record or {}).get("uid", "")
+        return not deleted.uid or not current or deleted.uid == current
+
+    def _node_deleted(self, state: NodeState, deleted: NodeDeleted, result: OwnerResult,
+                      report: dict[str, None]) -> None:
         """Available reservations fail and committed pods are terminated (their deciders told);
-        open holds wait for their deciders. A redelivered deletion re-sends what it sent."""
-        if state.exists:
+        open holds wait for their deciders. A redelivered deletion re-sends what it sent. The
+        deletion of an earlier object of the name (`deletes`) changes nothing: it re-sends
+        what the deletions of the node sent, as a redelivery does."""
+        if state.exists and self.deletes(state, deleted):
             state.exists = False
             for uid, entry in state.reservations.items():
                 if entry["phase"] == rsv.AVAILABLE:

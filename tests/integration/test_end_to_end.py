@@ -100,10 +100,10 @@ async def test_claim_for_a_vanished_node_is_rejected_and_requeued_not_dead_lette
 
 
 async def test_deleted_node_rejects_new_claims_and_pods_go_elsewhere(harness: Harness, run_id: str) -> None:
-    doomed = Node(name=f"doomed-{run_id}", allocatable=ResourceList(cpu=8000, memory=2**34))
+    doomed = Node(name=f"doomed-{run_id}", uid=f"doomed-{run_id}-1", allocatable=ResourceList(cpu=8000, memory=2**34))
     await harness.publish(topics.NODES, [doomed])
     await harness.wait_for(NodeStateChange, lambda c: c.node == doomed.name)
-    await harness.publish(topics.NODES, [NodeDeleted(name=doomed.name)])
+    await harness.publish(topics.NODES, [NodeDeleted(name=doomed.name, uid=doomed.uid)])
     await harness.wait_for(NodeStateChange, lambda c: c.node == doomed.name and c.deleted)
     safe = Node(name=f"safe-{run_id}", allocatable=ResourceList(cpu=2000, memory=2**32))
     await harness.publish(topics.NODES, [safe])

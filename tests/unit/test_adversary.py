@@ -425,16 +425,21 @@ def test_orders_that_hold(log: list[Record]) -> None:
 # -- gaps that need a record or an agent change (xfail) -----------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="NodeDeleted carries no identity of the node object it deleted: a "
-                   "deletion redelivered after the node was added again is taken for a new one (needs the "
-                   "deleted node's resourceVersion or uid on NodeDeleted, a schema change)")
 def test_a_node_deletion_replayed_after_the_node_came_back_terminates_nothing_new() -> None:
+    """A NodeDeleted names the node object it deleted (its uid): the owner's table ran ahead of
+    the offset, so the deletion is read again after the node was added again (another object,
+    another uid), and must not terminate the pods bound on the new node."""
     state = NodeState("n1")
-    own(state, make_node("n1"), NodeDeleted(name="n1"), make_node("n1"), make_claim("a"),
-        Commit(uid="a", attempt=0, node="n1", decision_key="a"))
+    own(state, make_node("n1", uid="u1"), NodeDeleted(name="n1", uid="u1"), make_node("n1", uid="u2"),
+        make_claim("a"), Commit(uid="a", attempt=0, node="n1", decision_key="a"))
     restored = NodeState.from_json(state.to_json())  # the table ran ahead of the offset: replay from the deletion
-    result = own(restored, NodeDeleted(name="n1"), make_node("n1"))
+    result = own(restored, NodeDeleted(name="n1", uid="u1"), make_node("n1", uid="u2"))
     assert of(result.outputs, PodTerminated) == [], "a pod running on the new node is terminated (capacity freed)"
+    assert restored.exists and [h.status for h in restored.holds.values()] == ["committed"]
+    # The new node's own deletion still terminates it; so does one without a uid (older records).
+    for deletion in (NodeDeleted(name="n1", uid="u2"), NodeDeleted(name="n1")):
+        again = NodeState.from_json(state.to_json())
+        assert [t.uid for t in of(own(again, deletion).outputs, PodTerminated)] == ["a"] and not again.exists
 
 
 @pytest.mark.xfail(strict=True, reason="a Nomination delivered again after its NominationCleared (a producer "

@@ -65,7 +65,7 @@ def test_sidecar_started_before_init_counts_with_it() -> None:
 
 def test_node_manifest_converts_with_devices() -> None:
     node = node_from_manifest({"apiVersion": "v1", "kind": "Node",
-                               "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.product": "A100",
+                               "metadata": {"name": "gpu-1", "uid": "6f1c", "labels": {"nvidia.com/gpu.product": "A100",
                                                                                    "nvidia.com/gpu.memory": "40960"}},
                                "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}]},
                                "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
@@ -75,6 +75,7 @@ def test_node_manifest_converts_with_devices() -> None:
     assert node.allocatable["cpu"] == 64000 and len(node.gpus) == 8 and node.gpus[0].model == "A100"
     assert node.gpus[7].minor == 7 and node.gpus[0].memory == 40 * 2**30
     assert node.rdma[0].vfs == 8 and node.taints[0].key == "gpu"
+    assert node.uid == "6f1c"  # which object of the name: NodeDeleted carries it too
 
 
 def test_node_numa_cells_from_koordinators_cpu_topology_annotation() -> None:

@@ -5,7 +5,7 @@ scheduler's `ClusterState` as the replica) on logs that stand in for Kafka parti
 by hypothesis through gangs (one member beyond min-available, deletions while waiting, gang
 timeouts), two gangs competing (wound-wait, with nominations), GPUs claimed device by device
 (and the same hold claimed again with other devices), node deletion and re-creation (also
-smaller, with one GPU fewer), preemption nominations (moved, cleared on deletion, carried by
+smaller, with one GPU fewer; a deletion read again after the node came back), preemption nominations (moved, cleared on deletion, carried by
 the claims), two reservations (one allocate-once; claimed, consumed by two pods, expiring
 on their timers, deleted),
 two scheduler replicas claiming the same pods, schedulers that lost count of a pod's attempts
@@ -165,10 +165,12 @@ RESERVATIONS = {uid: Reservation(uid=uid, name=uid, owners=(ReservationOwner(mat
 CONSUMERS = ("a", "b")
 
 
-def node_record(name: str, small: bool = False) -> Node:
-    """The node; `small`: added again with less cpu and one GPU fewer."""
+def node_record(name: str, small: bool = False, incarnation: int = 0) -> Node:
+    """The node; `small`: added again with less cpu and one GPU fewer; `incarnation`: how many
+    times it was deleted and added again (another object: another uid)."""
     alloc = ResourceList(cpu=CPU_PER_NODE * 6 // 10 if small else CPU_PER_NODE, memory=64 * 2**30, pods=110)
-    return Node(name=name, capacity=alloc, allocatable=alloc, gpus=(GpuDevice(0),) if small else (GpuDevice(0), GpuDevice(1)))
+    return Node(name=name, capacity=alloc, allocatable=alloc, gpus=(GpuDevice(0),) if small else (GpuDevice(0), GpuDevice(1)),
+                uid=f"{name}#{incarnation}")
 
 
 def pod_record(uid: str, *, relabelled: bool = False) -> Pod:
@@ -204,6 +206,8 @@ class World:
         self.problems: list[str] = []
         self.clock = 0
         self.now = 1000.0  # wall and log time (s): claims are stamped with it, records read at it
+        self.incarnation = dict.fromkeys(NODES, 0)  # per node: its object now (deleted and added again: the next)
+        self.node_gone: set[str] = set()  # nodes deleted and not added again since
         self.deleted_at: dict[str, float] = {}
         self.deleted_durably: dict[str, set[str]] = {}  # decision key -> pods whose deletion its decider persisted
         # The scheduler replica that forwards deletions to their deciders (`SchedulerCore.delete`):
@@ -299,11 +303,19 @@ class World:
         state = actor.state
         assert isinstance(state, NodeState)
         status_before = {hid: h.status for hid, h in state.holds.items()}
+        object_before, existed = (state.record or {}).get("uid", ""), state.exists
         used_before = state.used()
         result = OwnerResult()
         NodeOwner(RETENTION_S).apply(state, [record], result, [t], t)
         self.problems += [p.error for p in result.problems if "Commit" in p.error]
         now = self.tick()
+        if isinstance(record, NodeDeleted) and object_before and record.uid != object_before:
+            # The deletion of an object deleted before the node was added again (a record read
+            # again after the owner's table ran ahead, a duplicate): it deletes nothing new.
+            ended = sorted(hid for hid, h in state.holds.items()
+                           if status_before.get(hid) == COMMITTED and h.status != COMMITTED)
+            if ended or state.exists != existed:
+                self.violations.append(f"{node}: the deletion of {record.uid} ended {ended} on {object_before}")
         for hid, h in state.holds.items():
             was = status_before.get(hid)
             if was == COMMITTED and h.status != COMMITTED:
@@ -480,6 +492,14 @@ class World:
             return
         self.deciders[PODS[uid].key].log.append(PodDeleted(uid=uid, name=uid, decision_key=PODS[uid].key))
 
+    def added(self, node: str) -> int:
+        """The node is added (or updated): a node deleted since its last add comes back as
+        another object. Returns its incarnation."""
+        if node in self.node_gone:
+            self.node_gone.discard(node)
+            self.incarnation[node] += 1
+        return self.incarnation[node]
+
     def restart_router(self, mode: int) -> None:
         """The router restarts (or its partition moves): the new one starts from the owners'
         tables as they are now (which hold whatever was reported: the table is written first)
@@ -608,9 +628,10 @@ def run(actions: list[tuple[str, int, int]]) -> World:
                 world.owners[bound[0].node].log.append(PodTerminated(uid=uid, node=bound[0].node,
                                                                      decision_key=PODS[uid].key))
         elif action == "node-delete":
-            world.owners[node].log.append(NodeDeleted(name=node))
+            world.owners[node].log.append(NodeDeleted(name=node, uid=node_record(node, incarnation=world.incarnation[node]).uid))
+            world.node_gone.add(node)
         elif action in ("node-add", "node-add-small"):
-            world.owners[node].log.append(node_record(node, small=action == "node-add-small"))
+            world.owners[node].log.append(node_record(node, small=action == "node-add-small", incarnation=world.added(node)))
         elif action == "timer":
             world.fire_timers()
         elif action == "wait":  # time passes: a quarter of the retention to all of it
@@ -627,7 +648,7 @@ def run(actions: list[tuple[str, int, int]]) -> World:
         elif action == "restart":  # the scheduler replica that forwards deletions
             world.restart_router(i % 3)
         elif action == "future-node":  # the node updated by a producer whose clock runs a day ahead
-            world.owners[node].append(node_record(node), stamped=world.now + DAY)
+            world.owners[node].append(node_record(node, incarnation=world.added(node)), stamped=world.now + DAY)
         elif action == "future-duplicate" and actor.log and not isinstance(actor.log[i % len(actor.log)], Nomination):
             # a record delivered again by a producer a day ahead
             actor.append(actor.log[i % len(actor.log)], stamped=world.now + DAY)
@@ -867,6 +888,14 @@ RESERVATIONS_END = [
     ("claim-r", 0, 2),
 ]
 
+# A node deleted and added again (another object), b bound on it; the owner's table ran ahead of
+# its offset (persisted, then a crash): the old object's deletion is read again and must not
+# terminate b (a NodeDeleted carried no identity of the object it deleted).
+NODE_DELETION_REPLAYED = [
+    ("node-delete", 0, 0), ("owner", 0, 1), ("node-add", 0, 0), ("owner", 0, 1), ("claim", 0, 1), ("owner", 0, 1),
+    ("decider", 1, KEYS.index("b")), ("owner", 0, 1), ("persist", 0, 0), ("crash", 0, 0),
+]
+
 
 # Issue 28, item 2: two replicas claim against one quota (max 1200m): a, b (900m) held by one,
 # h0, h1 (800m) by the other; the ledger grants first come, first served, and the rest is
@@ -934,6 +963,7 @@ RECLAIM_AFTER_FORGETTING = [("delete", 0, 0), ("decider", 1, KEYS.index("a")), (
 @example(SOFT_REJECTED_AFTER_FORGETTING)
 @example(FUTURE_NODE_CRASH)
 @example(RECLAIM_AFTER_FORGETTING)
+@example(NODE_DELETION_REPLAYED)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
