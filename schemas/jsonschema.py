@@ -46,6 +46,7 @@ ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "PodTerminated": ((topics.NODE_INBOX, "node"), (topics.HOLDS, "decision_key")),
     "Nomination": ((topics.NODE_INBOX, "node"),),
     "NominationCleared": ((topics.NODE_INBOX, "node"),),
+    "NominationLapsed": ((topics.NODE_INBOX, "node"),),
     "ReservationExpired": ((topics.NODE_INBOX, "node"),),
     "Held": ((topics.HOLDS, "decision_key"),),
     "Rejected": ((topics.HOLDS, "decision_key"),),

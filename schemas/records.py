@@ -11,8 +11,8 @@ by name on `nodes` and `node-inbox`; `Claim`, `Commit`, `Release`, `PodTerminate
 `Nomination`, `NominationCleared` by node on `node-inbox`; `Held`, `Rejected`, `Yield` and
 forwarded deletions by decision key on `holds`; `QuotaAsk` / `QuotaReturn` by `quota:<root quota>`
 and `QuotaGranted` / `QuotaDenied` by the asker's decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
-`EvictionCommand` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` by
-node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
+`EvictionCommand` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` and
+`NominationLapsed` by node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
 """
 
 from __future__ import annotations
@@ -564,6 +564,21 @@ class NominationCleared(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class NominationLapsed(Record):
+    """A nomination's time ran out (`scheduling.nomination_ttl_s`): the owners' agent appends it
+    to the node's `node-inbox` partition when the timer it armed fires. `since` is the log time
+    the owner recorded the nomination it is for: a nomination made again since then (a new
+    preemption, or a copy of the Nomination delivered late) has another and does not lapse."""
+
+    KIND: ClassVar[str] = "NominationLapsed"
+    uid: str
+    node: str
+    since: float
+    kind: str = field(default="NominationLapsed", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Binding(Record):
     """The decider's final word: the pod runs on `node`. Written once per pod."""
 
@@ -795,7 +810,7 @@ class PodDisruptionBudget(Record):
 
 RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
-    PodTerminated, Nomination, NominationCleared, Binding, Yield, Requeue, SchedulingFeedback,
+    PodTerminated, Nomination, NominationCleared, NominationLapsed, Binding, Yield, Requeue, SchedulingFeedback,
     EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
     MigrationJob, PodDisruptionBudget, QuotaAsk, QuotaGranted, QuotaDenied, QuotaReturn,
 )

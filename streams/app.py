@@ -209,7 +209,8 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
     def config(table: str = "") -> AgentConfig:
         return AgentConfig(partitions=p, batch_size=s.batch_size, batch_within_s=s.batch_within_s, table_name=table,
                            retention_s=settings.worker.state_retention_s, commit_inputs=s.commit_input_offsets,
-                           max_clock_skew_s=settings.worker.clock_skew_s(), quotas=quotas)
+                           max_clock_skew_s=settings.worker.clock_skew_s(), quotas=quotas,
+                           nomination_ttl_s=s.nomination_ttl_s)
 
     if "state" in settings.worker.roles:
         k = settings.kafka

@@ -93,6 +93,12 @@ class SchedulingSettings:
     pipeline queues pods here instead of piling up holds that grow too old to be accepted
     (a claim older than half of `worker.state_retention_s` is refused and placed again). 0:
     no limit."""
+    nomination_ttl_s: float = 300.0
+    """A preemption's nomination (capacity promised to the preemptor on a node, counted
+    against lower-priority claims there) lapses this long after its owner recorded it, unless
+    its pod was bound, deleted or nominated again before: a preemptor that is never bound, or a
+    late copy of a cleared Nomination, does not keep the capacity promised for ever. Longer than
+    the victims' graceful termination and the preemptor's retry."""
     commit_input_offsets: bool = False
     """Commit the offsets of `pods` / `requeue` before which the scheduler needs no record, so
     that a restarted or new replica reads what is pending, not the history. Off by default: a
@@ -189,6 +195,9 @@ class Settings:
                                 f"got {self.scheduling.max_outstanding_claims}")
         if not 0 <= self.scheduling.cycle_linger_s <= 1:
             raise SettingsError(f"scheduling.cycle_linger_s: must be from 0 to 1 second, got {self.scheduling.cycle_linger_s}")
+        if not self.scheduling.nomination_ttl_s > 0:
+            raise SettingsError(f"scheduling.nomination_ttl_s: must be a positive number of seconds, "
+                                f"got {self.scheduling.nomination_ttl_s}")
         if not self.worker.state_retention_s > 0:
             raise SettingsError(f"worker.state_retention_s: must be a positive number of seconds, "
                                 f"got {self.worker.state_retention_s}")

@@ -11,6 +11,12 @@ clock lives here, at the edge) and appends `ReservationExpired` to the node's in
 partition, where the owner reads it like any other record. After every restore, one is armed
 for every available reservation of the partitions owned.
 
+Nomination lapse (`scheduling.nomination_ttl_s`): the owner records each nomination with the
+batch's log time and asks for a lapse timer (`OwnerResult.lapses`); when it fires,
+`NominationLapsed` (naming that time) is appended to the inbox, and the owner drops the
+nomination unless it was made again since. After every restore one is armed for every
+nomination of the partitions owned.
+
 `current_reports` turns the owners' changelog, read whole, into one NodeStateChange per node
 as it is now: a scheduler replica starts from those instead of the history of `state-changes`
 (`streams.app.feed_state_changes`).
@@ -43,6 +49,7 @@ from schemas.records import (
     NodeStateChange,
     Nomination,
     NominationCleared,
+    NominationLapsed,
     PodTerminated,
     Record,
     Release,
@@ -50,7 +57,8 @@ from schemas.records import (
 )
 
 INBOX_KINDS = (Claim, Commit, Release, PodTerminated, Node, NodeDeleted, Nomination, NominationCleared,
-               ReservationExpired)
+               NominationLapsed, ReservationExpired)
+DEFAULT_NOMINATION_TTL_S = 300.0
 
 
 def node_of(record: Record) -> str:
@@ -77,9 +85,11 @@ class OwnerCore:
     # its Node record (three quarters of the rest, the NUMA topology) changes with the Node.
     split: tuple[str, ...] = ("holds", "tombstones", "record")
 
-    def __init__(self, clock: Callable[[], float] = time.time, retention_s: float = DEFAULT_RETENTION_S) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, retention_s: float = DEFAULT_RETENTION_S,
+                 nomination_ttl_s: float = DEFAULT_NOMINATION_TTL_S) -> None:
         self.owner = NodeOwner(retention_s)
         self.clock = clock
+        self.nomination_ttl_s = nomination_ttl_s
         self.decoded: dict[str, tuple[dict[str, Any], NodeState]] = {}  # node -> (state JSON put, decoded)
 
     def key_of(self, record: Record) -> str:
@@ -88,6 +98,12 @@ class OwnerCore:
     def expiry(self, node: str, uid: str, expires_at: float) -> TimerRequest:
         return TimerRequest(uid, expires_at - self.clock(),
                             Output(topics.NODE_INBOX, node, ReservationExpired(uid=uid, node=node)))
+
+    def lapse(self, node: str, uid: str, since: float) -> TimerRequest:
+        """A nomination's lapse, `nomination_ttl_s` after the log time it was recorded (from now
+        for one recorded before nominations had times)."""
+        return TimerRequest(("lapse", node, uid, since), (since or self.clock()) + self.nomination_ttl_s - self.clock(),
+                            Output(topics.NODE_INBOX, node, NominationLapsed(uid=uid, node=node, since=since)))
 
     def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
               now: float, outcome: Outcome) -> dict[str, Any] | None:
@@ -101,16 +117,18 @@ class OwnerCore:
         outcome.first += result.outputs
         outcome.problems += result.problems
         outcome.timers += [self.expiry(node, uid, at) for node, uid, at in result.timers]
+        outcome.timers += [self.lapse(node, uid, since) for node, uid, since in result.lapses]
         new = state.to_json()
         self.decoded[key] = (new, state)
         return new
 
     def timers(self, key: str, raw: dict[str, Any]) -> list[TimerRequest]:
-        """One expiry timer per available reservation of a restored node."""
-        if "reservations" in raw and not raw["reservations"]:
+        """One expiry timer per available reservation of a restored node, one lapse timer per
+        nomination."""
+        if "reservations" in raw and not raw["reservations"] and "nominations" in raw and not raw["nominations"]:
             return []  # most nodes: nothing to decode
         state = read_state("node-state", key, raw, NodeState.from_json)
-        out = []
+        out = [self.lapse(node, uid, since) for node, uid, since in NodeOwner.lapses(state)]
         for uid, entry in state.reservations.items():
             expires_at = state.expires_at(uid)
             if entry["phase"] == rsv.AVAILABLE and expires_at is not None:
@@ -138,4 +156,4 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
             forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
             await deliver(outbox, forwarded + got.dead_letters)
 
-    return register_stateful(app, "owners", inbox, OwnerCore(retention_s=config.retention_s), outbox, config, transactions or Transactions())
+    return register_stateful(app, "owners", inbox, OwnerCore(retention_s=config.retention_s, nomination_ttl_s=config.nomination_ttl_s), outbox, config, transactions or Transactions())

@@ -110,6 +110,7 @@ from schemas.records import (
     NodeStateChange,
     Nomination,
     NominationCleared,
+    NominationLapsed,
     PodDeleted,
     PodTerminated,
     Record,
@@ -366,6 +367,7 @@ class NodeState:
     unschedulable: bool = False
     holds: dict[str, HoldEntry] = field(default_factory=dict)
     nominations: dict[str, Nomination] = field(default_factory=dict)
+    nominated_at: dict[str, float] = field(default_factory=dict)  # uid -> the log time its nomination was recorded
     tombstones: dict[str, float] = field(default_factory=dict)  # uid -> the log time it was terminated here
     seq: int = 0
     record: dict[str, Any] | None = None  # the Node as last published, as plain JSON
@@ -388,6 +390,14 @@ class NodeState:
         """A copy or a pickle makes its next table value afresh: its holds are tallied anew,
         and what changed before the copy (a hold removed) is not known to them."""
         return {**self.__dict__, "_holds_plain": None}
+
+    def nominate(self, nomination: Nomination, at: float) -> None:
+        self.nominations[nomination.uid] = nomination
+        self.nominated_at[nomination.uid] = at
+
+    def drop_nomination(self, uid: str) -> None:
+        self.nominations.pop(uid, None)
+        self.nominated_at.pop(uid, None)
 
     def bury(self, uid: str) -> None:
         """A tombstone for `uid`, its time the batch's (`NodeOwner._forget` stamps it)."""
@@ -542,6 +552,7 @@ class NodeState:
             "unschedulable": self.unschedulable,
             "holds": self._holds_json(),
             "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
+            "nominated_at": self.nominated_at,
             "tombstones": self.tombstones,
             "seq": self.seq,
             "record": self.record or {},  # a map (written field by field), {} while none
@@ -557,6 +568,7 @@ class NodeState:
             unschedulable=raw["unschedulable"],
             holds={hid: HoldEntry(**h) for hid, h in raw["holds"].items()},
             nominations={uid: _decode(n, Nomination) for uid, n in raw["nominations"].items()},
+            nominated_at=dict(raw.get("nominated_at") or {}),  # none in states written before nominations lapsed
             # A list in states written before tombstones had times: their retention starts now.
             tombstones=(dict(raw["tombstones"]) if isinstance(raw["tombstones"], dict)
                         else dict.fromkeys(raw["tombstones"], 0.0)),
@@ -571,6 +583,7 @@ class OwnerResult:
     outputs: list[Output] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     timers: list[tuple[str, str, float]] = field(default_factory=list)  # (node, reservation uid, expires at)
+    lapses: list[tuple[str, str, float]] = field(default_factory=list)  # (node, nominated uid, since): `NominationLapsed`
 
 
 R = TypeVar("R", bound=Record)
@@ -614,6 +627,11 @@ class NodeOwner:
     def __init__(self, retention_s: float = DEFAULT_RETENTION_S) -> None:
         self.retention_s = retention_s
 
+    @staticmethod
+    def lapses(state: NodeState) -> list[tuple[str, str, float]]:
+        """(node, uid, since) of every nomination here: the lapse timers a restored node needs."""
+        return [(state.name, uid, state.nominated_at.get(uid, 0.0)) for uid in sorted(state.nominations)]
+
     def apply(self, state: NodeState, records: Iterable[Record], result: OwnerResult,
               times: Iterable[float] | None = None, now: float = 0.0) -> NodeState:
         """`times`: each record's log time; `now`: the newest log time of the batch (by
@@ -624,7 +642,7 @@ class NodeOwner:
         for record, t in zip(records, times if times is not None else repeat(0.0), strict=False):
             seen = True
             now = max(now, t)
-            self._apply_one(state, record, result, report, t)
+            self._apply_one(state, record, result, report, t, now)
             node_changed |= isinstance(record, (Node, NodeDeleted))
         if seen:  # every batch reports, so a report lost in a crash is re-sent by the replay
             state.seq += 1
@@ -722,9 +740,9 @@ class NodeOwner:
         )
 
     def _apply_one(self, state: NodeState, record: Record, result: OwnerResult, report: dict[str, None],
-                   t: float) -> None:
+                   t: float, now: float) -> None:
         if isinstance(record, Claim):
-            self._claim(state, record, result, report, t)
+            self._claim(state, record, result, report, t, now)
         elif isinstance(record, Commit):
             self._commit(state, record, result, report)
         elif isinstance(record, Release):
@@ -747,19 +765,31 @@ class NodeOwner:
             self._node_deleted(state, record, result, report)
         elif isinstance(record, Nomination):
             if not self._placed_here(state, record.uid):  # moot once the pod is bound here (or gone)
-                state.nominations[record.uid] = record
+                self._nominate(state, record, result, now)
         elif isinstance(record, NominationCleared):
-            state.nominations.pop(record.uid, None)
+            state.drop_nomination(record.uid)
+        elif isinstance(record, NominationLapsed):
+            if record.uid in state.nominations and state.nominated_at.get(record.uid, 0.0) == record.since:
+                state.drop_nomination(record.uid)  # not made again since its timer was armed
         else:
             result.problems.append(Problem("kind", record.KIND, f"{record.KIND} does not belong on node-inbox", record))
 
+    @staticmethod
+    def _nominate(state: NodeState, nomination: Nomination, result: OwnerResult, now: float) -> None:
+        """Record the nomination with the batch's log time, and ask for its lapse timer (rule 8:
+        a nomination whose preemptor is never bound, or a copy of a cleared one delivered late,
+        does not stay)."""
+        state.nominate(nomination, now)
+        result.lapses.append((state.name, nomination.uid, now))
+
     # -- claims -------------------------------------------------------------------------------
 
-    def _claim(self, state: NodeState, claim: Claim, result: OwnerResult, report: dict[str, None], t: float) -> None:
+    def _claim(self, state: NodeState, claim: Claim, result: OwnerResult, report: dict[str, None], t: float,
+               now: float) -> None:
         hid = claim.hold_id
         hold = state.holds.get(hid)
         if hold is None:
-            hold = self._decide(state, claim, stale(claim.scheduled_at, t, self.retention_s))
+            hold = self._decide(state, claim, stale(claim.scheduled_at, t, self.retention_s), result, now)
             if claim.reserving is not None and not claim.reserving.creation_timestamp:
                 hold.seen = t  # a user's manifest has no creation time: its ttl counts from here
             state.holds[hid] = hold
@@ -774,7 +804,7 @@ class NodeOwner:
         report[hid] = None
         self._answer(state, hold, result)
 
-    def _decide(self, state: NodeState, claim: Claim, too_old: bool) -> HoldEntry:
+    def _decide(self, state: NodeState, claim: Claim, too_old: bool, result: OwnerResult, now: float) -> HoldEntry:
         """A new claim: hold it, or reject it (asking lower-ranked gangs to yield when that
         would make it fit; refusing it outright when it is too old to act on); the outcome,
         recorded."""
@@ -791,8 +821,8 @@ class NodeOwner:
             created=claim.creation_timestamp, soft=bool(yields), fellow=fellow, yields=yields,
         )
         if yields:  # the winner is promised what the losers free (DESIGN.md, rule 6)
-            state.nominations[claim.uid] = Nomination(uid=claim.uid, node=state.name, priority=claim.priority,
-                                                      requests=claim.requests, devices=claim.devices)
+            self._nominate(state, Nomination(uid=claim.uid, node=state.name, priority=claim.priority,
+                                             requests=claim.requests, devices=claim.devices), result, now)
         if claim.reservation and not reason:
             hold.reservation = claim.reservation
             hold.consumed = rsv.consumed(claim.requests, state.remaining(claim.reservation))
@@ -842,7 +872,7 @@ class NodeOwner:
                 f"Commit for a hold that is not held (state: {hold.status if hold else 'unknown'})", commit,
             ))
             return
-        state.nominations.pop(hold.uid, None)  # bound here: its nomination is moot
+        state.drop_nomination(hold.uid)  # bound here: its nomination is moot
         if hold.terminated_by == BY_COMMIT_ON_DELETED_NODE:  # (a redelivery too: its first report may be lost)
             report.update((other, None) for other, h in state.holds.items() if h.uid == hold.uid)
         self._commit_outputs(state, hid, hold, result, report)
@@ -982,7 +1012,7 @@ class NodeOwner:
                 if hold.quota and hold.status == TERMINATED and not hold.terminated_by:
                     result.outputs.append(Output(topics.HOLDS, hold.decision_key, PodTerminated(
                         uid=uid, node=state.name, decision_key=hold.decision_key, reason="pod terminated")))
-        state.nominations.pop(uid, None)  # gone: its nomination is moot
+        state.drop_nomination(uid)  # gone: its nomination is moot
         entry = state.reservations.get(uid)
         if entry is not None and entry["phase"] == rsv.AVAILABLE:  # a reservation deleted
             entry["phase"] = rsv.DELETED

@@ -29,8 +29,8 @@ Each regression below failed on the cores before its fix:
    never committed: its scheduler kept it claimed for ever. Fixed: a terminated hold ends the
    pod there as a committed one does.
 
-The `xfail` tests at the end are gaps that need a record (schema) or an agent (timer) change,
-described there.
+The tests at the end were gaps that needed a record or an agent change: a NodeDeleted names the
+node's uid, and nominations lapse on the owners' timers (`NominationLapsed`).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from schemas.records import (
     NodeStateChange,
     Nomination,
     NominationCleared,
+    NominationLapsed,
     NumaCell,
     PodDeleted,
     PodTerminated,
@@ -422,7 +423,7 @@ def test_orders_that_hold(log: list[Record]) -> None:
         assert amount <= owner.allocatable.get(name, 0)
 
 
-# -- gaps that need a record or an agent change (xfail) -----------------------------------------
+# -- gaps that needed a record or an agent change ----------------------------------------------
 
 
 def test_a_node_deletion_replayed_after_the_node_came_back_terminates_nothing_new() -> None:
@@ -442,25 +443,73 @@ def test_a_node_deletion_replayed_after_the_node_came_back_terminates_nothing_ne
         assert [t.uid for t in of(own(again, deletion).outputs, PodTerminated)] == ["a"] and not again.exists
 
 
-@pytest.mark.xfail(strict=True, reason="a Nomination delivered again after its NominationCleared (a producer "
-                   "retry reordered on a broker without idempotent producers) re-creates it, and nothing lapses "
-                   "it: nominations have no lapse timer (rule 5; owners' timers are only reservation expiries) "
-                   "and no sequence to tell a late copy from a new nomination (schema)")
-def test_a_late_copy_of_a_cleared_nomination_does_not_stay() -> None:
+def own_at(state: NodeState, t: float, *records: Record) -> OwnerResult:
+    result = OwnerResult()
+    NodeOwner().apply(state, list(records), result, [t] * len(records), t)
+    return result
+
+
+def lapse_of(result: OwnerResult) -> NominationLapsed:
+    """The record the lapse timer the owner asked for appends to the inbox when it fires."""
+    (node, uid, since), = result.lapses
+    return NominationLapsed(uid=uid, node=node, since=since)
+
+
+def test_a_late_copy_of_a_cleared_nomination_lapses() -> None:
+    """A Nomination delivered again after its NominationCleared (a producer retry reordered on a
+    broker without idempotent producers) is taken for a new one, and its lapse timer ends it."""
     state = NodeState("n1")
     nomination = Nomination(uid="p", node="n1", priority=10, requests=ResourceList(cpu=600))
-    own(state, make_node("n1", cpu=1000), nomination, NominationCleared(uid="p", node="n1"), nomination)
+    own_at(state, 100.0, make_node("n1", cpu=1000), nomination, NominationCleared(uid="p", node="n1"))
+    late = own_at(state, 200.0, nomination)
+    assert set(state.nominations) == {"p"}
+    own_at(state, 500.0, lapse_of(late))
     assert state.nominations == {}, "the deleted preemptor's 600m stay promised for ever"
 
 
-@pytest.mark.xfail(strict=True, reason="a claim carries the nomination its replica knows; a replica that took "
-                   "the pod over before the owner's report of another replica's preemption nomination reached it "
-                   "claims without it, and the decider cannot clear what it was not told (needs the lapse timer)")
-def test_a_nomination_the_claim_did_not_name_is_cleared_when_the_pod_binds_elsewhere() -> None:
+def test_a_nomination_made_again_outlives_the_lapse_of_the_first() -> None:
+    """A lapse names the time its nomination was recorded: the preemptor nominated again since
+    (a new preemption) keeps the new promise until its own lapse; a replay keeps the same."""
+    state = NodeState("n1")
+    nomination = Nomination(uid="p", node="n1", priority=10, requests=ResourceList(cpu=600))
+    first = own_at(state, 100.0, make_node("n1", cpu=1000), nomination)
+    again = own_at(state, 350.0, nomination)
+    own_at(state, 400.0, lapse_of(first))
+    assert set(state.nominations) == {"p"}, "the lapse of the first nomination ended the second"
+    restored = NodeState.from_json(state.to_json())
+    assert NodeOwner.lapses(restored) == [("n1", "p", 350.0)], "a restore re-arms the second's lapse"
+    own_at(restored, 650.0, lapse_of(again))
+    assert restored.nominations == {}
+
+
+def test_a_nomination_the_claim_did_not_name_lapses_when_the_pod_binds_elsewhere() -> None:
+    """A claim carries the nomination its replica knows; a replica that took the pod over before
+    the owner's report of another replica's preemption nomination reached it claims without it,
+    and the decider cannot clear what it was not told: the nomination lapses."""
     owner_n2, ledger = NodeState("n2"), LedgerState("p")
-    own(owner_n2, make_node("n2"), Nomination(uid="p", node="n2", priority=10, requests=ResourceList(cpu=600)))
+    made = own_at(owner_n2, 100.0, make_node("n2"), Nomination(uid="p", node="n2", priority=10,
+                                                               requests=ResourceList(cpu=600)))
     decision = decide(ledger, Held(uid="p", attempt=0, node="n1", decision_key="p"))  # no nominated_node
     for out in decision.first:
         if out.key == "n2":
-            own(owner_n2, out.record)
+            own_at(owner_n2, 110.0, out.record)
+    own_at(owner_n2, 400.0, lapse_of(made))
     assert owner_n2.nominations == {}
+
+
+def test_the_owners_agent_arms_a_lapse_per_nomination_and_re_arms_it_after_a_restore() -> None:
+    """The lapse timers at the edge: `scheduling.nomination_ttl_s` after the log time the owner
+    recorded the nomination (what is left of it after a restore); keyed by that time, so a
+    nomination made again gets a timer of its own."""
+    from agents.adapters.owners import OwnerCore
+
+    core = OwnerCore(clock=lambda: 1100.0, nomination_ttl_s=300.0)
+    state = NodeState("n1")
+    result = own_at(state, 1000.0, make_node("n1"), Nomination(uid="p", node="n1", priority=10,
+                                                               requests=ResourceList(cpu=600)))
+    [armed] = [core.lapse(*lapse) for lapse in result.lapses]
+    [restored] = core.timers("n1", state.to_json())
+    for timer in (armed, restored):
+        assert timer.delay_s == 200.0 and timer.key == ("lapse", "n1", "p", 1000.0)
+        assert timer.output.record == NominationLapsed(uid="p", node="n1", since=1000.0)
+    assert core.timers("n1", NodeState("n2").to_json()) == []

@@ -6,7 +6,8 @@ by hypothesis through gangs (one member beyond min-available, deletions while wa
 timeouts), two gangs competing (wound-wait, with nominations), GPUs claimed device by device
 (and the same hold claimed again with other devices), node deletion and re-creation (also
 smaller, with one GPU fewer; a deletion read again after the node came back), preemption nominations (moved, cleared on deletion, carried by
-the claims), two reservations (one allocate-once; claimed, consumed by two pods, expiring
+the claims, delivered again after their clearing, lapsing on the owners' timers, old lapses firing
+after a nomination was made again), two reservations (one allocate-once; claimed, consumed by two pods, expiring
 on their timers, deleted),
 two scheduler replicas claiming the same pods, schedulers that lost count of a pod's attempts
 (a restart) claiming an older attempt, deletions routed by a scheduler replica that restarted
@@ -103,9 +104,11 @@ from schemas.records import (
     NodeStateChange,
     Nomination,
     NominationCleared,
+    NominationLapsed,
     Pod,
     PodDeleted,
     PodTerminated,
+    Record,
     Rejected,
     Release,
     Requeue,
@@ -197,6 +200,8 @@ class World:
         self.claims: list[tuple[str, int]] = []  # (uid, attempt) of every claim sent: each needs an answer
         self.nominated: dict[str, str] = {}  # the schedulers' nominator: uid -> node (preemption)
         self.owner_timers: dict[tuple[str, str], float] = {}  # (node, reservation) -> expiry asked for
+        self.lapse_timers: set[tuple[str, str, float]] = set()  # (node, uid, since): nomination lapses asked for
+        self.late_nominations: set[str] = set()  # pods whose Nomination was delivered again, late
         self.reservation_events: list[ReservationEvent] = []
         self.deleted: set[str] = set()
         self.bindings: list[tuple[int, Binding]] = []
@@ -334,6 +339,7 @@ class World:
                 limit = state.allocatable.get(name, 0)
                 if amount > limit and amount > used_before.get(name, 0):
                     self.violations.append(f"{node} over-committed in the owner's accounting: {name} {amount} > {limit}")
+        self.lapse_timers.update(result.lapses)
         for n, uid, at in result.timers:
             self.owner_timers[(n, uid)] = at
             # The ttl counts from the reservation's creation or, without one (these have none),
@@ -536,6 +542,30 @@ class World:
                 actor.log.append(ReservationExpired(uid=uid, node=node))
             self.owner_timers = {k: v for k, v in self.owner_timers.items() if k[0] != node}
 
+    def redeliver(self, actor: Actor, record: Record, stamped: float | None = None) -> None:
+        """A record delivered again, late. A Nomination re-appended after its clearing is taken
+        for a new one (nothing in the record tells them apart): only its lapse ends it."""
+        if isinstance(record, Nomination):
+            self.late_nominations.add(record.uid)
+        if stamped is None:
+            actor.log.append(record)
+        else:
+            actor.append(record, stamped=stamped)
+
+    def fire_lapses(self, current: bool = True) -> None:
+        """The owners' nomination lapse timers: every one asked for (older ones too, for a
+        nomination made again since), and those a restore re-arms from the table; with
+        `current` off, only those of nominations made again since (they must end nothing)."""
+        for node, actor in self.owners.items():
+            state = actor.state
+            assert isinstance(state, NodeState)
+            armed = {t for t in self.lapse_timers if t[0] == node} | set(NodeOwner.lapses(state))
+            if not current:
+                armed -= set(NodeOwner.lapses(state))
+            for n, uid, since in sorted(armed):
+                actor.log.append(NominationLapsed(uid=uid, node=n, since=since))
+            self.lapse_timers -= armed
+
     def actors(self) -> list[Actor]:
         return [*self.owners.values(), *self.deciders.values(), self.quota]
 
@@ -562,7 +592,7 @@ ACTIONS = st.tuples(
     st.sampled_from(["owner", "decider", "flush", "claim", "reclaim", "persist", "commit", "crash", "duplicate",
                      "delete", "terminate", "node-delete", "node-add", "timer",
                      "claim-b", "stale-claim", "claim-r", "nominate", "node-add-small", "wait", "late-claim",
-                     "sweep", "restart", "future-node", "future-duplicate", "abort", "quota"]),
+                     "sweep", "restart", "future-node", "future-duplicate", "abort", "quota", "lapse"]),
     st.integers(0, 99), st.integers(0, 99),
 )
 
@@ -615,10 +645,8 @@ def run(actions: list[tuple[str, int, int]]) -> World:
         elif action == "abort":  # read again from the committed offset, the table kept in memory
             actor.abort()
         elif action == "duplicate":  # a record delivered again, late
-            # Not a Nomination: one re-appended after its clearing is taken for a new one (nothing
-            # in the record tells them apart) and nothing lapses it: a known gap (test_adversary).
-            if actor.log and not isinstance(actor.log[i % len(actor.log)], Nomination):
-                actor.log.append(actor.log[i % len(actor.log)])
+            if actor.log:
+                world.redeliver(actor, actor.log[i % len(actor.log)])
         elif action == "delete":
             if uid not in world.deleted:
                 world.delete(uid)
@@ -649,9 +677,10 @@ def run(actions: list[tuple[str, int, int]]) -> World:
             world.restart_router(i % 3)
         elif action == "future-node":  # the node updated by a producer whose clock runs a day ahead
             world.owners[node].append(node_record(node, incarnation=world.added(node)), stamped=world.now + DAY)
-        elif action == "future-duplicate" and actor.log and not isinstance(actor.log[i % len(actor.log)], Nomination):
-            # a record delivered again by a producer a day ahead
-            actor.append(actor.log[i % len(actor.log)], stamped=world.now + DAY)
+        elif action == "future-duplicate" and actor.log:  # a record delivered again by a producer a day ahead
+            world.redeliver(actor, actor.log[i % len(actor.log)], stamped=world.now + DAY)
+        elif action == "lapse":
+            world.fire_lapses(current=j % 2 == 0)
     world.drain()
     return world
 
@@ -711,7 +740,7 @@ def verify(world: World) -> None:
         if not state.exists:
             ghosts_left = [e.uid for e in state.holds.values() if e.status == COMMITTED]
             assert ghosts_left == [], f"{node} is deleted but still runs {ghosts_left}"
-        stale = sorted(set(state.nominations) & bound_or_deleted)
+        stale = sorted(set(state.nominations) & bound_or_deleted - world.late_nominations)
         assert stale == [], f"{node}: nominations left for pods bound or deleted: {stale}"
         # The reservation: its last event says its phase here (a deleted one sends none); one
         # that ended holds nothing here any more, as a finished pod.
@@ -758,6 +787,20 @@ def verify(world: World) -> None:
             noms = replica.nominator.arrays()
             got_noms = sorted(str(u) for r, u in zip(noms.rows.tolist(), noms.uids.tolist(), strict=True) if r == row)
             assert got_noms == sorted(state.nominations), f"{node}: replica's nominations {got_noms} != owner's"
+    # Every nomination lapses on its timer, late copies of cleared ones included, and the
+    # replicas forget it with the owner.
+    world.fire_lapses()
+    world.drain()
+    for node, actor in world.owners.items():
+        state = actor.state
+        assert isinstance(state, NodeState)
+        stale = sorted(set(state.nominations) & (set(distinct) | world.deleted))
+        assert stale == [], f"{node}: nominations left after their lapse for pods bound or deleted: {stale}"
+        for i, replica in enumerate(world.replicas):
+            noms = replica.nominator.arrays()
+            row = replica.index[node]
+            got = sorted(str(u) for r, u in zip(noms.rows.tolist(), noms.uids.tolist(), strict=True) if r == row)
+            assert got == sorted(state.nominations), f"replica {i}, {node}: nominations {got} != owner's"
 
 
 # Fault 1: a gang's completion lost on replay. g0 waits (offset committed); g1 completes the gang;
@@ -936,6 +979,15 @@ FUTURE_NODE_CRASH = [("future-node", 0, 0), ("owner", 0, 0), ("claim", 0, UIDS.i
 RECLAIM_AFTER_FORGETTING = [("delete", 0, 0), ("decider", 1, KEYS.index("a")), ("wait", 3, 0), ("wait", 3, 0),
                             ("sweep", 0, 0), ("reclaim", 0, 0)]
 
+# A Nomination delivered again after its clearing (b nominated on n0, deleted, the copy read
+# after the NominationCleared) is taken for a new one: only its lapse timer ends it.
+LATE_NOMINATION = [("nominate", 0, 1), ("owner", 0, 0), ("delete", 0, 1), ("owner", 0, 0), ("duplicate", 1, 9),
+                   ("owner", 0, 0), ("owner", 0, 0)]
+# b nominated on n0 twice: the first nomination's lapse fires after the second was recorded (and
+# after a crash that restores the table and replays both).
+OLD_LAPSE = [("nominate", 0, 1), ("owner", 0, 0), ("wait", 0, 0), ("nominate", 0, 1), ("owner", 0, 0),
+             ("persist", 0, 0), ("crash", 0, 0), ("lapse", 0, 1), ("owner", 0, 0), ("owner", 0, 0)]
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(ACTIONS, min_size=1, max_size=100))
 @example(GANG_COMPLETION)
@@ -964,6 +1016,8 @@ RECLAIM_AFTER_FORGETTING = [("delete", 0, 0), ("decider", 1, KEYS.index("a")), (
 @example(FUTURE_NODE_CRASH)
 @example(RECLAIM_AFTER_FORGETTING)
 @example(NODE_DELETION_REPLAYED)
+@example(LATE_NOMINATION)
+@example(OLD_LAPSE)
 def test_protocol_is_safe_under_crashes_and_replays(actions: list[tuple[str, int, int]]) -> None:
     world = run(actions)
     verify(world)
