@@ -100,5 +100,5 @@ class AgentConfig:
     retention_s: float = 600.0  # owners and deciders: see agents.state.retention
     max_clock_skew_s: float = 60.0  # owners and deciders: see agents.state.retention.judged_at
     nomination_ttl_s: float = 300.0  # owners: a nomination lapses this long after it was made
-    commit_inputs: bool = False  # the scheduler: commit what it no longer needs of its inputs
+    commit_inputs: bool = True  # the scheduler: commit what it no longer needs of its inputs
     quotas: tuple[QuotaSpec, ...] = ()  # deciders: the profiles' elastic quotas, whose ledgers they keep

