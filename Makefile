@@ -1,11 +1,14 @@
 # The two commands: `make demo` and `make test`. Both build .venv on first use; `make test`
-# also fetches Apache Kafka (`make kafka`: Maven Central, into .cache/kafka, once).
+# also fetches Apache Kafka (`make kafka`: Maven Central, into .cache/kafka, once) and builds
+# the Kubernetes control plane the bridge's tests run against (`make k8s`: kube-apiserver,
+# etcd and Kwok with Go from the Go module proxy, into .cache/k8s, once) with Koordinator's
+# CRDs (`make koordinator-crds`, into .cache/koordinator).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck clean venv kafka
+.PHONY: demo test e2e lint typecheck clean venv kafka k8s koordinator-crds
 
 venv: $(STAMP)
 
@@ -19,10 +22,19 @@ $(STAMP): pyproject.toml
 kafka:
 	bash infra/kafka/install.sh
 
+# The real control plane for the bridge's tests and `koordstream cluster up` (needs Go 1.26;
+# about 15 minutes on two cores the first time).
+k8s:
+	bash infra/k8s/install.sh
+
+# Koordinator's own CRD manifests (Reservation, PodGroup, ElasticQuota), from the Go module proxy.
+koordinator-crds:
+	bash infra/k8s/koordinator-crds.sh
+
 demo: $(STAMP)
 	$(BIN)/koordstream demo --nodes 1000 --pods 10000 --rate 2000 --json out/demo.json
 
-test: $(STAMP) kafka
+test: $(STAMP) kafka k8s koordinator-crds
 	$(BIN)/python -m pytest -q --durations=15
 
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
@@ -30,7 +42,7 @@ test: $(STAMP) kafka
 # state retention on both brokers, the quick soak (state stays flat) on Tansu, and the quick
 # variants of the shipped perf scenarios, the rebalancer on Apache Kafka with its leader killed,
 # and the longest crash and takeover runs (tests/integration/conftest.py, E2E_ONLY).
-e2e: $(STAMP) kafka
+e2e: $(STAMP) kafka k8s koordinator-crds
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
 		tests/integration/test_rebalancer.py tests/integration/test_restart.py tests/integration/test_transactions.py
 

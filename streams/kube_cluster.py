@@ -1,0 +1,310 @@
+"""The real Kubernetes control plane on free loopback ports: etcd, kube-apiserver and Kwok.
+
+The binaries come from `make k8s` (infra/k8s/install.sh builds them with the Go toolchain from
+the Go module proxy into .cache/k8s/<version>/bin, or the folder named by KOORDSTREAM_K8S_DIR);
+Kwok's CRDs and stock Stage files from `make kwok-stages` (.cache/kwok/<version>); Koordinator's
+CRDs (Reservation, PodGroup, ElasticQuota) from `make koordinator-crds`
+(.cache/koordinator/<version>/crd). Versions: infra/k8s/versions.env.
+
+`ControlPlane` starts, in a folder the caller owns (a temporary one by default, removed by
+`stop()`): etcd (its data in `etcd/`, fsync off: a test cluster), kube-apiserver with a serving
+certificate and a service-account signing key generated at start (`streams.pki`), a static
+admin token (group system:masters), AlwaysAllow or RBAC authorization, and the admission
+plugins that wait for a controller-manager off (none runs here: ServiceAccount, which needs
+default service accounts, and TaintNodesByCondition, whose not-ready taint only the node
+lifecycle controller takes off); then Koordinator's CRDs, Kwok's Stage CRD and the chosen stock stages, and Kwok
+managing the nodes annotated `kwok.x-k8s.io/node: fake`. It writes an admin kubeconfig
+(`kubeconfig`). Every process is tied to this one (it dies with it) and stopped on a clean
+exit; their logs are in `logs/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import ssl
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import yaml
+
+from streams.broker import free_port
+from streams.kubeapi import KubeApi, Limits, Resources
+from streams.pki import make_pki
+from streams.process import spawn_tied, stop
+
+ROOT = Path(__file__).resolve().parents[1]
+VERSIONS = ROOT / "infra" / "k8s" / "versions.env"
+K8S_DIR_ENV = "KOORDSTREAM_K8S_DIR"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Kwok's stock stages a cluster gets by default: nodes become Ready at once (no heartbeat: no
+# node controller runs here to mark them NotReady), pods run, Job pods complete, deleted pods go.
+DEFAULT_STAGES = ("node/fast", "pod/fast")
+KOORDINATOR_CRDS = ("scheduling.koordinator.sh_reservations.yaml", "scheduling.sigs.k8s.io_podgroups.yaml",
+                    "scheduling.sigs.k8s.io_elasticquotas.yaml")
+
+
+class K8sNotInstalled(RuntimeError):
+    """The control plane's binaries or manifests are not where they should be."""
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for line in VERSIONS.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def k8s_dir() -> Path:
+    """The folder of the built binaries; raises K8sNotInstalled, saying how to build them."""
+    folder = Path(os.environ.get(K8S_DIR_ENV) or ROOT / ".cache" / "k8s" / versions()["KUBERNETES_VERSION"])
+    missing = [b for b in ("kube-apiserver", "etcd", "kwok") if not (folder / "bin" / b).is_file()]
+    if missing:
+        raise K8sNotInstalled(f"{', '.join(missing)} not built in {folder / 'bin'}: run `make k8s` "
+                              "(infra/k8s/install.sh: builds them with Go from the Go module proxy, once)")
+    return folder
+
+
+def kwok_dir() -> Path:
+    folder = ROOT / ".cache" / "kwok" / versions()["KWOK_VERSION"]
+    if not (folder / "stage").is_dir():
+        raise K8sNotInstalled(f"Kwok's stock stages are not in {folder}: run `make kwok-stages`")
+    return folder
+
+
+def koordinator_crds() -> Path:
+    folder = ROOT / ".cache" / "koordinator" / versions()["KOORDINATOR_VERSION"] / "crd"
+    if not (folder / KOORDINATOR_CRDS[0]).is_file():
+        raise K8sNotInstalled(f"Koordinator's CRDs are not in {folder}: run `make koordinator-crds`")
+    return folder
+
+
+def stage_documents(stages: Sequence[str]) -> list[dict[str, Any]]:
+    """Kwok's stock Stage resources of the named kustomize folders (e.g. "pod/fast"), unchanged."""
+    base = kwok_dir() / "stage"
+    out = []
+    for name in stages:
+        folder = base / name
+        listing = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        for resource in listing.get("resources", ()):
+            out += [d for d in yaml.safe_load_all((folder / resource).read_text()) if d]
+    return out
+
+
+def kubeconfig_text(server: str, ca_file: Path, token: str, user: str = "admin") -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "koordstream",
+        "clusters": [{"name": "koordstream", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "koordstream", "context": {"cluster": "koordstream", "user": user}}],
+    })
+
+
+class ControlPlane:
+    """See the module docstring."""
+
+    def __init__(self, folder: str | Path | None = None, *, rbac: bool = False, kwok: bool = True,
+                 stages: Sequence[str] = DEFAULT_STAGES, crds: bool = True, etcd_quota_gib: int = 8,
+                 apiserver_args: Sequence[str] = ()) -> None:
+        self._own_folder = folder is None
+        self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="koordstream-k8s-"))
+        self.rbac, self.kwok, self.stages, self.crds = rbac, kwok, tuple(stages), crds
+        self.etcd_quota_gib = etcd_quota_gib
+        self.apiserver_args = tuple(apiserver_args)
+        self.token = secrets.token_hex(16)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.port = 0
+        self.etcd_port = 0
+        self.started_s: dict[str, float] = {}  # what took how long to be ready
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.folder / "kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.folder / "pki" / "ca.crt"
+
+    def _spawn(self, name: str, cmd: Sequence[str]) -> subprocess.Popen[bytes]:
+        logs = self.folder / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "ab") as out:
+            proc = spawn_tied(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.procs[name] = proc
+        return proc
+
+    def _check(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            tail = (self.folder / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    async def start(self, timeout_s: float = 120.0) -> None:
+        bins = k8s_dir() / "bin"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        pki = make_pki(self.folder / "pki")
+        tokens = self.folder / "pki" / "tokens.csv"
+        tokens.write_text(f'{self.token},admin,admin,"system:masters"\n')
+        tokens.chmod(0o600)
+        begin = time.monotonic()
+
+        self.etcd_port, peer = free_port(), free_port()
+        self._spawn("etcd", [
+            str(bins / "etcd"), "--name", "koordstream", "--data-dir", str(self.folder / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"koordstream=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--quota-backend-bytes", str(self.etcd_quota_gib * 2**30), "--log-level", "warn",
+        ])
+        await self._wait("etcd", f"http://127.0.0.1:{self.etcd_port}/health", timeout_s)
+        self.started_s["etcd"] = time.monotonic() - begin
+
+        self.port = free_port()
+        self._spawn("kube-apiserver", [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}", f"--token-auth-file={tokens}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            f"--authorization-mode={'RBAC' if self.rbac else 'AlwaysAllow'}",
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--endpoint-reconciler-type=none",
+            f"--cert-dir={self.folder / 'pki'}", "--profiling=false", "--event-ttl=1h",
+            *self.apiserver_args,
+        ])
+        await self._wait("kube-apiserver", f"{self.server}/readyz", timeout_s)
+        self.started_s["kube-apiserver"] = time.monotonic() - begin - self.started_s["etcd"]
+        self.kubeconfig.write_text(kubeconfig_text(self.server, pki.ca_cert, self.token))
+
+        if self.crds or self.kwok:
+            async with self.api() as api:
+                resources = Resources(api)
+                documents = []
+                if self.crds:
+                    documents += [yaml.safe_load((koordinator_crds() / name).read_text()) for name in KOORDINATOR_CRDS]
+                if self.kwok:
+                    documents.append(yaml.safe_load((kwok_dir() / "crd" / "bases" / "kwok.x-k8s.io_stages.yaml")
+                                                    .read_text()))
+                for crd in documents:
+                    await resources.apply(crd)
+                for crd in documents:
+                    await resources.established(crd)
+                if self.kwok:
+                    for stage in stage_documents(self.stages):
+                        await resources.apply(stage)
+        if self.kwok:
+            self.start_kwok()
+        self.started_s["total"] = time.monotonic() - begin
+
+    def start_kwok(self) -> None:
+        self._spawn("kwok", [
+            str(k8s_dir() / "bin" / "kwok"), f"--kubeconfig={self.kubeconfig}",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            "--enable-crds=Stage", "--node-lease-duration-seconds=0", "--cidr=10.0.0.1/16",
+            "--node-ip=10.255.0.1",
+        ])
+
+    async def _wait(self, name: str, url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        context = ssl.create_default_context(cafile=str(self.ca_file)) if url.startswith("https") else None
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with aiohttp.ClientSession() as session:
+            while True:
+                self._check(name)
+                try:
+                    async with session.get(url, ssl=context if context else False, headers=headers,
+                                           timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                        if resp.status == 200:
+                            return
+                except (TimeoutError, aiohttp.ClientError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not ready at {url} after {timeout_s:.0f} s")
+                await asyncio.sleep(0.2)
+
+    def api(self, limits: Limits | None = None) -> KubeApi:
+        """A client as the admin."""
+        from kubernetes_asyncio.client import Configuration
+
+        configuration = Configuration(host=self.server, api_key={"BearerToken": self.token},
+                                      api_key_prefix={"BearerToken": "Bearer"})
+        configuration.ssl_ca_cert = str(self.ca_file)
+        return KubeApi(configuration, limits or Limits())
+
+    async def apply_file(self, path: Path) -> None:
+        """Every manifest of a (multi-document) YAML file, by server-side apply, as the admin."""
+        async with self.api() as api:
+            resources = Resources(api)
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc:
+                    await resources.apply(doc)
+
+    async def service_account_kubeconfig(self, namespace: str, name: str, path: Path,
+                                         expiration_s: int = 86400) -> Path:
+        """A kubeconfig at `path` that authenticates as service account `namespace/name` (a
+        token from the TokenRequest API, valid `expiration_s`)."""
+        async with self.api() as api:
+            answer = await api.request(
+                "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+                body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                      "spec": {"expirationSeconds": expiration_s}})
+        path.write_text(kubeconfig_text(self.server, self.ca_file, answer["status"]["token"], user=name))
+        path.chmod(0o600)
+        return path
+
+    def resident_mib(self) -> dict[str, float]:
+        """Resident memory of each process (MiB), from /proc."""
+        out = {}
+        for name, proc in self.procs.items():
+            try:
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        out[name] = int(line.split()[1]) / 1024
+            except OSError:
+                pass
+        return out
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process (a crash)."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
+
+    def stop(self) -> None:
+        for name in ("kwok", "kube-apiserver", "etcd"):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                stop(proc, 10)
+        if self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    async def __aenter__(self) -> ControlPlane:
+        try:
+            await self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.stop()
