@@ -35,6 +35,7 @@ ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "Binding": ((topics.BINDINGS, "uid"),),
     "SchedulingFeedback": ((topics.FEEDBACK, "uid"),),
     "EvictionCommand": ((topics.EVICTIONS, "uid"),),
+    "EvictionRefused": ((topics.EVICTIONS, "uid"),),
     "ReservationEvent": ((topics.RESERVATIONS, "uid"),),
     "MigrationJob": ((topics.MIGRATIONS, "uid"),),
     "PodDisruptionBudget": ((topics.DISRUPTION_BUDGETS, "uid"),),

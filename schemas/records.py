@@ -11,7 +11,7 @@ by name on `nodes` and `node-inbox`; `Claim`, `Commit`, `Release`, `PodTerminate
 `Nomination`, `NominationCleared` by node on `node-inbox`; `Held`, `Rejected`, `Yield` and
 forwarded deletions by decision key on `holds`; `QuotaAsk` / `QuotaReturn` by `quota:<root quota>`
 and `QuotaGranted` / `QuotaDenied` by the asker's decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
-`EvictionCommand` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` and
+`EvictionCommand` and `EvictionRefused` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` and
 `NominationLapsed` by node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
 """
 
@@ -641,6 +641,23 @@ class EvictionCommand(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class EvictionRefused(Record):
+    """The API server refused an `EvictionCommand` for good: the pod stays. The bridge sends it
+    on `evictions` (by uid, after the command) once a 429 from a PodDisruptionBudget persisted
+    past `bridge.eviction_retry_s`, or the call failed otherwise; `status` is the HTTP code."""
+
+    KIND: ClassVar[str] = "EvictionRefused"
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    reason: str
+    status: int = 0
+    kind: str = field(default="EvictionRefused", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
 class CurrentOwner:
     """A pod that consumes a reservation (an entry of Koordinator's Reservation
     `status.currentOwners`, an object reference)."""
@@ -811,7 +828,7 @@ class PodDisruptionBudget(Record):
 RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, NominationLapsed, Binding, Yield, Requeue, SchedulingFeedback,
-    EvictionCommand, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
+    EvictionCommand, EvictionRefused, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
     MigrationJob, PodDisruptionBudget, QuotaAsk, QuotaGranted, QuotaDenied, QuotaReturn,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}

@@ -83,7 +83,7 @@ def catalogue(partitions: int, app_id: str = "koordstream") -> dict[str, TopicSp
         TopicSpec(topics.BINDINGS, "pod uid", p, doc="Binding, written once per pod by its decider"),
         TopicSpec(topics.REQUEUE, "pod uid", p, doc="Requeue (partitioned like pods)"),
         TopicSpec(topics.FEEDBACK, "pod uid", p, doc="SchedulingFeedback"),
-        TopicSpec(topics.EVICTIONS, "pod uid", p, doc="EvictionCommand"),
+        TopicSpec(topics.EVICTIONS, "pod uid", p, doc="EvictionCommand, EvictionRefused"),
         TopicSpec(topics.RESERVATIONS, "reservation uid", p, doc="ReservationEvent (phase changes)"),
         compacted(topics.MIGRATIONS, "migration job uid", p,
                   doc="MigrationJob: each ReservationFirst move's phase and reason, its latest version per job"),

@@ -75,6 +75,7 @@ RESERVATION_FAILED = "reservation failed"
 ON_SOURCE = "reservation on the source node"
 SOURCE_GONE = "source pod gone"
 EVICTION_REFUSED = "eviction refused (PodDisruptionBudget); retrying"
+EVICTION_REJECTED = "eviction refused by the API server"
 NO_CONTROLLER = "no controller to recreate the pod"
 DONE = "replacement bound into the reservation"
 CONSUMED_EARLY = "reservation consumed before the eviction"
@@ -222,6 +223,14 @@ def on_eviction_refused(job: MigrationJob, now: float) -> Step:
     if job.phase != RUNNING or job.step != EVICTING or job.reason == EVICTION_REFUSED:
         return job, []
     return _record(replace(job, reason=EVICTION_REFUSED, updated=now), [])
+
+
+def on_eviction_rejected(job: MigrationJob, reason: str, now: float) -> Step:
+    """The API server refused the eviction the job sent (`EvictionRefused`): its pod stays, so
+    the move ends, its reservation deleted."""
+    if not sent_eviction(job):
+        return job, []
+    return _end(job, ABORTED, f"{EVICTION_REJECTED}: {reason}", now, release=True)
 
 
 def on_pod_gone(job: MigrationJob, uid: str, now: float) -> Step:

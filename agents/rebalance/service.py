@@ -4,7 +4,8 @@ leads and produces what comes out.
 
 Inputs (`on_records`): Node / NodeDeleted (`nodes`), Pod / PodDeleted (`pods`), Binding
 (`bindings`), EvictionCommand (`evictions`: a pod being evicted is neither planned nor
-evicted again), ReservationEvent (`reservations`), SchedulingFeedback (`feedback`: a final one
+evicted again) and EvictionRefused (`evictions`: the API server refused it for good, as the
+bridge reports; the pod stays, and the job that sent it ends Aborted, its reservation deleted), ReservationEvent (`reservations`), SchedulingFeedback (`feedback`: a final one
 for a migration's reservation means it fits nowhere) and its own MigrationJob records
 (`migrations`: of two versions of a job the higher wins, so a record read back late never
 undoes a step), and PodDisruptionBudgets (`disruption-budgets`: planners plan no move that
@@ -83,6 +84,7 @@ from schemas import topics
 from schemas.records import (
     Binding,
     EvictionCommand,
+    EvictionRefused,
     MigrationJob,
     Node,
     NodeDeleted,
@@ -121,6 +123,7 @@ class RebalancerService:
     departed: dict[str, Pod] = field(default_factory=dict)  # deleted pods of unfinished jobs
     gone: dict[str, float] = field(default_factory=dict)  # deleted pod uid -> when its deletion was read
     evicted: dict[str, float] = field(default_factory=dict)  # pod uid -> when its eviction was sent
+    refused: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> (why, when) its eviction was refused
     moved_at: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last move began
     events: dict[str, tuple[ReservationEvent, float]] = field(default_factory=dict)  # reservation -> last event
     # A job's reservation read on `pods` -> (whether its deletion was read, when it was read).
@@ -166,8 +169,15 @@ class RebalancerService:
                 if r.uid not in self.gone:  # read after its pod's deletion: it binds nothing any more
                     self.bound[r.uid] = r.node
             elif isinstance(r, EvictionCommand):
+                self.refused.pop(r.uid, None)
                 if r.uid in self.pods:
                     self.evicted[r.uid] = now  # whoever sent it (a past leader, a preemption): the pod is going
+            elif isinstance(r, EvictionRefused):
+                self.evicted.pop(r.uid, None)  # the pod stays
+                self.refused[r.uid] = (r.reason, now)
+                job = self.active.get(r.uid)
+                if job is not None:
+                    out += self._apply(job, partial(mg.on_eviction_rejected, reason=r.reason, now=now))
             elif isinstance(r, ReservationEvent) and r.uid.endswith(RESERVATION_SUFFIX):
                 if r.phase in (reservations.SUCCEEDED, reservations.FAILED):
                     self.bound.pop(r.uid, None)  # a reservation's Binding: it holds nothing any more
@@ -203,6 +213,7 @@ class RebalancerService:
         pod = self.pods.pop(uid, None)
         node = self.bound.pop(uid, None)
         self.evicted.pop(uid, None)
+        self.refused.pop(uid, None)
         job = self.active.get(uid)
         if job is None:
             self.moved_at.pop(uid, None)
@@ -277,6 +288,7 @@ class RebalancerService:
                        if k.removesuffix(RESERVATION_SUFFIX) in jobs or now - v[1] < ORPHAN_KEEP_S}
         self.releasing = {k: v for k, v in self.releasing.items() if now - v[1] < DONE_KEEP_S}
         self.evicted = {uid: t for uid, t in self.evicted.items() if now - t < EVICTED_KEEP_S}
+        self.refused = {uid: v for uid, v in self.refused.items() if uid in self.active or now - v[1] < EVICTED_KEEP_S}
         self.gone = {uid: t for uid, t in self.gone.items() if now - t < GONE_KEEP_S}
         keep = max((p.fragmentation.move_interval_s for p in self.rebalancer.config.profiles if p.fragmentation),
                    default=0.0)
@@ -300,6 +312,8 @@ class RebalancerService:
                 steps.append(partial(mg.on_unschedulable, reservation_uid=job.reservation, now=now))
             if job.pod_uid not in self.pods:
                 steps.append(partial(mg.on_pod_gone, uid=job.pod_uid, now=now))
+            if job.pod_uid in self.refused:
+                steps.append(partial(mg.on_eviction_rejected, reason=self.refused[job.pod_uid][0], now=now))
             for step in steps:
                 out += self._apply(uid, step)
         out += self.tick(now)

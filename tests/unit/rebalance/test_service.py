@@ -315,3 +315,31 @@ def test_a_new_leader_sends_a_direct_eviction_recorded_but_not_seen() -> None:
         assert follower.jobs[job.uid].step == mg.TERMINATING
         [done] = records(follower.on_records([PodDeleted(uid=command.uid)]), MigrationJob)
         assert (done.phase, done.reason) == (mg.SUCCEEDED, mg.EVICTED)
+
+
+def test_an_eviction_the_api_server_refuses_ends_its_move_and_a_new_leader_ends_it_too() -> None:
+    """The bridge reports an eviction the API server refused for good (`EvictionRefused`,
+    after retrying a PodDisruptionBudget's 429): the pod stays, so its move ends Aborted and
+    its reservation is deleted; a leader that read the refusal as a follower ends it on taking
+    over, and does not send the eviction again."""
+    from schemas.records import EvictionRefused
+
+    for leading in (True, False):
+        svc, now = service()
+        svc.cycle(now[0])
+        job = next(iter(svc.jobs.values()))
+        svc.on_records([available(job)])
+        [evicted] = [o.record for o in svc.actuate(now[0]) if isinstance(o.record, EvictionCommand)]
+        refusal = EvictionRefused(uid=evicted.uid, namespace=evicted.namespace, name=evicted.name,
+                                  node=evicted.node, reason="429 TooManyRequests: would violate budget", status=429)
+        if not leading:
+            svc.follow()
+        out = svc.on_records([evicted, refusal])
+        if not leading:
+            assert out == [] and job.uid in svc.jobs
+            out = svc.lead(now[0])
+            assert not [o for o in out if isinstance(o.record, EvictionCommand)], "the refused eviction was sent again"
+        [ended] = [o.record for o in out if isinstance(o.record, MigrationJob)]
+        assert ended.phase == "Aborted" and ended.reason.startswith(mg.EVICTION_REJECTED), ended.reason
+        assert [o.record.uid for o in out if isinstance(o.record, PodDeleted)] == [job.reservation]
+        assert evicted.uid not in svc.evicted and job.uid not in svc.jobs
