@@ -21,7 +21,7 @@ class SettingsError(ValueError):
     pass
 
 
-ROLES = ("scheduler", "state", "rebalancer")
+ROLES = ("scheduler", "state", "rebalancer", "bridge")
 TRANSACTIONS = ("auto", "on", "off")  # also the choices of kafka.contiguous_offsets
 
 
@@ -171,11 +171,50 @@ class RebalancerSettings:
 
 
 @dataclass(frozen=True)
+class BridgeSettings:
+    kubeconfig: str = ""
+    """The kubeconfig the bridge talks to the API server with; empty: `$KUBECONFIG`, else
+    `~/.kube/config`; `in-cluster`: the pod's service account."""
+    context: str = ""
+    """The kubeconfig context; empty: its current context."""
+    scheduler_names: tuple[str, ...] = ()
+    """Pods whose `schedulerName` is one of these are scheduled by koordstream; empty: every
+    profile of `scheduling.profiles` (without one, `koordstream`) but `default-scheduler`."""
+    qps: float = 200.0
+    """Requests a second to the API server, on average (client-go's --kube-api-qps); 0: no limit."""
+    burst: int = 400
+    """Requests the bridge may send at once above `qps` (client-go's --kube-api-burst)."""
+    concurrency: int = 64
+    """API requests in flight at most (bindings, evictions, status writes together)."""
+    lease_namespace: str = "kube-system"
+    """Namespace of the Lease the bridges elect their leader with."""
+    lease_name: str = "koordstream-bridge"
+    """Name of that Lease."""
+    lease_duration_s: float = 15.0
+    """How long a leader's Lease holds without renewal before another bridge may take it."""
+    renew_deadline_s: float = 10.0
+    """A leader that could not renew its Lease for this long stops leading (less than
+    `lease_duration_s`, so it stops before another may take over)."""
+    retry_s: float = 2.0
+    """How often a leader renews, and a candidate tries, the Lease."""
+    eviction_retry_s: float = 60.0
+    """How long an eviction refused with 429 (a PodDisruptionBudget) is tried again before it
+    is reported refused (`EvictionRefused`), which ends the rebalancer's job."""
+    events: bool = True
+    """Write a FailedScheduling Event for each new reason a pod cannot be scheduled."""
+    watch_timeout_s: int = 300
+    """How long one watch request lasts before it is renewed (from the last resourceVersion)."""
+    identity: str = ""
+    """This bridge's name in the Lease; empty: host name and process id."""
+
+
+@dataclass(frozen=True)
 class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     rebalancer: RebalancerSettings = field(default_factory=RebalancerSettings)
+    bridge: BridgeSettings = field(default_factory=BridgeSettings)
 
     def validate(self) -> Settings:
         if self.kafka.partitions < 1:
@@ -198,6 +237,17 @@ class Settings:
         if not self.scheduling.nomination_ttl_s > 0:
             raise SettingsError(f"scheduling.nomination_ttl_s: must be a positive number of seconds, "
                                 f"got {self.scheduling.nomination_ttl_s}")
+        b = self.bridge
+        if b.qps < 0 or b.burst < 1 or b.concurrency < 1:
+            raise SettingsError(f"bridge.qps, bridge.burst, bridge.concurrency: must be 0 or more, at least 1 and at "
+                                f"least 1, got {b.qps}, {b.burst}, {b.concurrency}")
+        if not 0 < b.retry_s < b.renew_deadline_s < b.lease_duration_s:
+            raise SettingsError(f"bridge.retry_s < bridge.renew_deadline_s < bridge.lease_duration_s: must hold (a "
+                                f"leader stops before another may take over), got {b.retry_s}, {b.renew_deadline_s}, "
+                                f"{b.lease_duration_s}")
+        if b.eviction_retry_s < 0 or b.watch_timeout_s < 1:
+            raise SettingsError(f"bridge.eviction_retry_s, bridge.watch_timeout_s: must be 0 or more and at least 1, "
+                                f"got {b.eviction_retry_s}, {b.watch_timeout_s}")
         if not self.worker.state_retention_s > 0:
             raise SettingsError(f"worker.state_retention_s: must be a positive number of seconds, "
                                 f"got {self.worker.state_retention_s}")

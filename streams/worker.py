@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -37,7 +38,7 @@ from streams.app import (
 )
 from streams.catalogue import catalogue
 from streams.metrics import registry_for, serve_metrics
-from streams.process import GcPacer, tune_gc
+from streams.process import GcPacer, spawn_tied, stop, tune_gc
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
@@ -86,7 +87,21 @@ async def prepare_worker(settings: Settings) -> bool:
 
 def run_worker(settings: Settings) -> None:
     tune_gc(settings.worker.gc_threshold)
-    if set(settings.worker.roles) == {"rebalancer"}:
+    roles = set(settings.worker.roles)
+    if roles == {"bridge"}:
+        asyncio.run(prepare_worker(settings))
+        asyncio.run(bridge_only(settings))
+        return
+    if "bridge" in roles:  # the bridge in a process of its own (it has no faust agent), tied to this one
+        bridge = spawn_tied([sys.executable, "-m", "cli.main", "worker", "--roles", "bridge"],
+                            env={**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": settings.kafka.bootstrap})
+        try:
+            run_worker(dataclasses.replace(settings, worker=dataclasses.replace(
+                settings.worker, roles=tuple(r for r in settings.worker.roles if r != "bridge"))))
+        finally:
+            stop(bridge, settings.worker.shutdown_deadline_s)
+        return
+    if roles == {"rebalancer"}:
         asyncio.run(prepare_worker(settings))
         asyncio.run(rebalancer_only(settings))
         return
@@ -104,13 +119,30 @@ def run_worker(settings: Settings) -> None:
         worker.execute_from_commandline()
 
 
-async def rebalancer_only(settings: Settings) -> None:
-    """A worker with only the rebalancer role: no faust app (it would consume nothing), the
-    rebalancer's loop, its producer and its metrics endpoint; SIGTERM / SIGINT stop it."""
+def _logging(settings: Settings) -> None:
     levels = {"crit": logging.CRITICAL, "error": logging.ERROR, "warn": logging.WARNING, "info": logging.INFO,
               "debug": logging.DEBUG}
     logging.basicConfig(level=levels[settings.worker.loglevel], format="[%(asctime)s] [%(process)d] [%(levelname)s] "
                         "%(message)s")
+
+
+async def bridge_only(settings: Settings) -> None:
+    """A worker with only the bridge role (`streams.bridge.service`); SIGTERM / SIGINT stop it
+    (its Lease released, so that another bridge takes over at once)."""
+    from streams.bridge.service import run_bridge
+
+    _logging(settings)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await run_bridge(settings, stopping)
+
+
+async def rebalancer_only(settings: Settings) -> None:
+    """A worker with only the rebalancer role: no faust app (it would consume nothing), the
+    rebalancer's loop, its producer and its metrics endpoint; SIGTERM / SIGINT stop it."""
+    _logging(settings)
     service = rebalancer_service(settings)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -28,6 +28,7 @@ from schemas import topics
 from schemas.records import NodeStateChange
 from streams.broker import EmbeddedBroker, wait_ready
 from streams.kafka_broker import KafkaBroker
+from streams.kube_cluster import ControlPlane
 from streams.process import spawn_tied, stop
 from streams.settings import load_settings
 from streams.worker import prepare
@@ -202,3 +203,70 @@ async def harness(bootstrap: str, worker: subprocess.Popen[bytes]) -> AsyncItera
 @pytest.fixture
 def run_id() -> str:
     return uuid.uuid4().hex[:8]
+
+
+# -- the Kubernetes control plane and the bridge (tests/integration/test_bridge.py) --------------
+
+BRIDGE_ENV = {  # short enough for tests: takeovers within seconds, a refused eviction reported after 3 s
+    "KOORDSTREAM_BRIDGE_EVICTION_RETRY_S": "3", "KOORDSTREAM_BRIDGE_LEASE_DURATION_S": "4",
+    "KOORDSTREAM_BRIDGE_RENEW_DEADLINE_S": "3", "KOORDSTREAM_BRIDGE_RETRY_S": "0.5",
+    "KOORDSTREAM_WORKER_LOGLEVEL": "info",
+}
+
+
+RBAC = Path(__file__).resolve().parents[2] / "infra" / "k8s" / "rbac.yaml"
+
+
+@pytest.fixture(scope="session")
+async def control_plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ControlPlane]:
+    """etcd, kube-apiserver and Kwok (`make k8s`), one for the session, with RBAC authorization
+    and the bridge's least-privilege manifests (infra/k8s/rbac.yaml) applied: the bridge runs
+    as its service account (`bridge_kubeconfig`), the tests as the admin."""
+    async with ControlPlane(tmp_path_factory.mktemp("k8s"), rbac=True) as cp:
+        await cp.apply_file(RBAC)
+        yield cp
+
+
+@pytest.fixture(scope="session")
+async def bridge_kubeconfig(control_plane: ControlPlane) -> Path:
+    return await control_plane.service_account_kubeconfig("koordstream-system", "koordstream-bridge",
+                                                          control_plane.folder / "bridge.kubeconfig")
+
+
+class BridgeProcess:
+    """A `koordstream worker --roles bridge` against the control plane, which a test may kill
+    (-9) and start again; its log in the session's temporary folder."""
+
+    def __init__(self, bootstrap: str, kubeconfig: Path, log: Path, **env: str) -> None:
+        self.env = {**worker_env(bootstrap), **BRIDGE_ENV, "KOORDSTREAM_BRIDGE_KUBECONFIG": str(kubeconfig), **env}
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = spawn_tied([sys.executable, "-m", "cli.main", "worker", "--roles", "bridge"], env=self.env,
+                                   stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc, deadline_s=10)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@pytest.fixture(scope="session")
+async def bridge(bootstrap: str, worker: subprocess.Popen[bytes], bridge_kubeconfig: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[BridgeProcess]:
+    """The bridge, as its service account (RBAC: infra/k8s/rbac.yaml)."""
+    process = BridgeProcess(bootstrap, bridge_kubeconfig, tmp_path_factory.mktemp("bridge") / "bridge.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -15,7 +15,8 @@ from streams.producer import RecordProducer
 
 PARTITIONS = 4
 ALL_OUTPUTS = [topics.NODES, topics.PODS, topics.STATE_CHANGES, topics.BINDINGS, topics.FEEDBACK, topics.REQUEUE, topics.DEAD_LETTER,
-               topics.HOLDS, topics.NODE_INBOX, topics.EVICTIONS, topics.RESERVATIONS]
+               topics.HOLDS, topics.NODE_INBOX, topics.EVICTIONS, topics.RESERVATIONS, topics.SCALE_DOWN,
+               topics.DISRUPTION_BUDGETS]
 R = TypeVar("R", bound=Record)
 
 

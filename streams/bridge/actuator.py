@@ -1,0 +1,268 @@
+"""koordstream's decisions as Kubernetes API calls: the one place where the bridge writes.
+
+- **Binding** -> `POST pods/<name>/binding` with a UID precondition. The Binding object carries
+  the device and NUMA results (`scheduling.koordinator.sh/device-allocated`, `resource-status`)
+  and the hold id (`koordstream.io/hold-id`) as annotations: the API server writes them onto
+  the pod in the same update that sets its node, so a kubelet never sees the node without
+  the allocation (where patching first and binding second would leave a window between two
+  writes). The API server is the final truth: a Binding it refuses (the pod is gone, another
+  pod has its name, or it is already bound elsewhere) is reported to the node's owner as
+  `PodTerminated` (reason "binding refused by the API server: ..."), which frees the hold's
+  capacity (and its quota); a pod bound elsewhere is then counted on that node by the mirror.
+  A Binding already carried out (delivered again after a crash: the pod runs on that node with
+  that hold id) is done. Other failures (the server unreachable, 5xx, 429) are retried with
+  back-off for as long as it takes: a Binding is never dropped.
+- **EvictionCommand** -> `policy/v1` Eviction (with the pod's UID as precondition), or, for a
+  preemption's victims (`preemptor_uid`), a deletion, as kube-scheduler deletes victims. A 429
+  (a PodDisruptionBudget) is retried with back-off for up to `eviction_retry_s`, then reported
+  as `EvictionRefused` on `evictions`, which ends the rebalancer's job; a pod already gone is
+  done.
+- **SchedulingFeedback** -> the pod's `PodScheduled=False` condition (reason Unschedulable and
+  kube-scheduler's message, `0/N nodes are available: ...`) and a `FailedScheduling` Warning
+  Event; written when the message changes, not on every attempt.
+- **Pod-deletion cost**: a Pod record (from the rebalancer) whose
+  `controller.kubernetes.io/pod-deletion-cost` differs from the live pod's is patched onto it.
+- **ReservationEvent** -> the Reservation's status (phase, node, current owners, allocated),
+  for reservations that exist in the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.ports import Output
+from agents.rebalance.binpack import DELETION_COST
+from schemas import topics
+from schemas.records import (
+    Binding,
+    EvictionCommand,
+    EvictionRefused,
+    Pod,
+    PodTerminated,
+    ReservationEvent,
+    SchedulingFeedback,
+)
+from streams.bridge.mirror import HOLD_ANNOTATION
+from streams.kubeapi import MERGE_PATCH, STRATEGIC_PATCH, KubeApi, KubeError
+
+log = logging.getLogger("koordstream.bridge")
+
+REFUSED = "binding refused by the API server"
+COMPONENT = "koordstream"
+RESERVATIONS = "/apis/scheduling.koordinator.sh/v1alpha1/reservations"
+PHASES = {"Available": "Available", "Succeeded": "Succeeded", "Failed": "Failed", "Deleted": "Failed"}
+
+
+def _now_rfc3339(clock: Callable[[], float]) -> str:
+    return datetime.datetime.fromtimestamp(clock(), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_rfc3339(clock: Callable[[], float]) -> str:
+    return datetime.datetime.fromtimestamp(clock(), datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def binding_body(b: Binding) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": b.name, "namespace": b.namespace, "uid": b.uid,
+                         "annotations": {**b.annotations, HOLD_ANNOTATION: b.hold_id}},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": b.node}}
+
+
+def condition_patch(f: SchedulingFeedback, clock: Callable[[], float]) -> dict[str, Any]:
+    return {"status": {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable" if f.final or f.reasons else "SchedulerError",
+        "message": f.message, "lastProbeTime": None, "lastTransitionTime": _now_rfc3339(clock)}]}}
+
+
+def event_body(f: SchedulingFeedback, clock: Callable[[], float], instance: str) -> dict[str, Any]:
+    """A `FailedScheduling` Warning event about the pod (events.k8s.io/v1), as kube-scheduler
+    records one."""
+    return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": f"{f.name}.{int(clock() * 1e9):x}", "namespace": f.namespace},
+            "eventTime": _micro_rfc3339(clock), "reportingController": COMPONENT, "reportingInstance": instance,
+            "action": "Scheduling", "reason": "FailedScheduling", "type": "Warning", "note": f.message[:1024],
+            "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": f.namespace, "name": f.name, "uid": f.uid}}
+
+
+def reservation_status(e: ReservationEvent) -> dict[str, Any]:
+    owners = [{"uid": o.uid, "namespace": o.namespace, "name": o.name, "apiVersion": "v1", "kind": "Pod"}
+              for o in e.current_owners]
+    status: dict[str, Any] = {"phase": PHASES.get(e.phase, e.phase), "nodeName": e.node or None,
+                              "allocated": {k: str(v) for k, v in e.allocated.items()} or None,
+                              "currentOwners": owners or None}
+    if e.reason:
+        status["conditions"] = [{"type": "Ready" if e.phase == "Available" else "Scheduled",
+                                 "status": "True" if e.phase == "Available" else "False",
+                                 "reason": e.reason[:256], "message": e.reason}]
+    return {"status": status}
+
+
+@dataclass
+class Actuator:
+    """See the module docstring. `live(uid)` is the mirror's last view of a pod (its
+    annotations), for the deletion costs."""
+
+    api: KubeApi
+    clock: Callable[[], float] = time.time
+    instance: str = "koordstream-bridge"
+    eviction_retry_s: float = 60.0
+    retry_initial_s: float = 0.2
+    retry_max_s: float = 10.0
+    events: bool = True
+    live_annotations: Callable[[str], dict[str, str] | None] = lambda uid: None
+    is_bound: Callable[[str], bool] = lambda uid: False  # the mirror's view: the pod has a node
+    counts: dict[str, int] = field(default_factory=dict)
+    bound: set[str] = field(default_factory=set)  # uids this bridge bound (feedback for them is late)
+    _feedback: dict[str, str] = field(default_factory=dict)  # uid -> the message last written
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    async def _retrying(self, what: str, call: Callable[[], Any], retry: Callable[[KubeError], bool],
+                        deadline: float | None = None) -> Any:
+        delay = self.retry_initial_s
+        while True:
+            try:
+                return await call()
+            except KubeError as exc:
+                if not retry(exc) or (deadline is not None and time.monotonic() + delay > deadline):
+                    raise
+                self._count(f"{what}_retries")
+                log.info("%s: %s; retrying in %.1f s", what, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+
+    # -- bindings -----------------------------------------------------------------------------
+
+    async def bind(self, b: Binding) -> list[Output]:
+        """Carry out one Binding; what to report (a refusal), else nothing."""
+        path = pod_path(b.namespace, b.name)
+        try:
+            await self._retrying("binding", lambda: self.api.request("POST", path + "/binding", body=binding_body(b)),
+                                 _transient)
+            self._count("bound")
+            self.bound.add(b.uid)
+            return []
+        except KubeError as exc:
+            if exc.status == 404:
+                return self._refused(b, "the pod is gone")
+            if exc.status != 409:
+                return self._refused(b, f"{exc.status} {exc.reason}: {exc.message}")
+        try:  # 409: already bound (by us, before a crash?) or another pod of that name
+            pod = await self._retrying("binding", lambda: self.api.request("GET", path), _transient)
+        except KubeError as exc:
+            if exc.status == 404:
+                return self._refused(b, "the pod is gone")
+            raise
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if meta.get("uid") != b.uid:
+            return self._refused(b, "the pod is gone (another pod has its name)")
+        if spec.get("nodeName") == b.node and (meta.get("annotations") or {}).get(HOLD_ANNOTATION) == b.hold_id:
+            self._count("bound_before")
+            self.bound.add(b.uid)
+            return []
+        return self._refused(b, f"the pod is bound to node {spec.get('nodeName')!r} already")
+
+    def _refused(self, b: Binding, why: str) -> list[Output]:
+        self._count("binding_refused")
+        log.warning("binding of %s/%s to %s refused: %s", b.namespace, b.name, b.node, why)
+        return [Output(topics.NODE_INBOX, b.node, PodTerminated(uid=b.uid, node=b.node, decision_key=b.decision_key,
+                                                                reason=f"{REFUSED}: {why}"))]
+
+    # -- evictions ----------------------------------------------------------------------------
+
+    async def evict(self, e: EvictionCommand) -> list[Output]:
+        path = pod_path(e.namespace, e.name)
+        try:
+            if e.preemptor_uid:  # preemption deletes its victims, as kube-scheduler does
+                await self._retrying("deletion", lambda: self.api.request(
+                    "DELETE", path, body={"preconditions": {"uid": e.uid}}), _transient)
+            else:
+                body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                        "metadata": {"name": e.name, "namespace": e.namespace},
+                        "deleteOptions": {"preconditions": {"uid": e.uid}}}
+                deadline = time.monotonic() + self.eviction_retry_s
+                await self._retrying("eviction", lambda: self.api.request("POST", path + "/eviction", body=body),
+                                     lambda exc: exc.status == 429 or _transient(exc), deadline)
+            self._count("evicted")
+            return []
+        except KubeError as exc:
+            if exc.status in (404, 409):  # gone, or another pod of that name: the pod went
+                self._count("evicted_gone")
+                return []
+            self._count("eviction_refused")
+            log.warning("eviction of %s/%s refused: %s", e.namespace, e.name, exc)
+            return [Output(topics.EVICTIONS, e.uid, EvictionRefused(
+                uid=e.uid, namespace=e.namespace, name=e.name, node=e.node, status=exc.status,
+                reason=f"{exc.status} {exc.reason}: {exc.message}"))]
+
+    # -- feedback, deletion costs, reservations -----------------------------------------------
+
+    async def feedback(self, f: SchedulingFeedback) -> None:
+        """Feedback of an attempt that came before the pod's Binding (the two arrive on separate
+        topics) is not written: the binding set PodScheduled=True. One whose write crossed the
+        binding is undone (the answer shows the pod's node)."""
+        if self._feedback.get(f.uid) == f.message or not f.name or f.uid in self.bound or self.is_bound(f.uid):
+            return
+        path = pod_path(f.namespace, f.name)
+        try:
+            pod = await self._retrying("feedback", lambda: self.api.request(
+                "PATCH", path + "/status", body=condition_patch(f, self.clock), content_type=STRATEGIC_PATCH),
+                _transient)
+            if ((pod or {}).get("spec") or {}).get("nodeName"):
+                await self.api.request("PATCH", path + "/status", content_type=STRATEGIC_PATCH, body={"status": {
+                    "conditions": [{"type": "PodScheduled", "status": "True", "reason": "", "message": "",
+                                    "lastTransitionTime": _now_rfc3339(self.clock)}]}})
+                return
+            self._feedback[f.uid] = f.message
+            self._count("feedback")
+            if self.events:
+                await self._retrying("event", lambda: self.api.request(
+                    "POST", f"/apis/events.k8s.io/v1/namespaces/{f.namespace}/events",
+                    body=event_body(f, self.clock, self.instance)), _transient)
+        except KubeError as exc:
+            if exc.status != 404:
+                log.warning("feedback for %s/%s not written: %s", f.namespace, f.name, exc)
+
+    def forget(self, uid: str) -> None:
+        self._feedback.pop(uid, None)
+        self.bound.discard(uid)
+
+    async def deletion_cost(self, pod: Pod) -> None:
+        cost = pod.annotations.get(DELETION_COST)
+        live = self.live_annotations(pod.uid)
+        if cost is None or live is None or live.get(DELETION_COST) == cost:
+            return
+        try:
+            await self._retrying("deletion_cost", lambda: self.api.request(
+                "PATCH", pod_path(pod.namespace, pod.name), content_type=MERGE_PATCH,
+                body={"metadata": {"annotations": {DELETION_COST: cost}}}), _transient)
+            self._count("deletion_costs")
+        except KubeError as exc:
+            if exc.status != 404:
+                log.warning("deletion cost of %s/%s not written: %s", pod.namespace, pod.name, exc)
+
+    async def reservation(self, e: ReservationEvent) -> None:
+        try:
+            await self._retrying("reservation_status", lambda: self.api.request(
+                "PATCH", f"{RESERVATIONS}/{e.name}/status", body=reservation_status(e), content_type=MERGE_PATCH),
+                _transient)
+            self._count("reservation_status")
+        except KubeError as exc:
+            if exc.status != 404:  # a reservation that lives only on the topics (a migration's)
+                log.warning("status of reservation %s not written: %s", e.name, exc)
+
+
+def _transient(exc: KubeError) -> bool:
+    """Worth trying again: the server not reached, overloaded or failing, or throttling."""
+    return exc.status in (0, 429) or exc.status >= 500

@@ -1,0 +1,144 @@
+"""Leader election on a `coordination.k8s.io/v1` Lease, as client-go's leaderelection does.
+
+Every bridge tries to hold the Lease `name` in `namespace`: it takes it when it is free or its
+holder has not renewed it within `leaseDurationSeconds`, and renews it every `retry_s` while
+it holds it; writes go with the Lease's resourceVersion, so of two candidates that read the
+same expired Lease, the API server lets one win. A holder that cannot renew for `renew_deadline_s`
+(the API server unreachable, or the Lease taken) stops leading before another candidate may
+take over (`renew_deadline_s < duration_s`), so two bridges never write at once as long as
+clocks advance at the same rate. `run(lead)` calls `lead()` while leading and cancels it when
+leadership is lost; the Lease is released (holder emptied) on a clean exit so that a successor
+takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from streams.kubeapi import KubeApi, KubeError
+
+log = logging.getLogger("koordstream.bridge")
+
+
+def _micro(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(text: str | None) -> float:
+    if not text:
+        return 0.0
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass
+class LeaderElection:
+    api: KubeApi
+    identity: str
+    namespace: str = "kube-system"
+    name: str = "koordstream-bridge"
+    duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_s: float = 2.0
+    clock: Callable[[], float] = time.time
+    leading: bool = False
+    transitions: int = 0
+    holder: str = ""  # the holder the last attempt saw
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
+
+    def _spec(self, acquire: float, renew: float, transitions: int) -> dict[str, Any]:
+        return {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.duration_s),
+                "acquireTime": _micro(acquire), "renewTime": _micro(renew), "leaseTransitions": transitions}
+
+    async def try_acquire(self) -> bool:
+        """One attempt to take or renew the Lease; whether this candidate holds it now."""
+        now = self.clock()
+        try:
+            lease = await self.api.request("GET", self.path)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(now, now, 0)}
+            try:
+                await self.api.request("POST", self.path.rsplit("/", 1)[0], body=body)
+                return True
+            except KubeError as again:
+                if again.status == 409:
+                    return False  # another candidate created it first
+                raise
+        spec = lease.get("spec") or {}
+        holder = self.holder = spec.get("holderIdentity") or ""
+        renewed = _parse(spec.get("renewTime"))
+        duration = float(spec.get("leaseDurationSeconds") or self.duration_s)
+        if holder and holder != self.identity and renewed + duration > now:
+            return False  # held by another, not expired (by our clock)
+        transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+        acquired = _parse(spec.get("acquireTime")) if holder == self.identity else now
+        lease["spec"] = self._spec(acquired, now, transitions)
+        try:
+            await self.api.request("PUT", self.path, body=lease)  # with its resourceVersion: one writer wins
+            return True
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    async def release(self) -> None:
+        with contextlib.suppress(KubeError):
+            lease = await self.api.request("GET", self.path)
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                lease["spec"]["holderIdentity"] = ""
+                await self.api.request("PUT", self.path, body=lease)
+
+    async def run(self, lead: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Campaign for ever; run `lead` while leading (see the module docstring)."""
+        try:
+            while True:
+                while not await self._attempt():
+                    await asyncio.sleep(self.retry_s)
+                self.leading = True
+                self.transitions += 1
+                log.info("%s leads (Lease %s/%s)", self.identity, self.namespace, self.name)
+                task: asyncio.Task[None] = asyncio.create_task(lead())
+                try:
+                    await self._keep(task)
+                finally:
+                    self.leading = False
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                log.warning("%s lost the Lease %s/%s; stopped leading", self.identity, self.namespace, self.name)
+        finally:
+            if self.leading:
+                self.leading = False
+            await asyncio.shield(self.release())
+
+    async def _attempt(self) -> bool:
+        try:
+            return await self.try_acquire()
+        except KubeError as exc:
+            log.warning("Lease %s/%s: %s", self.namespace, self.name, exc)
+            return False
+
+    async def _keep(self, task: asyncio.Task[None]) -> None:
+        """Renew until a renewal fails for `renew_deadline_s` (or `lead` ends)."""
+        last = time.monotonic()
+        while not task.done():
+            await asyncio.wait([task], timeout=self.retry_s)
+            if task.done():
+                task.result()  # raise what `lead` raised
+                return
+            if await self._attempt():
+                last = time.monotonic()
+            elif self.holder not in ("", self.identity) or time.monotonic() - last > self.renew_deadline_s:
+                return  # another holds it, or it could not be renewed in time

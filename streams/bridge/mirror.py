@@ -1,0 +1,367 @@
+"""What the API server's objects mean as koordstream records (pure: objects in, outputs out).
+
+`Mirror` keeps, per object, the record it last published and publishes again only when the
+record changes (its resourceVersion aside): a relist, a watch event replayed after a
+reconnect, or a status write that changes nothing koordstream reads (Kwok's heartbeats, our
+own status patches) publishes nothing. A bridge that restarts publishes each object once
+more, unchanged; every consumer of these topics takes a record equal to the last as a no-op.
+
+Pods. A pod is *ours* when its `schedulerName` is one of the profiles and it is unassigned, or
+was bound by koordstream (its `koordstream.io/hold-id` annotation, which the bridge's
+Bindings carry, names the node it runs on). Ours go to `pods` on every change that the
+record shows (a bound one too: the rebalancer reads node, phase and annotations); when one of
+ours reaches Succeeded or Failed its node's owner is told (`PodTerminated` into `node-inbox`),
+and its deletion goes to `pods` (`PodDeleted`, with its labels and annotations, which locate
+its gang). Every other assigned pod that has not finished is *foreign*: bound by another
+scheduler or created with a node name. koordstream's owners never saw it, so the node it
+runs on is published with its allocatable less what foreign pods request (cpu, memory, pods,
+GPUs as whole devices...), again whenever that changes (`flush_nodes`, once per batch).
+
+A pod of a PodGroup (`pod-group.scheduling.sigs.k8s.io` label) whose PodGroup
+(`scheduling.sigs.k8s.io/v1alpha1`) is known gets the gang annotations Koordinator reads from
+it: min-available from `spec.minMember`, waiting-time from `spec.scheduleTimeoutSeconds`
+(annotations the pod sets itself win).
+
+Also: Nodes and their deletions (`nodes`), Koordinator Reservations (`pods`, deleted as a
+pod is), PodDisruptionBudgets (`disruption-budgets`, a deletion as `deleted`), and ReplicaSets
+whose `spec.replicas` went down (`scale-down`: `ScaleDownEvent("ReplicaSet/<name>", by how
+many)`; a Deployment scales down through its ReplicaSet). An object that cannot be converted
+goes to the dead-letter topic with the field and value, and the rest of the batch goes on.
+After a relist (`relisted`), what the list no longer has is taken as deleted.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from agents.ports import Output
+from schemas import topics
+from schemas.errors import SchemaError
+from schemas.kube import (
+    node_from_manifest,
+    pdb_from_manifest,
+    pod_from_manifest,
+    reservation_from_manifest,
+)
+from schemas.records import (
+    GANG_MIN_AVAILABLE_ANNOTATION,
+    GANG_WAITING_TIME_ANNOTATION,
+    POD_GROUP_LABEL,
+    DeadLetter,
+    GpuDevice,
+    Node,
+    NodeDeleted,
+    Pod,
+    PodDeleted,
+    PodDisruptionBudget,
+    PodTerminated,
+    Record,
+    ResourceList,
+    ScaleDownEvent,
+)
+
+HOLD_ANNOTATION = "koordstream.io/hold-id"  # on a pod koordstream bound: the hold id of its Binding
+TERMINAL = ("Succeeded", "Failed")
+NVIDIA_GPU = "nvidia.com/gpu"
+
+# The resources watched, as (kind, apiVersion): what `Mirror.apply` takes.
+POD, NODE, RESERVATION, PDB, REPLICASET, PODGROUP = (
+    "Pod", "Node", "Reservation", "PodDisruptionBudget", "ReplicaSet", "PodGroup")
+
+
+def _bare(record: Record) -> Record:
+    """The record as compared: its resourceVersion left out."""
+    if isinstance(record, (Pod, Node)):
+        return dataclasses.replace(record, resource_version="")
+    return record
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = _meta(obj)
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+def dead_letter(kind: str, obj: Mapping[str, Any], error: SchemaError | Exception) -> Output:
+    """An object that could not be converted: the dead-letter topic, with the field and value."""
+    field_name = getattr(error, "field", "") or ""
+    value = getattr(error, "value", "")
+    meta = _meta(obj)
+    where = f"{kind} {meta.get('namespace', '')}/{meta.get('name', '')}".replace(" /", " ")
+    return Output(topics.DEAD_LETTER, f"bridge/{kind}", DeadLetter(
+        error=f"{where}: {error}", field=str(field_name), value=str(value)[:500], topic=f"kubernetes/{kind}",
+        partition=-1, offset=-1, original=base64.b64encode(orjson.dumps(obj)).decode()))
+
+
+@dataclass
+class _PodSeen:
+    ours: bool
+    node: str = ""
+    foreign: ResourceList | None = None  # what it takes from its node when foreign
+    record: Pod | None = None  # the last published (ours)
+    terminated: bool = False  # its PodTerminated was sent
+
+
+@dataclass
+class Mirror:
+    """See the module docstring."""
+
+    profiles: frozenset[str]
+    pods: dict[str, _PodSeen] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> the Node object as last read
+    published_nodes: dict[str, Node] = field(default_factory=dict)
+    foreign: dict[str, dict[str, ResourceList]] = field(default_factory=dict)  # node -> uid -> requests
+    dirty: set[str] = field(default_factory=set)  # nodes whose foreign usage changed since the last flush
+    published: dict[tuple[str, str], Record] = field(default_factory=dict)  # (kind, key) -> last record
+    replicas: dict[str, int] = field(default_factory=dict)  # ReplicaSet uid -> spec.replicas last seen
+    podgroups: dict[str, tuple[int, int]] = field(default_factory=dict)  # ns/name -> (minMember, timeout s)
+    known: dict[str, set[str]] = field(default_factory=dict)  # kind -> keys seen since the last list
+
+    # -- the entry points ---------------------------------------------------------------------
+
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> list[Output]:
+        """One watch event (ADDED, MODIFIED, DELETED) of an object of `kind`."""
+        key = _key(obj)
+        if event == "DELETED":
+            self.known.get(kind, set()).discard(key)
+        else:
+            self.known.setdefault(kind, set()).add(key)
+        try:
+            if kind == POD:
+                return self._pod(event, obj, key)
+            if kind == NODE:
+                return self._node(event, obj)
+            if kind == RESERVATION:
+                return self._reservation(event, obj, key)
+            if kind == PDB:
+                return self._pdb(event, obj, key)
+            if kind == REPLICASET:
+                return self._replicaset(event, obj, key)
+            if kind == PODGROUP:
+                return self._podgroup(event, obj)
+        except SchemaError as exc:
+            return [dead_letter(kind, obj, exc)]
+        raise ValueError(f"kind={kind!r}: not a resource the bridge mirrors")
+
+    def relisted(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> list[Output]:
+        """A full list of `kind` (at start, or after a 410 Gone): every object as ADDED, and
+        the deletion of every one known before that the list no longer has."""
+        before = self.known.get(kind, set())
+        self.known[kind] = set()
+        out: list[Output] = []
+        listed: dict[str, Mapping[str, Any]] = {}
+        for obj in objs:
+            listed[_key(obj)] = obj
+            out += self.apply(kind, "ADDED", obj)
+        for key in sorted(before - set(listed)):
+            gone = self._last_object(kind, key)
+            if gone is not None:
+                out += self.apply(kind, "DELETED", gone)
+        return out
+
+    def flush_nodes(self) -> list[Output]:
+        """The nodes whose foreign pods changed, published again."""
+        out: list[Output] = []
+        for name in sorted(self.dirty):
+            if name in self.nodes:
+                out += self._publish_node(name)
+        self.dirty.clear()
+        return out
+
+    # -- pods ---------------------------------------------------------------------------------
+
+    def _pod(self, event: str, obj: Mapping[str, Any], uid: str) -> list[Output]:
+        seen = self.pods.get(uid)
+        if event == "DELETED":
+            self.pods.pop(uid, None)
+            self._set_foreign(uid, seen, None, "")
+            if seen is None or not seen.ours:
+                return []
+            meta = _meta(obj)
+            return [Output(topics.PODS, uid, PodDeleted(
+                uid=uid, name=str(meta.get("name", "")), namespace=str(meta.get("namespace", "default")),
+                labels=dict(meta.get("labels") or {}), annotations=dict(meta.get("annotations") or {})))]
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        node = str(spec.get("nodeName") or "")
+        phase = str(status.get("phase") or "Pending")
+        annotations = _meta(obj).get("annotations") or {}
+        hold = str(annotations.get(HOLD_ANNOTATION, ""))
+        bound_by_us = bool(node) and hold.endswith(f"/{node}")
+        # Ours: published, its deletion forwarded. One of ours that someone else bound stays
+        # ours (its scheduler and decider must forget it when it goes), and counts as foreign.
+        ours = (spec.get("schedulerName", "default-scheduler") in self.profiles and (not node or bound_by_us)) or (
+            seen is not None and seen.ours)
+        counts = bool(node) and not bound_by_us and phase not in TERMINAL
+        record = pod_from_manifest(self._with_gang(dict(obj))) if ours or counts else None
+        if seen is None:
+            seen = self.pods[uid] = _PodSeen(ours)
+        seen.ours = ours
+        out: list[Output] = []
+        self._set_foreign(uid, seen, record.requests if counts and record is not None else None, node)
+        if ours and record is not None:
+            if seen.record is None or _bare(seen.record) != _bare(record):
+                out.append(Output(topics.PODS, uid, record))
+            seen.record = record
+            if node and phase in TERMINAL and not seen.terminated:
+                seen.terminated = True
+                out.append(Output(topics.NODE_INBOX, node, PodTerminated(uid=uid, node=node, reason=f"pod {phase}")))
+        seen.node = node
+        return out
+
+    def _with_gang(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = _meta(obj)
+        group = (meta.get("labels") or {}).get(POD_GROUP_LABEL)
+        spec = self.podgroups.get(f"{meta.get('namespace', 'default')}/{group}") if group else None
+        if spec is None:
+            return obj
+        annotations = dict(meta.get("annotations") or {})
+        annotations.setdefault(GANG_MIN_AVAILABLE_ANNOTATION, str(spec[0]))
+        if spec[1]:
+            annotations.setdefault(GANG_WAITING_TIME_ANNOTATION, f"{spec[1]}s")
+        return {**obj, "metadata": {**meta, "annotations": annotations}}
+
+    def _set_foreign(self, uid: str, seen: _PodSeen | None, requests: ResourceList | None, node: str) -> None:
+        old_node = seen.node if seen is not None else ""
+        if seen is not None and seen.foreign is not None and old_node:
+            used = self.foreign.get(old_node, {})
+            if used.pop(uid, None) is not None:
+                self.dirty.add(old_node)
+                if not used:
+                    self.foreign.pop(old_node, None)
+        if seen is not None:
+            seen.foreign = requests
+        if requests is not None and node:
+            self.foreign.setdefault(node, {})[uid] = requests
+            self.dirty.add(node)
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def _node(self, event: str, obj: Mapping[str, Any]) -> list[Output]:
+        name = str(_meta(obj).get("name", ""))
+        if event == "DELETED":
+            self.nodes.pop(name, None)
+            self.dirty.discard(name)
+            if self.published_nodes.pop(name, None) is None:
+                return []
+            return [Output(topics.NODES, name, NodeDeleted(name=name, uid=str(_meta(obj).get("uid", ""))))]
+        node_from_manifest(dict(obj))  # refuse a bad one before keeping it
+        self.nodes[name] = dict(obj)
+        return self._publish_node(name)
+
+    def _publish_node(self, name: str) -> list[Output]:
+        record = self.node_record(name)
+        last = self.published_nodes.get(name)
+        if last is not None and _bare(last) == _bare(record):
+            return []
+        self.published_nodes[name] = record
+        return [Output(topics.NODES, name, record)]
+
+    def node_record(self, name: str) -> Node:
+        """The node as koordstream sees it: its allocatable less what its foreign pods request."""
+        record = node_from_manifest(self.nodes[name])
+        used = self.foreign.get(name)
+        if not used:
+            return record
+        total: dict[str, int] = {}
+        for requests in used.values():
+            for resource, amount in requests.items():
+                total[resource] = total.get(resource, 0) + amount
+        total["pods"] = total.get("pods", 0) + len(used) - sum(1 for r in used.values() if "pods" in r)
+        left = ResourceList({r: max(0, a - total.get(r, 0)) for r, a in record.allocatable.items()})
+        gpus: tuple[GpuDevice, ...] = record.gpus
+        if NVIDIA_GPU in left and len(gpus) > left[NVIDIA_GPU]:
+            gpus = gpus[:left[NVIDIA_GPU]]  # whole GPUs a foreign pod took: which ones is not known here
+        return dataclasses.replace(record, allocatable=left, gpus=gpus)
+
+    # -- the rest -----------------------------------------------------------------------------
+
+    def _changed(self, kind: str, key: str, record: Record | None) -> bool:
+        last = self.published.get((kind, key))
+        if record is None:
+            return self.published.pop((kind, key), None) is not None
+        if last is not None and _bare(last) == _bare(record):
+            return False
+        self.published[(kind, key)] = record
+        return True
+
+    def _reservation(self, event: str, obj: Mapping[str, Any], key: str) -> list[Output]:
+        if event == "DELETED":
+            if not self._changed(RESERVATION, key, None):
+                return []
+            meta = _meta(obj)
+            return [Output(topics.PODS, key, PodDeleted(uid=key, name=str(meta.get("name", "")), namespace=""))]
+        record = reservation_from_manifest(dict(obj))
+        return [Output(topics.PODS, record.uid, record)] if self._changed(RESERVATION, key, record) else []
+
+    def _pdb(self, event: str, obj: Mapping[str, Any], key: str) -> list[Output]:
+        record = pdb_from_manifest(dict(obj))
+        if event == "DELETED":
+            if not self._changed(PDB, key, None):
+                return []
+            return [Output(topics.DISRUPTION_BUDGETS, record.uid, dataclasses.replace(record, deleted=True))]
+        return [Output(topics.DISRUPTION_BUDGETS, record.uid, record)] if self._changed(PDB, key, record) else []
+
+    def _replicaset(self, event: str, obj: Mapping[str, Any], key: str) -> list[Output]:
+        if event == "DELETED":
+            self.replicas.pop(key, None)
+            return []
+        raw = (obj.get("spec") or {}).get("replicas", 1)
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+            raise SchemaError("spec.replicas", raw, "must be a whole number")
+        before = self.replicas.get(key)
+        self.replicas[key] = raw
+        if before is None or raw >= before:
+            return []
+        meta = _meta(obj)
+        return [Output(topics.SCALE_DOWN, f"ReplicaSet/{meta.get('name', '')}", ScaleDownEvent(
+            workload=f"ReplicaSet/{meta.get('name', '')}", namespace=str(meta.get("namespace", "default")),
+            replicas=before - raw))]
+
+    def _podgroup(self, event: str, obj: Mapping[str, Any]) -> list[Output]:
+        meta = _meta(obj)
+        name = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        if event == "DELETED":
+            self.podgroups.pop(name, None)
+            return []
+        spec = obj.get("spec") or {}
+        minimum, timeout = spec.get("minMember", 0), spec.get("scheduleTimeoutSeconds") or 0
+        if isinstance(minimum, bool) or not isinstance(minimum, int) or minimum < 1:
+            raise SchemaError("spec.minMember", minimum, "must be a positive integer")
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+            raise SchemaError("spec.scheduleTimeoutSeconds", timeout, "must be a whole number of seconds")
+        self.podgroups[name] = (minimum, timeout)
+        return []
+
+    def _last_object(self, kind: str, key: str) -> Mapping[str, Any] | None:
+        """A minimal object for a deletion the relist implied."""
+        if kind == POD:
+            seen = self.pods.get(key)
+            if seen is None:
+                return None
+            record = seen.record
+            return {"metadata": {"uid": key, "name": record.name if record else "",
+                                 "namespace": record.namespace if record else "",
+                                 "labels": dict(record.labels) if record else {},
+                                 "annotations": dict(record.annotations) if record else {}}}
+        if kind == NODE:
+            node = self.nodes.get(key.split("/", 1)[-1]) or next(
+                (n for n in self.nodes.values() if _key(n) == key), None)
+            return node
+        last = self.published.get((kind, key))
+        if kind == PDB and isinstance(last, PodDisruptionBudget):
+            return {"metadata": {"uid": last.uid, "name": last.name, "namespace": last.namespace},
+                    "spec": {"selector": last.selector}}
+        if kind == RESERVATION and last is not None:
+            return {"metadata": {"uid": key, "name": getattr(last, "name", "")}}
+        return {"metadata": {"uid": key}}

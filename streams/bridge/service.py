@@ -1,0 +1,278 @@
+"""The bridge process (`koordstream bridge`, or the `bridge` role of a worker).
+
+One bridge leads at a time (`lease.LeaderElection`); the leader:
+
+1. lists and then watches, in this order (each listed whole before the next starts, so that
+   a node is first published knowing every pod that runs on it): PodGroups and Koordinator
+   Reservations where their CRDs are installed, pods, nodes, PodDisruptionBudgets and
+   ReplicaSets (`reflector.Reflector`); each batch of events goes through the `Mirror` and
+   its records are published (acknowledged before the next batch);
+2. then consumes, each in a consumer group of its own so that a slow eviction never holds up a
+   Binding, with `read_committed` (a decider's Binding counts only once its transaction
+   committed): `bindings`; `evictions`; and `feedback`, `reservations` and `pods` (for the
+   rebalancer's deletion costs). Each batch is carried out (`actuator.Actuator`: calls in
+   parallel within the client's rate limit and concurrency), what it reports is published and
+   acknowledged, and only then are the batch's offsets committed. A bridge killed in between
+   carries the batch out again: a Binding already done is recognised (same node, same hold
+   id), an eviction of a pod gone is done, feedback is written again.
+
+A failure of any part ends the process with its error (its supervisor starts it again, and
+the next leader lists everything afresh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+
+from agents.intake import RawMessage, intake
+from agents.ports import Output
+from agents.rebalance.binpack import DELETION_COST
+from agents.scheduler.core import SCHEDULER_NAMES
+from agents.scheduler.framework import profiles as scheduler_profiles
+from schemas import topics
+from schemas.records import (
+    DEFAULT_SCHEDULER,
+    Binding,
+    EvictionCommand,
+    EvictionRefused,
+    Pod,
+    PodDeleted,
+    ReservationEvent,
+    SchedulingFeedback,
+)
+from streams.bridge.actuator import Actuator
+from streams.bridge.lease import LeaderElection
+from streams.bridge.mirror import NODE, PDB, POD, PODGROUP, REPLICASET, RESERVATION, Mirror
+from streams.bridge.reflector import Reflector
+from streams.kubeapi import KubeApi, KubeError, Limits
+from streams.producer import RecordProducer
+from streams.settings import Settings
+
+log = logging.getLogger("koordstream.bridge")
+
+# (kind, apiVersion, list path); in the order they are listed.
+WATCHED: tuple[tuple[str, str, str], ...] = (
+    (PODGROUP, "scheduling.sigs.k8s.io/v1alpha1", "/apis/scheduling.sigs.k8s.io/v1alpha1/podgroups"),
+    (RESERVATION, "scheduling.koordinator.sh/v1alpha1", "/apis/scheduling.koordinator.sh/v1alpha1/reservations"),
+    (POD, "v1", "/api/v1/pods"),
+    (NODE, "v1", "/api/v1/nodes"),
+    (PDB, "policy/v1", "/apis/policy/v1/poddisruptionbudgets"),
+    (REPLICASET, "apps/v1", "/apis/apps/v1/replicasets"),
+)
+OPTIONAL = (PODGROUP, RESERVATION)  # CRDs: watched where installed
+
+
+def scheduler_names(settings: Settings) -> frozenset[str]:
+    """The pods the bridge hands to koordstream: `bridge.scheduler_names`, or every profile of
+    `scheduling.profiles` (the built-in ones without one) but `default-scheduler`, which
+    kube-scheduler serves in a real cluster."""
+    if settings.bridge.scheduler_names:
+        return frozenset(settings.bridge.scheduler_names)
+    if settings.scheduling.profiles:
+        config = scheduler_profiles.load(Path(settings.scheduling.profiles).read_text())
+        names = {p.name for p in config.profiles}
+    else:
+        names = set(SCHEDULER_NAMES)
+    return frozenset(names - {DEFAULT_SCHEDULER})
+
+
+def identity(settings: Settings) -> str:
+    return settings.bridge.identity or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class Bridge:
+    """See the module docstring."""
+
+    settings: Settings
+    api: KubeApi
+    profiles: frozenset[str]
+    mirror: Mirror = field(init=False)
+    actuator: Actuator = field(init=False)
+    reflectors: dict[str, Reflector] = field(default_factory=dict)
+    published: int = 0
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # listed everything, consuming
+
+    def __post_init__(self) -> None:
+        self.mirror = Mirror(self.profiles)
+        b = self.settings.bridge
+        self.actuator = Actuator(self.api, instance=identity(self.settings), eviction_retry_s=b.eviction_retry_s,
+                                 events=b.events, live_annotations=self._live_annotations, is_bound=self._is_bound)
+
+    def _live_annotations(self, uid: str) -> dict[str, str] | None:
+        seen = self.mirror.pods.get(uid)
+        return dict(seen.record.annotations) if seen is not None and seen.record is not None else None
+
+    def _is_bound(self, uid: str) -> bool:
+        seen = self.mirror.pods.get(uid)
+        return seen is not None and bool(seen.node)
+
+    async def run(self) -> None:
+        """Campaign for the Lease and lead while holding it."""
+        b = self.settings.bridge
+        election = LeaderElection(self.api, identity(self.settings), namespace=b.lease_namespace, name=b.lease_name,
+                                  duration_s=b.lease_duration_s, renew_deadline_s=b.renew_deadline_s,
+                                  retry_s=b.retry_s)
+        await election.run(self.lead)
+
+    async def lead(self) -> None:
+        k = self.settings.kafka
+        self.mirror = Mirror(self.profiles)  # every term starts from a full list
+        self.ready.clear()
+        async with RecordProducer(k.bootstrap, k.partitions) as producer:
+            publish = self._publisher(producer)
+            tasks: list[asyncio.Task[None]] = []
+            try:
+                for kind, api_version, path in WATCHED:
+                    if kind in OPTIONAL and not await self._served(api_version, kind):
+                        log.info("%s (%s) is not served here: not watched", kind, api_version)
+                        continue
+                    reflector = self.reflectors[kind] = Reflector(
+                        self.api, path, on_list=self._on_list(kind, publish), on_events=self._on_events(kind, publish),
+                        timeout_s=self.settings.bridge.watch_timeout_s)
+                    tasks.append(asyncio.create_task(reflector.run(), name=f"reflect {kind}"))
+                    await _first_of(reflector.synced.wait(), tasks)
+                tasks += [
+                    asyncio.create_task(self._consume("bindings", [topics.BINDINGS], self._bindings, publish)),
+                    asyncio.create_task(self._consume("evictions", [topics.EVICTIONS], self._evictions, publish)),
+                    asyncio.create_task(self._consume("status", [topics.FEEDBACK, topics.RESERVATIONS, topics.PODS],
+                                                      self._status, publish)),
+                ]
+                self.ready.set()
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _served(self, api_version: str, kind: str) -> bool:
+        try:
+            listing = await self.api.request("GET", f"/apis/{api_version}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return any(r.get("kind") == kind for r in listing.get("resources", ()))
+
+    # -- in ------------------------------------------------------------------------------------
+
+    def _publisher(self, producer: RecordProducer) -> Callable[[list[Output]], Awaitable[None]]:
+        async def publish(outputs: list[Output]) -> None:
+            if outputs:
+                futures = await producer.outbox.send(outputs)
+                await producer.flush(futures)
+                self.published += len(outputs)
+        return publish
+
+    def _on_list(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
+                 ) -> Callable[[list[dict[str, Any]]], Awaitable[None]]:
+        async def on_list(items: list[dict[str, Any]]) -> None:
+            await publish(self.mirror.relisted(kind, items) + self.mirror.flush_nodes())
+        return on_list
+
+    def _on_events(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
+                   ) -> Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[None]]:
+        async def on_events(events: list[tuple[str, dict[str, Any]]]) -> None:
+            out: list[Output] = []
+            for event, obj in events:
+                out += self.mirror.apply(kind, event, obj)
+            await publish(out + self.mirror.flush_nodes())
+        return on_events
+
+    # -- out -----------------------------------------------------------------------------------
+
+    async def _bindings(self, messages: list[RawMessage]) -> list[Output]:
+        got = intake(messages, expect=(Binding,))
+        # A reservation's Binding (no namespace: Reservations are cluster-scoped) places no pod;
+        # its phase and node reach the Reservation's status from its owner's ReservationEvents.
+        results = await asyncio.gather(*(self.actuator.bind(b) for b in got.records
+                                         if isinstance(b, Binding) and b.namespace))
+        return [o for r in results for o in r] + got.dead_letters
+
+    async def _evictions(self, messages: list[RawMessage]) -> list[Output]:
+        got = intake(messages, expect=(EvictionCommand, EvictionRefused))
+        commands = [e for e in got.records if isinstance(e, EvictionCommand)]
+        results = await asyncio.gather(*(self.actuator.evict(e) for e in commands))
+        return [o for r in results for o in r] + got.dead_letters
+
+    async def _status(self, messages: list[RawMessage]) -> list[Output]:
+        got = intake(messages)  # (dead letters: the agents that own these topics send them)
+        calls = []
+        last_feedback: dict[str, SchedulingFeedback] = {}
+        for r in got.records:
+            if isinstance(r, SchedulingFeedback):
+                last_feedback[r.uid] = r  # of several in one batch, the last says it
+            elif isinstance(r, ReservationEvent):
+                calls.append(self.actuator.reservation(r))
+            elif isinstance(r, Pod) and r.node_name and DELETION_COST in r.annotations:
+                calls.append(self.actuator.deletion_cost(r))
+            elif isinstance(r, PodDeleted):
+                self.actuator.forget(r.uid)
+        calls += [self.actuator.feedback(f) for f in last_feedback.values()]
+        await asyncio.gather(*calls)
+        return []
+
+    async def _consume(self, name: str, topic_names: Sequence[str],
+                       handle: Callable[[list[RawMessage]], Awaitable[list[Output]]],
+                       publish: Callable[[list[Output]], Awaitable[None]]) -> None:
+        k = self.settings.kafka
+        consumer = AIOKafkaConsumer(
+            *topic_names, bootstrap_servers=k.bootstrap, group_id=f"{k.app_id}-bridge-{name}",
+            enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
+            session_timeout_ms=int(k.session_timeout_s * 1000), rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
+            fetch_max_wait_ms=k.fetch_max_wait_ms, max_poll_records=self.settings.scheduling.batch_size)
+        await consumer.start()
+        try:
+            while True:
+                batches = await consumer.getmany(timeout_ms=500, max_records=self.settings.scheduling.batch_size)
+                if not batches:
+                    continue
+                messages = [RawMessage(m.value, m.topic, m.partition, m.offset, timestamp=m.timestamp / 1000)
+                            for msgs in batches.values() for m in msgs]
+                await publish(await handle(messages))
+                await consumer.commit({tp: msgs[-1].offset + 1 for tp, msgs in batches.items() if msgs})
+        finally:
+            await consumer.stop()
+
+
+async def _first_of(wait: Awaitable[Any], tasks: list[asyncio.Task[None]]) -> None:
+    """Wait for `wait`, unless a task fails first (its error is raised)."""
+    waiter = asyncio.ensure_future(wait)
+    done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    if waiter not in done:
+        waiter.cancel()
+        for task in done:
+            task.result()
+        raise RuntimeError("a watch ended before its list was read")
+
+
+async def run_bridge(settings: Settings, stopping: asyncio.Event | None = None) -> None:
+    """The bridge until `stopping` is set (or it fails)."""
+    b = settings.bridge
+    api = await KubeApi.connect(b.kubeconfig, b.context, Limits(qps=b.qps, burst=b.burst, concurrency=b.concurrency))
+    bridge = Bridge(settings, api, scheduler_names(settings))
+    log.info("bridge %s: pods of %s, API server %s", identity(settings), ", ".join(sorted(bridge.profiles)),
+             api.server)
+    try:
+        runner = asyncio.create_task(bridge.run())
+        waits = [runner] + ([asyncio.create_task(stopping.wait())] if stopping is not None else [])
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if runner in done:
+            runner.result()
+    finally:
+        await api.close()
+
