@@ -1,4 +1,4 @@
-"""`koordstream` subcommands: up, worker, broker, demo, bench, publish, read, topics, schema.
+"""`koordstream` subcommands: up, worker, broker, demo, bench, publish, read, topics, config, schema.
 
 Only argument parsing and printing live here; every action calls into streams/ or perf/.
 """
@@ -380,6 +380,15 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from streams.settings import dump
+
+    print(yaml.safe_dump(dump(_settings(args)), sort_keys=False), end="")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from schemas.jsonschema import write_schemas
 
@@ -548,6 +557,10 @@ def parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--create", action="store_true")
     sp.set_defaults(fn=cmd_topics)
+    sp = sub.add_parser("config", help="print the settings in effect (defaults, --config, environment), "
+                                       "secrets as ***")
+    common(sp)
+    sp.set_defaults(fn=cmd_config)
     sp = sub.add_parser("schema", help="JSON Schemas of the records")
     ssub = sp.add_subparsers(dest="schema_command", required=True)
     ex = ssub.add_parser("export", help="write one JSON Schema file per record kind")
