@@ -402,6 +402,7 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
     from agents.rebalance.rebalancer import budget_of, dry_run, from_manifests
     from agents.scheduler.framework import profiles
     from schemas.records import ScaleDownEvent
+    from streams.connection import connect
     from streams.reader import read_cluster
 
     try:
@@ -420,7 +421,7 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
             settings = _settings(args)
             if not settings.kafka.bootstrap:
                 raise ValueError("give --state FILE or --bootstrap HOST:PORT")
-            nodes, pods, pdbs = asyncio.run(read_cluster(settings.kafka.bootstrap, settings.kafka.partitions))
+            nodes, pods, pdbs = asyncio.run(read_cluster(connect(settings.kafka), settings.kafka.partitions))
             budgets = [budget_of(p) for p in pdbs]
         lines, result = dry_run(nodes, pods, config=config, scheduler=scheduler, scale_downs=events, budgets=budgets,
                                 now=args.now if args.now is not None else time.time())
@@ -570,11 +571,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rich.markup import escape
+
+    from streams.connection import KafkaAccessRefused
+
     args = parser().parse_args(argv)
     try:
         code: int = args.fn(args)
     except SettingsError as exc:
         console.print(f"[red]settings: {exc}[/red]")
+        code = 2
+    except KafkaAccessRefused as exc:
+        console.print(f"[red]kafka: {escape(str(exc))}[/red]", highlight=False)
         code = 2
     return code
 
