@@ -1,4 +1,4 @@
-"""`koordstream` subcommands: up, worker, broker, demo, bench, publish, read, topics, schema.
+"""`koordstream` subcommands: up, worker, broker, demo, bench, publish, read, topics, config, schema.
 
 Only argument parsing and printing live here; every action calls into streams/ or perf/.
 """
@@ -380,6 +380,15 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from streams.settings import dump
+
+    print(yaml.safe_dump(dump(_settings(args)), sort_keys=False), end="")
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from schemas.jsonschema import write_schemas
 
@@ -393,6 +402,7 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
     from agents.rebalance.rebalancer import budget_of, dry_run, from_manifests
     from agents.scheduler.framework import profiles
     from schemas.records import ScaleDownEvent
+    from streams.connection import connect
     from streams.reader import read_cluster
 
     try:
@@ -411,7 +421,7 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
             settings = _settings(args)
             if not settings.kafka.bootstrap:
                 raise ValueError("give --state FILE or --bootstrap HOST:PORT")
-            nodes, pods, pdbs = asyncio.run(read_cluster(settings.kafka.bootstrap, settings.kafka.partitions))
+            nodes, pods, pdbs = asyncio.run(read_cluster(connect(settings.kafka), settings.kafka.partitions))
             budgets = [budget_of(p) for p in pdbs]
         lines, result = dry_run(nodes, pods, config=config, scheduler=scheduler, scale_downs=events, budgets=budgets,
                                 now=args.now if args.now is not None else time.time())
@@ -548,6 +558,10 @@ def parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--create", action="store_true")
     sp.set_defaults(fn=cmd_topics)
+    sp = sub.add_parser("config", help="print the settings in effect (defaults, --config, environment), "
+                                       "secrets as ***")
+    common(sp)
+    sp.set_defaults(fn=cmd_config)
     sp = sub.add_parser("schema", help="JSON Schemas of the records")
     ssub = sp.add_subparsers(dest="schema_command", required=True)
     ex = ssub.add_parser("export", help="write one JSON Schema file per record kind")
@@ -557,11 +571,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rich.markup import escape
+
+    from streams.connection import KafkaAccessRefused
+
     args = parser().parse_args(argv)
     try:
         code: int = args.fn(args)
     except SettingsError as exc:
         console.print(f"[red]settings: {exc}[/red]")
+        code = 2
+    except KafkaAccessRefused as exc:
+        console.print(f"[red]kafka: {escape(str(exc))}[/red]", highlight=False)
         code = 2
     return code
 

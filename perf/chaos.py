@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from agents.intake import origin_from_headers
 from agents.state import devices
@@ -93,6 +93,7 @@ from schemas.records import (
 )
 from streams.broker import EmbeddedBroker, wait_ready
 from streams.catalogue import partition_for
+from streams.connection import KafkaConnection, child_env, own_broker
 from streams.process import spawn_tied, stop
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -315,11 +316,11 @@ class Seen:
     records: list[tuple[float, str, int, str, Record]] = field(default_factory=list)
 
 
-async def read_topics(bootstrap: str, names: Iterable[str], partitions: int, seen: Seen) -> None:
+async def read_topics(kafka: KafkaConnection | str, names: Iterable[str], partitions: int, seen: Seen) -> None:
     """Read `names` from the beginning, committed records only, until cancelled."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=50,
-                                isolation_level="read_committed")
+    consumer = KafkaConnection.of(kafka).consumer(group_id=None, enable_auto_commit=False,
+                                                  auto_offset_reset="earliest", fetch_max_wait_ms=50,
+                                                  isolation_level="read_committed")
     await consumer.start()
     try:
         consumer.assign([TopicPartition(t, p) for t in names for p in range(partitions)])
@@ -385,11 +386,12 @@ async def run_chaos(cfg: ChaosConfig, settings: Settings) -> dict[str, Any]:
         profiles, rebalancer = run_dir / "profiles.yaml", run_dir / "rebalancer.yaml"
         profiles.write_text(w.profiles_yaml())
         rebalancer.write_text(REBALANCER_YAML)
-        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
+        kafka = replace(own_broker(settings.kafka, bootstrap), partitions=cfg.partitions)
+        env = {**os.environ, **child_env(kafka),
                "KOORDSTREAM_KAFKA_PARTITIONS": str(cfg.partitions),
                "KOORDSTREAM_SCHEDULING_PROFILES": str(profiles.resolve()),
                "KOORDSTREAM_REBALANCER_CONFIG": str(rebalancer.resolve()), "KOORDSTREAM_REBALANCER_TICK_S": "0.1"}
-        settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap, partitions=cfg.partitions))
+        settings = replace(settings, kafka=kafka)
         await prepare(settings)
         fleet = Fleet(env, run_dir / "logs")
         for name in WORKERS:

@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from schemas.codec import decode_message
 from schemas.errors import SchemaError
 from schemas.records import Record
+from streams.connection import KafkaConnection
 
 R = TypeVar("R", bound=Record)
 
@@ -21,8 +22,8 @@ R = TypeVar("R", bound=Record)
 class Collector:
     """`records` holds (broker timestamp in seconds, topic, record) for every record read."""
 
-    def __init__(self, bootstrap: str, topic_names: Iterable[str], partitions: int) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection | str, topic_names: Iterable[str], partitions: int) -> None:
+        self.kafka = KafkaConnection.of(kafka)
         self.topic_names = list(topic_names)
         self.partitions = partitions
         self.records: list[tuple[float, str, Record]] = []
@@ -32,9 +33,8 @@ class Collector:
     async def start(self) -> None:
         # read_committed: a transaction the agents aborted (e.g. its worker was killed) must not
         # look like a double binding; the broker shows only what committed.
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                    auto_offset_reset="earliest", fetch_max_wait_ms=20,
-                                    isolation_level="read_committed")
+        consumer = self.kafka.consumer(group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                                       fetch_max_wait_ms=20, isolation_level="read_committed")
         await consumer.start()
         consumer.assign([TopicPartition(t, p) for t in self.topic_names for p in range(self.partitions)])
         await consumer.seek_to_beginning()

@@ -33,6 +33,7 @@ from schemas import topics
 from schemas.records import Binding, Node, NodeStateChange, Pod, SchedulingFeedback
 from streams.app import guard_gaps
 from streams.broker import EmbeddedBroker, wait_ready
+from streams.connection import KafkaConnection, child_env, connect, own_broker
 from streams.process import quiet_gc, spawn_tied, stop
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -89,9 +90,11 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
     or with `broker_kind="kafka"` Apache Kafka from `make kafka`), the topics, and the workers
     (`split`: a state process and a scheduler process, in that order; `single`: one; then
     `rebalancers` processes with only the rebalancer role). With `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to every worker.
-    Yields the settings pointing at the broker and the worker processes; stops everything
-    after."""
+    A broker given is reached as `settings.kafka` says (its security settings go to the
+    workers too); a broker started here is PLAINTEXT. Yields the settings pointing at the broker
+    and the worker processes; stops everything after."""
     broker: Any = None
+    kafka = replace(settings.kafka, bootstrap=bootstrap)
     if not bootstrap:
         if broker_kind == "kafka":
             from streams.kafka_broker import KafkaBroker
@@ -102,15 +105,15 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
         else:
             raise ValueError(f"broker={broker_kind!r}: choose tansu or kafka")
         broker.start()
-        bootstrap = broker.bootstrap
-    env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap,
+        kafka = own_broker(settings.kafka, broker.bootstrap)
+    env = {**os.environ, **child_env(kafka),
            "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions),
            **({"KOORDSTREAM_SCHEDULING_PROFILES": settings.scheduling.profiles} if settings.scheduling.profiles else {}),
            **(extra_env or {})}
     workers: list[Any] = []
     try:
-        await wait_ready(bootstrap, timeout_s=120.0)
-        settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
+        settings = replace(settings, kafka=kafka)
+        await wait_ready(connect(kafka), timeout_s=120.0)
         await prepare(settings)
         if broker is None:  # a broker started here guards its own (EmbeddedBroker.start); one given: ask it
             await guard_gaps(settings)  # the harness's collectors read the same partitions as the workers
@@ -132,7 +135,7 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
 async def run_demo(cfg: DemoConfig, settings: Settings) -> dict[str, Any]:
     started = time.perf_counter()
     async with system(settings, cfg.bootstrap, cfg.layout) as (settings, _):
-        return await _drive(cfg, settings, settings.kafka.bootstrap, started)
+        return await _drive(cfg, settings, connect(settings.kafka), started)
 
 
 async def start_up(producer: RecordProducer, collector: Collector, nodes: list[Node], probe: Pod, partitions: int,
@@ -146,7 +149,7 @@ async def start_up(producer: RecordProducer, collector: Collector, nodes: list[N
     deadline = time.monotonic() + timeout_s
     # State changes only matter for start-up; reading them during the run would take CPU from
     # the agents on a two-core machine.
-    reports = Collector(producer.bootstrap, [topics.STATE_CHANGES], partitions)
+    reports = Collector(producer.kafka, [topics.STATE_CHANGES], partitions)
     await reports.start()
     latest: dict[str, Node] = {}  # node -> the last Node record the owners reported
     read = 0
@@ -173,17 +176,17 @@ async def start_up(producer: RecordProducer, collector: Collector, nodes: list[N
         await asyncio.sleep(0.02)
 
 
-async def _drive(cfg: DemoConfig, settings: Settings, bootstrap: str, started: float) -> dict[str, Any]:
+async def _drive(cfg: DemoConfig, settings: Settings, kafka: KafkaConnection, started: float) -> dict[str, Any]:
     run = uuid.uuid4().hex[:6]
     partitions = settings.kafka.partitions
     nodes = make_nodes(cfg.nodes, prefix=f"n{run}")
     pods = make_pods(cfg.pods, prefix=f"p{run}", seed=cfg.seed, now=time.time())
     [probe] = make_pods(1, prefix=f"probe{run}", seed=cfg.seed)
     quiet_gc(settings.worker.gc_threshold)
-    collector = Collector(bootstrap, [topics.BINDINGS, topics.FEEDBACK], partitions)
+    collector = Collector(kafka, [topics.BINDINGS, topics.FEEDBACK], partitions)
     await collector.start()
     try:
-        async with RecordProducer(bootstrap, partitions) as producer:
+        async with RecordProducer(kafka, partitions) as producer:
             await start_up(producer, collector, nodes, probe, partitions, cfg.startup_timeout_s)
             startup_s = time.perf_counter() - started
 

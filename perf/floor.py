@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import resource
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -40,9 +41,10 @@ from schemas.codec import decode_message
 from schemas.records import Binding, Claim, Commit, Held, NodeStateChange, Pod
 from streams.admin import ensure_topics
 from streams.catalogue import TopicSpec
+from streams.connection import KafkaConnection, connect
 from streams.process import spawn_tied, stop, tune_gc
 from streams.producer import RecordProducer
-from streams.settings import WorkerSettings
+from streams.settings import WorkerSettings, load_settings
 
 TOPICS = ("pods", "inbox", "holds", "state", "bindings", "owners", "deciders")
 
@@ -56,18 +58,22 @@ class Floor(NamedTuple):
     cpu_us_per_pod: float  # the two processes' CPU (user + system) over the pods
 
 
-async def protocol_floor(bootstrap: str, partitions: int, pods: Sequence[Pod], nodes: int, batch: int = 1000,
-                         timeout_s: float = 120.0) -> Floor:
-    """Pods per second through the protocol's records with no decisions, and its CPU per pod."""
+async def protocol_floor(kafka: KafkaConnection | str, partitions: int, pods: Sequence[Pod], nodes: int, batch: int = 1000,
+                         timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Floor:
+    """Pods per second through the protocol's records with no decisions, and its CPU per pod.
+    `env`: variables for the two processes beside this one's, e.g. the security settings they
+    log in with (`streams.connection.child_env`)."""
     children = resource.getrusage(resource.RUSAGE_CHILDREN)  # its processes' CPU counts once they are reaped
     run = uuid.uuid4().hex[:8]
     names = topic_names(run)
-    await ensure_topics(bootstrap, [TopicSpec(n, "as the protocol's", partitions) for n in names.values()])
-    args = ["--bootstrap", bootstrap, "--run", run, "--partitions", str(partitions), "--nodes", str(max(nodes, 1)),
+    conn = KafkaConnection.of(kafka)
+    await ensure_topics(conn, [TopicSpec(n, "as the protocol's", partitions) for n in names.values()])
+    args = ["--bootstrap", conn.bootstrap, "--run", run, "--partitions", str(partitions), "--nodes", str(max(nodes, 1)),
             "--batch", str(batch)]
-    procs = [spawn_tied([sys.executable, "-m", "perf.floor", role, *args], stdout=subprocess.PIPE)
+    procs = [spawn_tied([sys.executable, "-m", "perf.floor", role, *args], stdout=subprocess.PIPE,
+                        env={**os.environ, **(env or {})})
              for role in ("scheduler", "state")]
-    collector = Collector(bootstrap, [names["bindings"]], partitions)
+    collector = Collector(conn, [names["bindings"]], partitions)
     try:
         for proc in procs:  # each prints one line once its consumer and producer are up
             assert proc.stdout is not None
@@ -75,7 +81,7 @@ async def protocol_floor(bootstrap: str, partitions: int, pods: Sequence[Pod], n
             if line.strip() != b"ready":
                 raise ChildProcessError(f"perf.floor: a process ended before it was ready (exit {proc.poll()})")
         await collector.start()
-        async with RecordProducer(bootstrap, partitions) as producer:
+        async with RecordProducer(conn, partitions) as producer:
             start = time.perf_counter()
             await producer.flush(await producer.publish(names["pods"], pods))
             deadline = time.monotonic() + timeout_s
@@ -100,9 +106,9 @@ async def protocol_floor(bootstrap: str, partitions: int, pods: Sequence[Pod], n
     return Floor(round(len(pods) / elapsed, 1) if elapsed else 0.0, round(cpu_s / max(len(pods), 1) * 1e6, 1))
 
 
-async def _consumer(bootstrap: str, topic_list: Sequence[str], partitions: int) -> AIOKafkaConsumer:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=20)
+async def _consumer(kafka: KafkaConnection, topic_list: Sequence[str], partitions: int) -> AIOKafkaConsumer:
+    consumer = kafka.consumer(group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                              fetch_max_wait_ms=20)
     await consumer.start()
     consumer.assign([TopicPartition(t, p) for t in topic_list for p in range(partitions)])
     return consumer
@@ -163,12 +169,12 @@ async def _state(producer: RecordProducer, consumer: AIOKafkaConsumer, names: di
             decision_key=h.decision_key)) for h in accepted])
 
 
-async def _serve(role: str, bootstrap: str, run: str, partitions: int, nodes: int, batch: int) -> None:
+async def _serve(role: str, kafka: KafkaConnection, run: str, partitions: int, nodes: int, batch: int) -> None:
     names = topic_names(run)
     inputs = [names["pods"], names["state"]] if role == "scheduler" else [names["inbox"], names["holds"]]
-    consumer = await _consumer(bootstrap, inputs, partitions)
+    consumer = await _consumer(kafka, inputs, partitions)
     try:
-        async with RecordProducer(bootstrap, partitions) as producer:
+        async with RecordProducer(kafka, partitions) as producer:
             print("ready", flush=True)
             if role == "scheduler":
                 await _scheduler(producer, consumer, names, nodes, batch)
@@ -188,7 +194,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=1000)
     a = p.parse_args(argv)
     tune_gc(WorkerSettings().gc_threshold)  # as the workers collect
-    asyncio.run(_serve(a.role, a.bootstrap, a.run, a.partitions, a.nodes, a.batch))
+    # The security settings come from the environment, as a worker's do.
+    kafka = connect(load_settings(kafka={"bootstrap": a.bootstrap}).kafka)
+    asyncio.run(_serve(a.role, kafka, a.run, a.partitions, a.nodes, a.batch))
 
 
 if __name__ == "__main__":

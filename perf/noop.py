@@ -22,23 +22,25 @@ from schemas.codec import decode_message
 from schemas.records import Binding, Pod
 from streams.admin import ensure_topics
 from streams.catalogue import TopicSpec
+from streams.connection import KafkaConnection
 from streams.producer import RecordProducer
 
 
-async def noop_limit(bootstrap: str, partitions: int, pods: Sequence[Pod], batch: int = 1000,
+async def noop_limit(kafka: KafkaConnection | str, partitions: int, pods: Sequence[Pod], batch: int = 1000,
                      timeout_s: float = 120.0) -> float:
     """Pods per second through the one-hop no-op pipeline (0.0 when it did not finish)."""
     run = uuid.uuid4().hex[:8]
     source, sink = f"noop-pods-{run}", f"noop-bindings-{run}"
-    await ensure_topics(bootstrap, [TopicSpec(source, "pod uid", partitions), TopicSpec(sink, "pod uid", partitions)])
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=20)
+    conn = KafkaConnection.of(kafka)
+    await ensure_topics(conn, [TopicSpec(source, "pod uid", partitions), TopicSpec(sink, "pod uid", partitions)])
+    consumer = conn.consumer(group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                             fetch_max_wait_ms=20)
     await consumer.start()
     consumer.assign([TopicPartition(source, p) for p in range(partitions)])
-    collector = Collector(bootstrap, [sink], partitions)
+    collector = Collector(conn, [sink], partitions)
     await collector.start()
     try:
-        async with RecordProducer(bootstrap, partitions) as producer:
+        async with RecordProducer(conn, partitions) as producer:
             start = time.perf_counter()
             pending = await producer.publish(source, pods)
             hop = asyncio.create_task(_hop(consumer, producer, sink, batch, len(pods)))

@@ -80,6 +80,7 @@ from schemas.records import (
     ResourceList,
     ScaleDownEvent,
 )
+from streams.connection import connect
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
@@ -339,12 +340,12 @@ async def _leader(rebalancers: dict[int, Any]) -> tuple[int, Any] | None:
 
 
 async def _drive(cfg: MoveRunConfig, settings: Settings, rebalancers: dict[int, Any]) -> dict[str, Any]:
-    bootstrap, partitions = settings.kafka.bootstrap, settings.kafka.partitions
+    kafka, partitions = connect(settings.kafka), settings.kafka.partitions
     half = cfg.nodes_per_side
-    collector = Collector(bootstrap, [topics.BINDINGS, topics.EVICTIONS, topics.MIGRATIONS, topics.PODS], partitions)
+    collector = Collector(kafka, [topics.BINDINGS, topics.EVICTIONS, topics.MIGRATIONS, topics.PODS], partitions)
     await collector.start()
     try:
-        async with RecordProducer(bootstrap, partitions) as producer:
+        async with RecordProducer(kafka, partitions) as producer:
             nodes = [_node(i, cordoned=i >= half) for i in range(2 * half)]
             probe = Pod(uid="rebalance-probe", name="rebalance-probe", namespace="perf", requests=ResourceList(cpu=1))
             await start_up(producer, collector, nodes, probe, partitions, 120.0)

@@ -50,6 +50,7 @@ from schemas.records import (
     Pod,
     ResourceList,
 )
+from streams.connection import connect
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
@@ -134,11 +135,11 @@ async def _in_system(cfg_broker: str, yaml_text: str, settings: Settings, drive:
         env = {"KOORDSTREAM_REBALANCER_CONFIG": str(path), "KOORDSTREAM_REBALANCER_TICK_S": "0.1"}
         async with system(settings, broker_kind=cfg_broker, rebalancers=1, extra_env=env) as (running, _):
             k = running.kafka
-            collector = Collector(k.bootstrap, [topics.BINDINGS, topics.EVICTIONS, topics.MIGRATIONS, topics.PODS],
+            collector = Collector(connect(k), [topics.BINDINGS, topics.EVICTIONS, topics.MIGRATIONS, topics.PODS],
                                   k.partitions)
             await collector.start()
             try:
-                async with RecordProducer(k.bootstrap, k.partitions) as producer:
+                async with RecordProducer(connect(k), k.partitions) as producer:
                     result: dict[str, Any] = await drive(producer, collector)
                     return result
             finally:

@@ -66,6 +66,7 @@ from schemas.records import (
     SchedulingFeedback,
     Taint,
 )
+from streams.connection import child_env, connect
 from streams.process import quiet_gc
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -217,13 +218,13 @@ class _LifecycleLoop:
 
 async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecycle: Lifecycle, started: float,
                  opts: RunOptions) -> dict[str, Any]:
-    bootstrap, partitions = settings.kafka.bootstrap, settings.kafka.partitions
+    kafka, partitions = connect(settings.kafka), settings.kafka.partitions
     nodes = sc.nodes(s)
     arrivals = sc.arrivals(s)
     pods = {r.uid: r for _, r in arrivals if isinstance(r, Pod)}
     quiet_gc(settings.worker.gc_threshold)
     probe = Pod(uid="perf-probe", name="perf-probe", namespace="perf", requests=ResourceList(cpu=1))
-    collector = Collector(bootstrap, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS, topics.PROFILING],
+    collector = Collector(kafka, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS, topics.PROFILING],
                           partitions)
     await collector.start()
     cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
@@ -233,7 +234,7 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     staged = nodes if lifecycle.stages.get("Node") else []
     nodes = [not_ready(n) if staged else n for n in nodes]
     try:
-        async with RecordProducer(bootstrap, partitions) as producer:
+        async with RecordProducer(kafka, partitions) as producer:
             # Registered first: the lifecycle's Ready updates must come after on each node's partition.
             await producer.flush(await producer.publish(topics.NODES, nodes))
             loop = _LifecycleLoop(collector, producer, lifecycle, pods, nodes if staged else [], time.time(),
@@ -263,14 +264,14 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     out["worker_memory_peak_mb"] = memory
     out["worker_cpu_s"] = {role: round(cpu_workers[p.pid], 2) for role, p in zip(roles, workers, strict=False)}
     # The physical limit, on the same broker once the run is over (the agents idle).
-    limit = await noop_limit(bootstrap, partitions, list(pods.values()), batch=settings.scheduling.batch_size)
+    limit = await noop_limit(kafka, partitions, list(pods.values()), batch=settings.scheduling.batch_size)
     out["noop_limit_pods_per_s"] = limit
     # With bursts, the scheduler's pace is its burst throughput (between bursts it waits).
     pace = out.get("burst_throughput_pods_per_s") or out["throughput_pods_per_s"]
     out["ratio_to_limit"] = round(pace / limit, 3) if limit else 0.0
     if opts.floor:
-        floor = await protocol_floor(bootstrap, partitions, list(pods.values()), len(nodes),
-                                     batch=settings.scheduling.batch_size)
+        floor = await protocol_floor(kafka, partitions, list(pods.values()), len(nodes),
+                                     batch=settings.scheduling.batch_size, env=child_env(settings.kafka))
         out["floor_pods_per_s"] = floor.pods_per_s
         out["floor_ratio_to_limit"] = round(floor.pods_per_s / limit, 3) if limit else 0.0
         out["ratio_to_floor"] = round(pace / floor.pods_per_s, 3) if floor.pods_per_s else 0.0

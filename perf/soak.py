@@ -52,6 +52,7 @@ from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
 from schemas.records import Binding, Node, Pod, PodDeleted, PodTerminated, ResourceList
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
+from streams.connection import KafkaConnection, connect
 from streams.producer import RecordProducer
 from streams.reader import read_to_end
 from streams.settings import Settings
@@ -230,12 +231,12 @@ async def run_soak(cfg: SoakConfig, settings: Settings) -> dict[str, Any]:
            "KOORDSTREAM_SCHEDULING_MAX_OUTSTANDING_CLAIMS": str(claims)}
     async with system(settings, layout="split", broker_kind=cfg.broker, metrics_ports=ports, extra_env=env) as (
             settings, _workers):
-        bootstrap, partitions = settings.kafka.bootstrap, settings.kafka.partitions
+        kafka, partitions = connect(settings.kafka), settings.kafka.partitions
         nodes = [Node(name=f"soak-{i}", allocatable=ResourceList(NODE_ALLOCATABLE)) for i in range(cfg.nodes)]
-        collector = Collector(bootstrap, [topics.BINDINGS], partitions)
+        collector = Collector(kafka, [topics.BINDINGS], partitions)
         await collector.start()
         try:
-            async with RecordProducer(bootstrap, partitions) as producer:
+            async with RecordProducer(kafka, partitions) as producer:
                 probe = Pod(uid="soak-probe", name="soak-probe", namespace="perf", requests=ResourceList(cpu=1))
                 await start_up(producer, collector, nodes, probe, partitions, 180.0)
                 churn = Churn(cfg, producer, collector, [n.name for n in nodes])
@@ -247,7 +248,7 @@ async def run_soak(cfg: SoakConfig, settings: Settings) -> dict[str, Any]:
                     await wait_decided(collector, set(churn.published), 30.0)  # the last window's bindings
                     bound = {b.uid for _, b in collector.of(Binding)}
                     unbound = sorted(u for u in churn.published if u not in bound)
-                    traced = await trace_pods(bootstrap, partitions, unbound[:3]) if unbound else []
+                    traced = await trace_pods(kafka, partitions, unbound[:3]) if unbound else []
                 finally:
                     for task in (publisher, lives):
                         task.cancel()
@@ -269,7 +270,7 @@ async def sample(cfg: SoakConfig, churn: Churn, ports: list[int], publisher: asy
     marks.sort(key=lambda m: m[1])
     out: dict[str, Any] = {}
     restores: dict[str, dict[str, float]] = {}
-    bootstrap = churn.producer.bootstrap
+    kafka = churn.producer.kafka
     for name, pct in marks:
         target = int(cfg.pods * pct / 100)
         while churn.measured_published < target and not publisher.done():
@@ -281,10 +282,10 @@ async def sample(cfg: SoakConfig, churn: Churn, ports: list[int], publisher: asy
             # the same two cores; the next window starts after it).
             churn.running.clear()
             state_n, state_s = await read_to_end(
-                bootstrap, [f"koordstream-{t}-changelog" for t in (TABLE_NODE_STATE, TABLE_POD_LEDGER)],
+                kafka, [f"koordstream-{t}-changelog" for t in (TABLE_NODE_STATE, TABLE_POD_LEDGER)],
                 partitions)
             sched_n, sched_s = await read_to_end(
-                bootstrap, [f"koordstream-{TABLE_NODE_STATE}-changelog", topics.PODS, topics.REQUEUE], partitions)
+                kafka, [f"koordstream-{TABLE_NODE_STATE}-changelog", topics.PODS, topics.REQUEUE], partitions)
             churn.running.set()
             restores[name] = {"restore_records_state": state_n, "restart_state_s": round(state_s, 2),
                               "restore_records_scheduler": sched_n, "restart_scheduler_s": round(sched_s, 2)}
@@ -329,7 +330,7 @@ def figures(cfg: SoakConfig, churn: Churn, collector: Collector, start: Snapshot
     }
 
 
-async def trace_pods(bootstrap: str, partitions: int, uids: list[str]) -> list[dict[str, Any]]:
+async def trace_pods(kafka: KafkaConnection | str, partitions: int, uids: list[str]) -> list[dict[str, Any]]:
     """Every record about `uids` on the protocol's topics, in each partition's order: what a
     pod left unbound went through (the soak reports it)."""
     wanted = set(uids)
@@ -345,7 +346,7 @@ async def trace_pods(bootstrap: str, partitions: int, uids: list[str]) -> list[d
                 found.append({"topic": m.topic, "partition": m.partition, "offset": m.offset, "at": m.timestamp,
                               **plain})
 
-    await read_to_end(bootstrap, [topics.PODS, topics.REQUEUE, topics.NODE_INBOX, topics.HOLDS, topics.FEEDBACK,
+    await read_to_end(kafka, [topics.PODS, topics.REQUEUE, topics.NODE_INBOX, topics.HOLDS, topics.FEEDBACK,
                                   topics.BINDINGS], partitions, seen)
     return found
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
+from agents.adapters.connection import KafkaConnection
 from streams.catalogue import TopicSpec
 
 TOPIC_ALREADY_EXISTS = 36  # another creator was first: fine
@@ -28,10 +29,10 @@ class TopicCreationFailed(RuntimeError):
     pass
 
 
-async def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec]) -> list[str]:
+async def ensure_topics(kafka: KafkaConnection | str, specs: Iterable[TopicSpec]) -> list[str]:
     """Create the missing topics; returns the names created."""
     specs = list(specs)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10000)
+    admin = KafkaConnection.of(kafka).admin(request_timeout_ms=10000)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

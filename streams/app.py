@@ -14,6 +14,11 @@ partition (`agents.adapters.transactions`); their input channels have faust's ac
 (the transactions commit the offsets), the worker's consumer and the tables' restore read
 `read_committed` (`koordstream-committed://`, `agents.adapters.recovery`), and so does the
 replica feed (always: without transactions it reads the same records).
+
+Every Kafka client here connects as `streams.connection.connect(settings.kafka)` says: faust's
+(its consumer, producer and table restores) through `broker_credentials`, the adapters' own
+(transactional producers, start probes, restore tails, the rebalancer's consumers, the replica
+feed) through the `KafkaConnection` they are handed.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ from typing import Any
 
 import faust
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import BrokerResponseError, KafkaError
 from prometheus_client.registry import CollectorRegistry
 
 from agents.adapters import deciders, owners
 from agents.adapters import rebalancer as rebalancer_agent
 from agents.adapters import scheduler as scheduler_agent
+from agents.adapters.connection import KafkaConnection
 from agents.adapters.positions import CommittedStart
 from agents.adapters.recovery import table_manager
 from agents.adapters.stateful import Transactions
@@ -53,6 +59,7 @@ from schemas import topics
 from schemas.records import NodeStateChange
 from streams import gaps, transport
 from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
+from streams.connection import connect
 from streams.gaps import GapGuard
 from streams.metrics import registry_for, serve_metrics
 from streams.outbox import PartitionedOutbox
@@ -64,21 +71,22 @@ CHANGELOG_BUFFER = 10_000
 log = logging.getLogger("koordstream.app")
 
 
-async def broker_accepts_transactions(bootstrap: str, timeout_s: float = 15.0) -> bool:
+async def broker_accepts_transactions(kafka: KafkaConnection | str, timeout_s: float = 15.0) -> bool:
     """Whether the broker grants a producer id (InitProducerId): Apache Kafka does, the
     embedded Tansu broker refuses (UnknownError). Only a refusal in the broker's answer counts
     as no; a broker not reached, or an answer to try again, is asked again until `timeout_s`,
     then raises (a guess would turn transactions off on an Apache Kafka that was restarting,
     and guard its consumers against gaps that are its transaction markers)."""
+    conn = KafkaConnection.of(kafka)
     deadline = time.monotonic() + timeout_s
     while True:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+        producer = conn.producer(enable_idempotence=True)
         try:
             await asyncio.wait_for(producer.start(), max(0.1, deadline - time.monotonic()))
             return True
         except BrokerResponseError as exc:
             if not exc.retriable:
-                log.info("the broker at %s refuses InitProducerId (%r): no transactions", bootstrap, exc)
+                log.info("the broker at %s refuses InitProducerId (%r): no transactions", conn.bootstrap, exc)
                 return False
             failure: BaseException = exc
         except (TimeoutError, KafkaError, OSError) as exc:
@@ -87,7 +95,7 @@ async def broker_accepts_transactions(bootstrap: str, timeout_s: float = 15.0) -
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(producer.stop(), 5.0)
         if time.monotonic() >= deadline:
-            raise RuntimeError(f"kafka.bootstrap={bootstrap}: cannot tell whether the broker grants producer ids "
+            raise RuntimeError(f"kafka.bootstrap={conn.bootstrap}: cannot tell whether the broker grants producer ids "
                                f"(InitProducerId) within {timeout_s}s: {failure!r}")
         await asyncio.sleep(0.5)
 
@@ -100,7 +108,7 @@ async def resolve_transactions(settings: Settings, accepts_transactions: bool | 
         return False
     accepted = accepts_transactions
     if accepted is None:
-        accepted = await broker_accepts_transactions(settings.kafka.bootstrap)
+        accepted = await broker_accepts_transactions(connect(settings.kafka))
     if mode == "on" and not accepted:
         raise ValueError(f"kafka.transactions: on, but the broker at {settings.kafka.bootstrap} refuses "
                          "InitProducerId (no transactional producers); use auto or off")
@@ -116,7 +124,7 @@ async def guard_gaps(settings: Settings, accepts_transactions: bool | None = Non
         return None
     if mode == "auto":
         if accepts_transactions is None:
-            accepts_transactions = await broker_accepts_transactions(settings.kafka.bootstrap)
+            accepts_transactions = await broker_accepts_transactions(connect(settings.kafka))
         if accepts_transactions:
             return None
     guard = gaps.install(settings.kafka.bootstrap, settings.kafka.gap_wait_s)
@@ -131,9 +139,12 @@ def build_app(settings: Settings, transactions: bool = False, datadir: Path | No
     if not k.bootstrap:
         raise ValueError("kafka.bootstrap: the worker needs a broker address (`koordstream up` starts one)")
     transport.FETCH_MAX_WAIT_MS = k.fetch_max_wait_ms
+    conn = connect(k)
     app = faust.App(
         group_id(settings),
         broker=f"{transport.COMMITTED_SCHEME if transactions else transport.SCHEME}://{k.bootstrap}",
+        # SASL and TLS: faust hands these to its consumer, its producer and its restores' clients.
+        broker_credentials=conn.faust_credentials(),
         store="memory://",
         datadir=str((datadir or Path()) / "{conf.name}-data"),  # faust's own default under datadir
         web_enabled=False,
@@ -162,12 +173,12 @@ def build_app(settings: Settings, transactions: bool = False, datadir: Path | No
         # Restores end at each changelog's last record as read from the partition, not at the end
         # offset ListOffsets answers (`agents.adapters.recovery`: wrong under transactions, and on
         # Tansu, which answers the base offset of the last record batch plus one).
-        TableManager=table_manager(k.bootstrap, read_committed=transactions),
+        TableManager=table_manager(conn, read_committed=transactions),
     )
     # Table writes queue changelog records in faust's producer buffer, which stalls every
     # stream once 100 are pending; a micro-batch touches hundreds of keys at once.
     app.producer.buffer.max_messages = CHANGELOG_BUFFER
-    wire(app, settings, transactions)
+    wire(app, settings, transactions, conn)
     return app
 
 
@@ -190,7 +201,8 @@ def _channel(app: faust.App, *names: str, partitions: int, acks: bool = True) ->
                      value_serializer="raw", partitions=partitions, acks=acks)
 
 
-def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None:
+def wire(app: faust.App, settings: Settings, transactions: bool = False, kafka: KafkaConnection | None = None) -> None:
+    conn = kafka or connect(settings.kafka)
     p = settings.kafka.partitions
     s = settings.scheduling
 
@@ -215,8 +227,8 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
     if "state" in settings.worker.roles:
         k = settings.kafka
         txns = Transactions(
-            enabled=transactions, app_id=k.app_id, group_id=group_id(settings),
-            producer_options={"bootstrap_servers": k.bootstrap, "compression_type": transport.COMPRESSION,
+            enabled=transactions, app_id=k.app_id, group_id=group_id(settings), kafka=conn,
+            producer_options={"compression_type": transport.COMPRESSION,
                               "max_batch_size": transport.MAX_BATCH_BYTES, "max_request_size": 4 * 1024 * 1024,
                               "retry_backoff_ms": 10},
             make_outbox=lambda send_fn: PartitionedOutbox(send_fn, p))
@@ -237,7 +249,7 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
     async def pace_gc() -> None:
         await pacer.run()
 
-    rebalancing = wire_rebalancer(app, settings, outbox) if "rebalancer" in settings.worker.roles else None
+    rebalancing = wire_rebalancer(app, settings, outbox, conn) if "rebalancer" in settings.worker.roles else None
     if "scheduler" not in settings.worker.roles:
         if settings.worker.metrics_port:
             _serve_metrics(app, registry_for(loops=loops, rebalancer=rebalancing), settings.worker.metrics_port)
@@ -252,11 +264,11 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False) -> None
     inputs = app.topic(topics.PODS, topics.REQUEUE, key_type=bytes, value_type=bytes, key_serializer="raw",
                        value_serializer="raw", partitions=p, acks=False)
     scheduler_agent.register(app, inputs, service, config(),
-                             CommittedStart(settings.kafka.bootstrap, group_id(settings), read_committed=transactions))
+                             CommittedStart(conn, group_id(settings), read_committed=transactions))
 
     @app.task  # type: ignore[untyped-decorator]
     async def replica_feed() -> None:
-        await feed_state_changes(settings, service)
+        await feed_state_changes(settings, service, conn)
 
     if settings.worker.metrics_port:
         _serve_metrics(app, registry_for(service.core, loops, rebalancing), settings.worker.metrics_port)
@@ -270,14 +282,16 @@ def rebalancer_service(settings: Settings) -> RebalancerService:
     return RebalancerService(Rebalancer(config, scheduler), time.time)
 
 
-async def run_rebalancer(settings: Settings, service: RebalancerService, outbox: PartitionedOutbox) -> None:
+async def run_rebalancer(settings: Settings, service: RebalancerService, outbox: PartitionedOutbox,
+                         kafka: KafkaConnection | None = None) -> None:
     k = settings.kafka
-    await rebalancer_agent.run(service, outbox, bootstrap=k.bootstrap, partitions=k.partitions, app_id=k.app_id,
+    await rebalancer_agent.run(service, outbox, kafka=kafka or connect(k), partitions=k.partitions, app_id=k.app_id,
                                tick_s=settings.rebalancer.tick_s, session_timeout_s=k.session_timeout_s,
                                fetch_max_wait_ms=k.fetch_max_wait_ms)
 
 
-def wire_rebalancer(app: faust.App, settings: Settings, outbox: PartitionedOutbox) -> RebalancerService:
+def wire_rebalancer(app: faust.App, settings: Settings, outbox: PartitionedOutbox,
+                    kafka: KafkaConnection | None = None) -> RebalancerService:
     """The rebalancer role beside other agents: a task of the faust app
     (`agents.adapters.rebalancer`); a worker with only this role runs it without faust
     (`streams.worker`)."""
@@ -285,7 +299,7 @@ def wire_rebalancer(app: faust.App, settings: Settings, outbox: PartitionedOutbo
 
     @app.task  # type: ignore[untyped-decorator]
     async def rebalancer() -> None:
-        await run_rebalancer(settings, service, outbox)
+        await run_rebalancer(settings, service, outbox, kafka)
 
     return service
 
@@ -309,7 +323,8 @@ def build_core(settings: Settings) -> SchedulerCore:
                          gather=s.gather_classes)
 
 
-async def current_state(settings: Settings) -> tuple[list[NodeStateChange], dict[int, int]] | None:
+async def current_state(settings: Settings, kafka: KafkaConnection | None = None
+                        ) -> tuple[list[NodeStateChange], dict[int, int]] | None:
     """The owners' changelog read whole (committed records), as one report per node as it is
     now, and per partition the newest epoch written there; None when a value cannot be read."""
     k = settings.kafka
@@ -318,7 +333,8 @@ async def current_state(settings: Settings) -> tuple[list[NodeStateChange], dict
     def seen(m: Any) -> None:
         records.append((m.key, None if m.value is None else orjson.loads(m.value), m.partition))
 
-    count, seconds = await read_to_end(k.bootstrap, [f"{k.app_id}-{TABLE_NODE_STATE}-changelog"], k.partitions, seen)
+    count, seconds = await read_to_end(kafka or connect(k), [f"{k.app_id}-{TABLE_NODE_STATE}-changelog"],
+                                       k.partitions, seen)
     try:
         reports, epochs = owners.current_reports(records)
     except UnreadableState as exc:
@@ -329,23 +345,24 @@ async def current_state(settings: Settings) -> tuple[list[NodeStateChange], dict
     return reports, epochs
 
 
-async def feed_state_changes(settings: Settings, service: SchedulerService) -> None:
+async def feed_state_changes(settings: Settings, service: SchedulerService, kafka: KafkaConnection | None = None
+                             ) -> None:
     """Start the replica from the nodes as they are now (the owners' changelog), then read
     every `state-changes` partition from where it ended before that (no group, committed
     records only): every change the changelog may lack is reported after that point, and a
     report read again only sets what a later one sets anew."""
     k = settings.kafka
+    conn = kafka or connect(k)
     # read_committed: an aborted transaction's NodeStateChange never reaches the replica.
-    consumer = AIOKafkaConsumer(bootstrap_servers=k.bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", group_id=None, fetch_max_wait_ms=k.fetch_max_wait_ms,
-                                isolation_level="read_committed")
+    consumer = conn.consumer(enable_auto_commit=False, auto_offset_reset="earliest", group_id=None,
+                             fetch_max_wait_ms=k.fetch_max_wait_ms, isolation_level="read_committed")
     await consumer.start()
     try:
         partitions = [TopicPartition(topics.STATE_CHANGES, i) for i in range(k.partitions)]
         consumer.assign(partitions)
         # Tansu answers ListOffsets short of the end (below): an earlier start is safe.
         start = await consumer.end_offsets(partitions)
-        current = await current_state(settings)
+        current = await current_state(settings, conn)
         if current is None:
             await consumer.seek_to_beginning()
         else:

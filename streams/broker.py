@@ -15,8 +15,7 @@ import subprocess
 import time
 from types import TracebackType
 
-from aiokafka.admin import AIOKafkaAdminClient
-
+from agents.adapters.connection import KafkaConnection
 from streams import gaps
 from streams.process import spawn_tied, stop
 
@@ -28,12 +27,13 @@ def free_port() -> int:
         return port
 
 
-async def wait_ready(bootstrap: str, timeout_s: float = 30.0) -> None:
-    """Poll until the broker at `bootstrap` answers a metadata request."""
+async def wait_ready(kafka: KafkaConnection | str, timeout_s: float = 30.0) -> None:
+    """Poll until the broker answers a metadata request (logged in as `kafka` says)."""
+    conn = KafkaConnection.of(kafka)
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
     while time.monotonic() < deadline:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+        admin = conn.admin(request_timeout_ms=2000)
         try:
             await admin.start()
             await admin.list_topics()
@@ -43,7 +43,7 @@ async def wait_ready(bootstrap: str, timeout_s: float = 30.0) -> None:
             await asyncio.sleep(0.05)
         finally:
             await admin.close()
-    raise TimeoutError(f"broker at {bootstrap} did not answer within {timeout_s}s: {last}")
+    raise TimeoutError(f"broker at {conn.describe()} did not answer within {timeout_s}s: {last}")
 
 
 class EmbeddedBroker:

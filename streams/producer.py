@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable, Sequence
 from types import TracebackType
 
-from aiokafka import AIOKafkaProducer
-
+from agents.adapters.connection import KafkaConnection
 from agents.ports import Output
 from schemas import topics
 from schemas.records import (
@@ -46,13 +45,14 @@ def key_of(topic: str, record: Record) -> str:
 
 
 class RecordProducer:
-    """`async with RecordProducer(bootstrap, partitions) as p: await p.publish(topic, records)`."""
+    """`async with RecordProducer(kafka, partitions) as p: await p.publish(topic, records)`;
+    `kafka`: a `streams.connection.connect(settings.kafka)`, or a PLAINTEXT broker's address."""
 
-    def __init__(self, bootstrap: str, partitions: int, linger_ms: int = 2) -> None:
-        self.bootstrap = bootstrap
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms,
-                                          max_request_size=4 * 1024 * 1024, compression_type=COMPRESSION,
-                                          max_batch_size=MAX_BATCH_BYTES)
+    def __init__(self, kafka: KafkaConnection | str, partitions: int, linger_ms: int = 2) -> None:
+        self.kafka = KafkaConnection.of(kafka)
+        self.bootstrap = self.kafka.bootstrap
+        self._producer = self.kafka.producer(linger_ms=linger_ms, max_request_size=4 * 1024 * 1024,
+                                             compression_type=COMPRESSION, max_batch_size=MAX_BATCH_BYTES)
         self.outbox = PartitionedOutbox(self._send, partitions)
 
     async def _send(self, topic: str, key: bytes | None, value: bytes, partition: int,

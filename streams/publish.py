@@ -22,6 +22,7 @@ from schemas.codec import decode_object
 from schemas.errors import SchemaError
 from schemas.kube import from_manifest, is_manifest, load_manifests
 from schemas.records import Record, Reservation
+from streams.connection import check, connect
 from streams.producer import RecordProducer
 from streams.settings import Settings
 
@@ -60,8 +61,10 @@ async def publish_file(path: Path, topic: str, settings: Settings, raw: bool = F
     """Validate the whole file first (nothing is sent if a line is bad), then publish it."""
     lines = [line.encode() for line in path.read_text().splitlines() if line.strip()] if raw else []
     records = [] if raw else stamped(read_records(path), clock())
+    conn = connect(settings.kafka)
+    await check(conn)
     try:
-        async with RecordProducer(settings.kafka.bootstrap, settings.kafka.partitions) as producer:
+        async with RecordProducer(conn, settings.kafka.partitions) as producer:
             for line in lines:
                 await producer.send_raw(topic, line)
             await producer.flush(await producer.publish(topic, records))

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TextIO
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from schemas import topics
 from schemas.codec import decode_message, encode
 from schemas.errors import SchemaError
 from schemas.records import Binding, Node, NodeDeleted, Pod, PodDeleted, PodDisruptionBudget
+from streams.connection import KafkaConnection, check, connect
 from streams.settings import Settings
 
 
@@ -24,8 +25,9 @@ async def read_topic(settings: Settings, topic: str, *, from_beginning: bool, li
                      idle_s: float, out: TextIO = sys.stdout) -> int:
     """Print records until `limit` are printed or nothing arrived for `idle_s` seconds."""
     k = settings.kafka
-    consumer = AIOKafkaConsumer(bootstrap_servers=k.bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=k.fetch_max_wait_ms)
+    conn = connect(k)
+    await check(conn)
+    consumer = conn.consumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=k.fetch_max_wait_ms)
     await consumer.start()
     printed = 0
     try:
@@ -52,13 +54,14 @@ async def read_topic(settings: Settings, topic: str, *, from_beginning: bool, li
     return printed
 
 
-async def read_to_end(bootstrap: str, names: list[str], partitions: int,
-                   seen: Callable[[Any], None] | None = None) -> tuple[int, float]:
+async def read_to_end(kafka: KafkaConnection | str, names: list[str], partitions: int,
+                      seen: Callable[[Any], None] | None = None) -> tuple[int, float]:
     """How many records `names` hold (read committed, from the beginning to the end a fetch
     reports), and how long reading them took; `seen` gets each record."""
     started = time.perf_counter()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                isolation_level="read_committed", fetch_max_wait_ms=20, max_partition_fetch_bytes=8 * 2**20)
+    consumer = KafkaConnection.of(kafka).consumer(group_id=None, enable_auto_commit=False,
+                                                  isolation_level="read_committed", fetch_max_wait_ms=20,
+                                                  max_partition_fetch_bytes=8 * 2**20)
     await consumer.start()
     count = 0
     try:
@@ -87,7 +90,7 @@ async def read_to_end(bootstrap: str, names: list[str], partitions: int,
     return count, time.perf_counter() - started
 
 
-async def read_cluster(bootstrap: str, partitions: int
+async def read_cluster(kafka: KafkaConnection | str, partitions: int
                        ) -> tuple[list[Node], list[Pod], list[PodDisruptionBudget]]:
     """The cluster as the topics hold it now (`koordstream rebalance plan --bootstrap`): every
     node (its latest record, deletions applied), every pod that a Binding placed and no
@@ -116,7 +119,8 @@ async def read_cluster(bootstrap: str, partitions: int
             elif isinstance(r, PodDisruptionBudget):
                 budgets[r.uid] = r
 
-    await read_to_end(bootstrap, [topics.NODES, topics.PODS, topics.BINDINGS, topics.DISRUPTION_BUDGETS], partitions,
+    await check(kafka)
+    await read_to_end(kafka, [topics.NODES, topics.PODS, topics.BINDINGS, topics.DISRUPTION_BUDGETS], partitions,
                       seen)
     placed = [replace(p, node_name=bound[uid]) for uid, p in pods.items() if uid in bound and uid not in deleted]
     return list(nodes.values()), placed, [b for b in budgets.values() if not b.deleted]

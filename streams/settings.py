@@ -3,6 +3,13 @@
 Sources, later wins: defaults, an optional YAML file (sections as top-level keys), then
 environment variables `KOORDSTREAM_<SECTION>_<FIELD>` (e.g. `KOORDSTREAM_KAFKA_BOOTSTRAP`).
 Errors name the source, the field and the value, and say what is expected.
+
+Secrets (`kafka.sasl_password`, `kafka.ssl_key_password`) are `schemas.secret.Secret`s: a
+dump, a repr or an error shows `***`, never the value. They come from the environment or from
+a file of their own (`kafka.sasl_password_file`, `kafka.ssl_key_password_file`); written in
+the settings file itself they are refused unless that file also sets
+`kafka.inline_secrets: true`. `streams.connection` turns the kafka section into what every
+Kafka client is given.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from schemas.secret import Secret
+
 
 class SettingsError(ValueError):
     pass
@@ -23,6 +32,10 @@ class SettingsError(ValueError):
 
 ROLES = ("scheduler", "state", "rebalancer", "bridge")
 TRANSACTIONS = ("auto", "on", "off")  # also the choices of kafka.contiguous_offsets
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SYSTEM_CA = "system"  # kafka.ssl_cafile: trust the system's certificate store
+SECRET_FIELDS = ("sasl_password", "ssl_key_password")  # of the kafka section
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,55 @@ class KafkaSettings:
     gap_wait_s: float = 5.0
     """How long a consumer waits for a gap's records before it reads past them (a warning
     names them); measured on Tansu, gaps filled within 30 ms."""
+    security_protocol: str = "PLAINTEXT"
+    """How every client talks to the broker: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT (a SASL
+    login without TLS) or SASL_SSL (a SASL login over TLS)."""
+    sasl_mechanism: str = ""
+    """The SASL mechanism of SASL_PLAINTEXT and SASL_SSL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."""
+    sasl_username: str = ""
+    """The SASL user name."""
+    sasl_password: Secret = Secret()
+    """The SASL password, best from the environment (KOORDSTREAM_KAFKA_SASL_PASSWORD); in the
+    settings file only with `inline_secrets`. Never printed."""
+    sasl_password_file: str = ""
+    """A file whose content is the SASL password (one trailing newline is dropped); instead of
+    `sasl_password`."""
+    ssl_cafile: str = ""
+    """The PEM file of the CA certificates that signed the broker's certificate (SSL and
+    SASL_SSL), or `system` for the system's trust store."""
+    ssl_certfile: str = ""
+    """The client's certificate (PEM) for brokers that authenticate clients by TLS; it may
+    hold the private key too."""
+    ssl_keyfile: str = ""
+    """The client certificate's private key (PEM), when not in `ssl_certfile`."""
+    ssl_key_password: Secret = Secret()
+    """The passphrase of an encrypted client key, best from the environment
+    (KOORDSTREAM_KAFKA_SSL_KEY_PASSWORD); in the settings file only with `inline_secrets`."""
+    ssl_key_password_file: str = ""
+    """A file whose content is the client key's passphrase; instead of `ssl_key_password`."""
+    ssl_check_hostname: bool = True
+    """Check that the broker's certificate names the host in `bootstrap` (turn off only for
+    brokers reached by an address their certificate does not name)."""
+    inline_secrets: bool = False
+    """Accept `sasl_password` and `ssl_key_password` written in the settings file itself."""
+
+    def sasl_secret(self) -> Secret:
+        """The SASL password, from `sasl_password` or `sasl_password_file`."""
+        return _secret(self.sasl_password, self.sasl_password_file, "kafka.sasl_password_file")
+
+    def ssl_key_secret(self) -> Secret | None:
+        """The client key's passphrase, from `ssl_key_password` or `ssl_key_password_file`;
+        None when neither is set."""
+        secret = _secret(self.ssl_key_password, self.ssl_key_password_file, "kafka.ssl_key_password_file")
+        return secret or None
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
 
 
 @dataclass(frozen=True)
@@ -227,6 +289,7 @@ class Settings:
         if not 0 < self.kafka.gap_wait_s <= 600:
             raise SettingsError(f"kafka.gap_wait_s: must be from 0 to 600 seconds (more than 0), "
                                 f"got {self.kafka.gap_wait_s}")
+        _validate_security(self.kafka)
         if self.scheduling.batch_size < 1:
             raise SettingsError(f"scheduling.batch_size: must be at least 1, got {self.scheduling.batch_size}")
         if self.scheduling.max_outstanding_claims < 0:
@@ -272,7 +335,94 @@ class Settings:
         return self
 
 
+def dump(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The settings as plain data, section by section (`koordstream config`): secrets as `***`
+    (empty when unset), tuples as lists."""
+    out: dict[str, dict[str, Any]] = {}
+    for section in dataclasses.fields(settings):
+        values = getattr(settings, section.name)
+        out[section.name] = {}
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            out[section.name][f.name] = str(value) if isinstance(value, Secret) else \
+                list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def _secret(inline: Secret, path: str, field_name: str) -> Secret:
+    if not path:
+        return inline
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"{field_name}: cannot read {path!r}: {exc.strerror or type(exc).__name__}") from None
+    except UnicodeDecodeError:
+        raise SettingsError(f"{field_name}: {path!r} is not UTF-8 text") from None
+    text = text.removesuffix("\n").removesuffix("\r")  # the line end an editor or `echo` adds
+    return Secret(text)
+
+
+def _readable(field_name: str, path: str) -> None:
+    if not Path(path).expanduser().is_file():
+        raise SettingsError(f"{field_name}: no such file: {path!r}")
+
+
+def _validate_security(k: KafkaSettings) -> None:
+    """The security fields agree with `kafka.security_protocol`; files they name are there."""
+    protocol = k.security_protocol
+    if protocol not in SECURITY_PROTOCOLS:
+        raise SettingsError(f"kafka.security_protocol: must be {', '.join(SECURITY_PROTOCOLS[:-1])} or "
+                            f"{SECURITY_PROTOCOLS[-1]}, got {protocol!r}")
+    sasl_set = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password", "sasl_password_file")
+                if getattr(k, name)]
+    if sasl_set and not k.uses_sasl:
+        raise SettingsError(f"kafka.{sasl_set[0]}: is set, but kafka.security_protocol={protocol} logs in without "
+                            "SASL: use SASL_PLAINTEXT or SASL_SSL, or remove it")
+    if k.uses_sasl:
+        if k.sasl_mechanism not in SASL_MECHANISMS:
+            raise SettingsError(f"kafka.sasl_mechanism: kafka.security_protocol={protocol} needs one of "
+                                f"{', '.join(SASL_MECHANISMS)}, got {k.sasl_mechanism!r}")
+        if not k.sasl_username:
+            raise SettingsError(f"kafka.sasl_username: kafka.security_protocol={protocol} needs a user name")
+        if k.sasl_password and k.sasl_password_file:
+            raise SettingsError("kafka.sasl_password, kafka.sasl_password_file: both are set; give the password "
+                                "one way")
+        if not k.sasl_password and not k.sasl_password_file:
+            raise SettingsError(f"kafka.sasl_password_file: kafka.security_protocol={protocol} needs a password: "
+                                "a file that holds it (kafka.sasl_password_file), or the environment variable "
+                                "KOORDSTREAM_KAFKA_SASL_PASSWORD")
+        if not k.sasl_secret():
+            raise SettingsError(f"kafka.sasl_password_file: {k.sasl_password_file!r} is empty")
+    tls_set = [name for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password",
+                                 "ssl_key_password_file") if getattr(k, name)]
+    if tls_set and not k.uses_tls:
+        raise SettingsError(f"kafka.{tls_set[0]}: is set, but kafka.security_protocol={protocol} does not use TLS: "
+                            "use SSL or SASL_SSL, or remove it")
+    if not k.uses_tls:
+        return
+    if not k.ssl_cafile:
+        raise SettingsError(f"kafka.ssl_cafile: kafka.security_protocol={protocol} needs the CA certificates that "
+                            f"signed the broker's certificate (a PEM file), or {SYSTEM_CA!r} for the system's "
+                            "trust store")
+    if k.ssl_cafile != SYSTEM_CA:
+        _readable("kafka.ssl_cafile", k.ssl_cafile)
+    if k.ssl_keyfile and not k.ssl_certfile:
+        raise SettingsError(f"kafka.ssl_keyfile: is set ({k.ssl_keyfile!r}) without kafka.ssl_certfile, the "
+                            "client certificate it belongs to")
+    if (k.ssl_key_password or k.ssl_key_password_file) and not k.ssl_certfile:
+        raise SettingsError("kafka.ssl_key_password: a key passphrase is set without kafka.ssl_certfile, the "
+                            "client certificate whose key it opens")
+    if k.ssl_key_password and k.ssl_key_password_file:
+        raise SettingsError("kafka.ssl_key_password, kafka.ssl_key_password_file: both are set; give the "
+                            "passphrase one way")
+    for name in ("ssl_certfile", "ssl_keyfile", "ssl_key_password_file"):
+        if getattr(k, name):
+            _readable(f"kafka.{name}", getattr(k, name))
+
+
 def _coerce(section: str, name: str, current: Any, raw: Any, source: str) -> Any:
+    if isinstance(current, Secret):  # never part of a message: it cannot be wrong anyway
+        return raw if isinstance(raw, Secret) else Secret(str(raw))
     try:
         if isinstance(current, bool):
             if isinstance(raw, str):
@@ -311,11 +461,14 @@ def _apply(settings: Settings, overrides: Mapping[str, Mapping[str, Any]], sourc
 def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None,
                   **overrides: Mapping[str, Any]) -> Settings:
     settings = Settings()
+    inline: list[str] = []
     if path:
         raw = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(raw, dict):
             raise SettingsError(f"{path}: the settings file must be a mapping of sections")
         settings = _apply(settings, raw, str(path))
+        kafka = raw.get("kafka")
+        inline = [name for name in SECRET_FIELDS if isinstance(kafka, Mapping) and kafka.get(name)]
     env = os.environ if env is None else env
     from_env: dict[str, dict[str, str]] = {}
     for f in dataclasses.fields(settings):
@@ -325,4 +478,9 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
                 from_env.setdefault(f.name, {})[g.name] = value
     settings = _apply(settings, from_env, "environment")
     settings = _apply(settings, {k: v for k, v in overrides.items() if v}, "arguments")
+    if inline and not settings.kafka.inline_secrets:
+        name = inline[0]
+        raise SettingsError(f"{path}: kafka.{name} is written in the settings file: give it in the environment "
+                            f"(KOORDSTREAM_KAFKA_{name.upper()}) or in a file of its own (kafka.{name}_file), or "
+                            "set kafka.inline_secrets: true to keep it there")
     return settings.validate()

@@ -15,6 +15,7 @@ import threading
 from dataclasses import replace
 
 from streams.broker import EmbeddedBroker, wait_ready
+from streams.connection import child_env, connect, own_broker
 from streams.process import spawn_tied, stop
 from streams.settings import Settings
 from streams.worker import prepare
@@ -25,17 +26,16 @@ def run_up(settings: Settings, config_path: str | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     broker = None
-    bootstrap = settings.kafka.bootstrap
-    if not bootstrap:
+    if not settings.kafka.bootstrap:  # the embedded broker, PLAINTEXT whatever the settings say
         broker = EmbeddedBroker()
         broker.start()
-        bootstrap = broker.bootstrap
+        settings = replace(settings, kafka=own_broker(settings.kafka, broker.bootstrap))
+    bootstrap = settings.kafka.bootstrap
     worker = None
     try:
-        asyncio.run(wait_ready(bootstrap))
-        settings = replace(settings, kafka=replace(settings.kafka, bootstrap=bootstrap))
+        asyncio.run(wait_ready(connect(settings.kafka)))
         asyncio.run(prepare(settings))
-        env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": bootstrap}
+        env = {**os.environ, **child_env(settings.kafka)}
         cmd = [sys.executable, "-m", "cli.main", "worker", "--roles", ",".join(settings.worker.roles)]
         cmd += ["--config", config_path] if config_path else []
         worker = spawn_tied(cmd, env=env)

@@ -37,6 +37,7 @@ from streams.app import (
     run_rebalancer,
 )
 from streams.catalogue import catalogue
+from streams.connection import check, connect
 from streams.metrics import registry_for, serve_metrics
 from streams.process import GcPacer, spawn_tied, stop, tune_gc
 from streams.producer import RecordProducer
@@ -68,9 +69,13 @@ class DeadlineWorker(faust.Worker):  # type: ignore[misc]
 
 
 async def prepare(settings: Settings) -> list[str]:
-    """Create every topic of the catalogue that is missing."""
+    """Log in to the broker as every client will (a refused login or an untrusted
+    certificate stops here, naming the setting: `streams.connection.check`), and create every
+    topic of the catalogue that is missing."""
+    conn = connect(settings.kafka)
+    await check(conn)
     specs = catalogue(settings.kafka.partitions, settings.kafka.app_id).values()
-    return await ensure_topics(settings.kafka.bootstrap, specs)
+    return await ensure_topics(conn, specs)
 
 
 async def prepare_worker(settings: Settings) -> bool:
@@ -79,7 +84,7 @@ async def prepare_worker(settings: Settings) -> bool:
     await prepare(settings)
     k = settings.kafka
     asks = (k.transactions != "off" and "state" in settings.worker.roles) or k.contiguous_offsets == "auto"
-    accepts = await broker_accepts_transactions(k.bootstrap) if asks else None  # one probe for both
+    accepts = await broker_accepts_transactions(connect(k)) if asks else None  # one probe for both
     transactions = await resolve_transactions(settings, accepts)
     await guard_gaps(settings, accepts)
     return transactions
@@ -148,8 +153,9 @@ async def rebalancer_only(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
-    async with RecordProducer(settings.kafka.bootstrap, settings.kafka.partitions) as producer:
-        tasks = [asyncio.create_task(run_rebalancer(settings, service, producer.outbox))]
+    conn = connect(settings.kafka)
+    async with RecordProducer(conn, settings.kafka.partitions) as producer:
+        tasks = [asyncio.create_task(run_rebalancer(settings, service, producer.outbox, conn))]
         if settings.worker.gc_freeze_s:  # (a task that ends would end the worker)
             tasks.append(asyncio.create_task(GcPacer(settings.worker.gc_freeze_s, settings.worker.gc_full_s).run()))
         if settings.worker.metrics_port:

@@ -16,5 +16,7 @@ every other module of `agents` from importing faust, mode or aiokafka, and every
   partition) and the plain one (Tansu: deliver, await acknowledgements, then commit offsets);
 - `recovery`: a faust table manager whose restore ends at each changelog's last record as read
   from the partition (committed records only under transactions);
-- `owners`, `deciders`, `scheduler`: the faust registration of each agent.
+- `owners`, `deciders`, `scheduler`: the faust registration of each agent;
+- `connection`: how every Kafka client connects (address, SASL, TLS), the one maker of
+  aiokafka clients and of faust's broker credentials.
 """

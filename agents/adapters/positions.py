@@ -20,12 +20,15 @@ import asyncio
 import contextlib
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
+
+from agents.adapters.connection import KafkaConnection
 
 
 class CommittedStart:
-    def __init__(self, bootstrap: str, group_id: str | None, read_committed: bool, wait_ms: int = 500) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, kafka: KafkaConnection | str, group_id: str | None, read_committed: bool,
+                 wait_ms: int = 500) -> None:
+        self.kafka = KafkaConnection.of(kafka)
         self.group_id = group_id
         self.read_committed = read_committed
         self.wait_ms = wait_ms
@@ -35,10 +38,10 @@ class CommittedStart:
 
     async def _consumer(self) -> Any:
         if self.consumer is None:
-            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                        isolation_level="read_committed" if self.read_committed
-                                        else "read_uncommitted",
-                                        auto_offset_reset="earliest", fetch_max_wait_ms=20)
+            consumer = self.kafka.consumer(group_id=None, enable_auto_commit=False,
+                                           isolation_level="read_committed" if self.read_committed
+                                           else "read_uncommitted",
+                                           auto_offset_reset="earliest", fetch_max_wait_ms=20)
             await consumer.start()
             self.consumer = consumer
         return self.consumer
@@ -51,8 +54,7 @@ class CommittedStart:
         if self.group_id is None:
             return None
         if self.offsets is None:
-            offsets = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group_id,
-                                       enable_auto_commit=False)
+            offsets = self.kafka.consumer(group_id=self.group_id, enable_auto_commit=False)
             await offsets.start()
             self.offsets = offsets
         committed: int | None = await self.offsets.committed(tp)

@@ -40,6 +40,7 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberMetadata,
 )
 
+from agents.adapters.connection import KafkaConnection
 from agents.intake import RawMessage, intake
 from agents.ports import Outbox, Output, deliver
 from agents.rebalance.service import RebalancerService
@@ -89,17 +90,18 @@ class _Leadership(ConsumerRebalanceListener):  # type: ignore[misc]
         self.held, self.changed = bool(assigned), True
 
 
-async def run(service: RebalancerService, outbox: Outbox, *, bootstrap: str, partitions: int, app_id: str,
+async def run(service: RebalancerService, outbox: Outbox, *, kafka: KafkaConnection | str, partitions: int, app_id: str,
               tick_s: float = 0.2, session_timeout_s: float = 6.0, fetch_max_wait_ms: int = 20,
               clock: Callable[[], float] = time.time) -> None:
     """Run until cancelled."""
-    tail = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                            isolation_level="read_committed", fetch_max_wait_ms=fetch_max_wait_ms)
-    group = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=f"{app_id}-rebalancer", enable_auto_commit=False,
-                             auto_offset_reset="earliest", isolation_level="read_committed",
-                             partition_assignment_strategy=(OneLeader,), fetch_max_wait_ms=fetch_max_wait_ms,
-                             session_timeout_ms=int(session_timeout_s * 1000), heartbeat_interval_ms=1000,
-                             rebalance_timeout_ms=10_000)
+    conn = KafkaConnection.of(kafka)
+    tail = conn.consumer(group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+                         fetch_max_wait_ms=fetch_max_wait_ms)
+    group = conn.consumer(group_id=f"{app_id}-rebalancer", enable_auto_commit=False,
+                          auto_offset_reset="earliest", isolation_level="read_committed",
+                          partition_assignment_strategy=(OneLeader,), fetch_max_wait_ms=fetch_max_wait_ms,
+                          session_timeout_ms=int(session_timeout_s * 1000), heartbeat_interval_ms=1000,
+                          rebalance_timeout_ms=10_000)
     leadership = _Leadership()
     await tail.start()
     await group.start()

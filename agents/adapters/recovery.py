@@ -38,20 +38,22 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 
+from agents.adapters.connection import KafkaConnection
+
 log = logging.getLogger("koordstream.recovery")
 
 TAIL_WINDOW = 64
 TAIL_DEADLINE_S = 30.0
 
 
-async def last_record_offsets(bootstrap: str, ends: Mapping[tuple[str, int], int],
+async def last_record_offsets(kafka: KafkaConnection | str, ends: Mapping[tuple[str, int], int],
                               read_committed: bool = True) -> dict[tuple[str, int], int]:
     """Per (topic, partition), the offset of the last (committed, with `read_committed`) data
     record, or the partition's beginning offset less one when it has none. `ends[...]` is the
     end offset ListOffsets answered, which may be too low (Tansu) but is never too high."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                isolation_level="read_committed" if read_committed else "read_uncommitted",
-                                fetch_max_wait_ms=50)
+    consumer = KafkaConnection.of(kafka).consumer(
+        group_id=None, enable_auto_commit=False,
+        isolation_level="read_committed" if read_committed else "read_uncommitted", fetch_max_wait_ms=50)
     await consumer.start()
     try:
         tps = {key: TopicPartition(*key) for key in ends}
@@ -67,9 +69,10 @@ async def last_record_offsets(bootstrap: str, ends: Mapping[tuple[str, int], int
         await consumer.stop()
 
 
-async def last_committed_offsets(bootstrap: str, ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+async def last_committed_offsets(kafka: KafkaConnection | str,
+                                 ends: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
     """`last_record_offsets` of committed records (the transactional restore)."""
-    return await last_record_offsets(bootstrap, ends, read_committed=True)
+    return await last_record_offsets(kafka, ends, read_committed=True)
 
 
 async def _true_end(consumer: AIOKafkaConsumer, tp: TopicPartition, begin: int, end: int, read_committed: bool,
@@ -111,7 +114,7 @@ async def _last_record(consumer: AIOKafkaConsumer, tp: TopicPartition, begin: in
 class TailRecovery(Recovery):  # type: ignore[misc]
     """faust's Recovery with the highwaters of `last_record_offsets`."""
 
-    bootstrap: str = ""
+    kafka: KafkaConnection | str = ""
     read_committed: bool = True
 
     async def _build_highwaters(self, consumer: Any, tps: set[Any], destination: Any, title: str) -> None:
@@ -119,7 +122,7 @@ class TailRecovery(Recovery):  # type: ignore[misc]
         if not tps:
             return
         ends = {(tp.topic, tp.partition): (destination[tp] if destination[tp] is not None else -1) + 1 for tp in tps}
-        last = await last_record_offsets(self.bootstrap, ends, self.read_committed)
+        last = await last_record_offsets(self.kafka, ends, self.read_committed)
         for tp in tps:
             destination[tp] = last[(tp.topic, tp.partition)]
         log.info("%s changelog highwaters (last %srecords): %s", title, "committed " if self.read_committed else "",
@@ -130,27 +133,27 @@ CommittedRecovery = TailRecovery  # the name it had when only the transactional 
 
 
 class TailTableManager(TableManager):  # type: ignore[misc]
-    """faust's TableManager with `TailRecovery` (set `bootstrap` and `read_committed` on a subclass)."""
+    """faust's TableManager with `TailRecovery` (set `kafka` and `read_committed` on a subclass)."""
 
-    bootstrap: str = ""
+    kafka: KafkaConnection | str = ""
     read_committed: bool = True
 
     @property
     def recovery(self) -> Recovery:
         if self._recovery is None:
             recovery = TailRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
-            recovery.bootstrap = self.bootstrap
+            recovery.kafka = self.kafka
             recovery.read_committed = self.read_committed
             self._recovery = recovery
         return self._recovery
 
 
-def table_manager(bootstrap: str, read_committed: bool) -> type[TailTableManager]:
+def table_manager(kafka: KafkaConnection | str, read_committed: bool) -> type[TailTableManager]:
     """The TableManager class for a faust app whose restores end at the changelog's last
     (committed, with `read_committed`) record."""
-    return type("TailTableManager", (TailTableManager,), {"bootstrap": bootstrap, "read_committed": read_committed})
+    return type("TailTableManager", (TailTableManager,), {"kafka": kafka, "read_committed": read_committed})
 
 
-def committed_table_manager(bootstrap: str) -> type[TailTableManager]:
+def committed_table_manager(kafka: KafkaConnection | str) -> type[TailTableManager]:
     """`table_manager` of committed records (the workers that run with transactions)."""
-    return table_manager(bootstrap, read_committed=True)
+    return table_manager(kafka, read_committed=True)

@@ -13,6 +13,7 @@ import faust
 from faust.types import TP
 
 from agents.adapters.batches import fetched_batches
+from agents.adapters.connection import KafkaConnection
 from agents.adapters.loop import Core, Seek, Sink, StatefulLoop
 from agents.adapters.ownership import Ownership
 from agents.adapters.positions import CommittedStart
@@ -29,14 +30,17 @@ class Transactions:
     """How the stateful agents make a batch durable, handed in by `streams`.
 
     `enabled`: one transaction per input partition per batch (the input channels then have
-    faust's acks disabled); otherwise the plain path. The rest configures the transactional
-    producers: the app id that prefixes their ids, the consumer group their offsets commit
-    to, aiokafka producer options (bootstrap, compression, sizes), and how to build an outbox
-    (the catalogue's routing) around a producer's send function."""
+    faust's acks disabled); otherwise the plain path. `kafka`: where the transactional
+    producers and the start probes (`CommittedStart`) connect, and how (None: no probes; the
+    transactional path needs it). The rest configures the transactional producers: the app id
+    that prefixes their ids, the consumer group their offsets commit to, aiokafka producer
+    options (compression, sizes), and how to build an outbox (the catalogue's routing) around a
+    producer's send function."""
 
     enabled: bool = False
     app_id: str = "koordstream"
     group_id: str = "koordstream"
+    kafka: KafkaConnection | None = None
     producer_options: Mapping[str, Any] = field(default_factory=dict)
     make_outbox: MakeOutbox | None = None
 
@@ -75,11 +79,11 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
     ownership = Ownership(topics[0])
     sink: Sink
     if transactions.enabled:
-        if transactions.make_outbox is None:
-            raise ValueError(f"{name}: transactions need an outbox factory")
+        if transactions.make_outbox is None or transactions.kafka is None:
+            raise ValueError(f"{name}: transactions need an outbox factory and a Kafka connection")
         sink = TransactionalSink(table=table, ownership=ownership, make_outbox=transactions.make_outbox,
                                  app_id=transactions.app_id, agent=name, group_id=transactions.group_id,
-                                 producer_options=transactions.producer_options)
+                                 kafka=transactions.kafka, producer_options=transactions.producer_options)
     else:
         sink = PlainSink(table, outbox)
     timers = RecordTimers(outbox, owned=lambda partition: partition in ownership.owned)
@@ -88,9 +92,8 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
     # faust losses it catches are faust's, not the broker's. (It once ran with transactions only:
     # on Tansu, two clean-clone CI runs with it on left pods unbound; the cause was a gang
     # livelock, fixed since, docs/architecture.md "Known gaps".)
-    bootstrap = transactions.producer_options.get("bootstrap_servers")
-    probe = CommittedStart(str(bootstrap), transactions.group_id, read_committed=transactions.enabled) \
-        if bootstrap else None
+    probe = CommittedStart(transactions.kafka, transactions.group_id, read_committed=transactions.enabled) \
+        if transactions.kafka is not None else None
     loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seeker(app), probe=probe,
                         max_skew_s=config.max_clock_skew_s)
     loop.attach()

@@ -50,6 +50,7 @@ from aiokafka.errors import (
     TransactionCoordinatorFenced,
 )
 
+from agents.adapters.connection import KafkaConnection
 from agents.adapters.loop import Flushed, Work
 from agents.adapters.ownership import Ownership
 from agents.adapters.tables import VersionedState
@@ -119,7 +120,7 @@ def transactional_id(app_id: str, agent: str, topic: str, partition: int) -> str
 
 class TransactionalSink:
     def __init__(self, *, table: VersionedState, ownership: Ownership, make_outbox: MakeOutbox, app_id: str,
-                 agent: str, group_id: str, producer_options: Mapping[str, Any],
+                 agent: str, group_id: str, kafka: KafkaConnection | str, producer_options: Mapping[str, Any],
                  timeout_s: float = 30.0, producer_factory: Callable[[str], Any] | None = None) -> None:
         self.table = table
         self.ownership = ownership
@@ -127,7 +128,8 @@ class TransactionalSink:
         self.app_id = app_id
         self.agent = agent
         self.group_id = group_id
-        self.producer_options = dict(producer_options)
+        self.kafka = KafkaConnection.of(kafka)  # where the producers connect, and how
+        self.producer_options = dict(producer_options)  # the rest of their options (sizes, compression)
         self.timeout_s = timeout_s
         self.producer_factory = producer_factory or self._aiokafka_producer
         self.producers: dict[int, Any] = {}  # partition -> its transactional producer
@@ -168,7 +170,7 @@ class TransactionalSink:
                                f"{[p for p, _ in failed]} within {ASSIGNED_START_WITHIN_S}s of the assignment")
 
     def _aiokafka_producer(self, txn_id: str) -> AIOKafkaProducer:
-        return AIOKafkaProducer(transactional_id=txn_id, **self.producer_options)
+        return self.kafka.producer(transactional_id=txn_id, **self.producer_options)
 
     async def _start(self, partition: int) -> None:
         # start() sends InitProducerId: the broker fences the producer of the previous owner

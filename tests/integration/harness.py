@@ -11,6 +11,7 @@ from typing import TypeVar
 from perf.collector import Collector
 from schemas import topics
 from schemas.records import Node, Record
+from streams.connection import KafkaConnection
 from streams.producer import RecordProducer
 
 PARTITIONS = 4
@@ -21,10 +22,13 @@ R = TypeVar("R", bound=Record)
 
 
 class Harness:
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-        self.producer = RecordProducer(bootstrap, PARTITIONS)
-        self.collector = Collector(bootstrap, ALL_OUTPUTS, PARTITIONS)
+    """`kafka`: a PLAINTEXT broker's address, or a connection (a secured broker's)."""
+
+    def __init__(self, kafka: KafkaConnection | str) -> None:
+        self.kafka = KafkaConnection.of(kafka)
+        self.bootstrap = self.kafka.bootstrap
+        self.producer = RecordProducer(self.kafka, PARTITIONS)
+        self.collector = Collector(self.kafka, ALL_OUTPUTS, PARTITIONS)
 
     async def __aenter__(self) -> Harness:
         await self.producer.__aenter__()

@@ -21,7 +21,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from schemas import topics
 from streams.admin import ensure_topics
 from streams.catalogue import COMPACTED_SEGMENT_MS, TABLE_NODE_STATE, catalogue, partition_for
-from streams.kafka_broker import LIBS_ENV, KafkaBroker, KafkaNotInstalled
+from streams.kafka_broker import LIBS_ENV, KafkaBroker, KafkaNotInstalled, scram_credential
 from tests.integration.harness import PARTITIONS
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -76,6 +76,31 @@ def test_missing_jars_are_reported_with_the_command_that_fetches_them(
     monkeypatch.setenv(LIBS_ENV, str(tmp_path / "nothing-here"))
     with pytest.raises(KafkaNotInstalled, match="make kafka"):
         KafkaBroker(log_dir=tmp_path / "log")
+
+
+def test_the_default_listener_is_plaintext_alone_and_a_secured_one_leaves_the_brokers_own_traffic_plain(
+        tmp_path: Path) -> None:
+    """What the node is told (nothing started): the default as before; SASL_SSL on the client
+    listener, PLAINTEXT between broker and controller, SCRAM with its JAAS entry, a PEM key store."""
+    plain = KafkaBroker(log_dir=tmp_path / "plain").server_properties()
+    assert (plain["listener.security.protocol.map"], plain["inter.broker.listener.name"]) == (
+        "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT", "PLAINTEXT")
+    assert not any("sasl" in key or "ssl" in key for key in plain)
+    broker = KafkaBroker(log_dir=tmp_path / "secured", security="SASL_SSL", users={"alice": "pw"})
+    secured = broker.server_properties()
+    assert secured["listener.security.protocol.map"] == "CLIENT:SASL_SSL,INTERNAL:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    assert secured["advertised.listeners"].startswith(f"CLIENT://{broker.bootstrap},INTERNAL://127.0.0.1:")
+    assert secured["listener.name.client.sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert "ScramLoginModule required" in secured["listener.name.client.scram-sha-512.sasl.jaas.config"]
+    assert secured["listener.name.client.ssl.keystore.type"] == "PEM"
+    k = broker.client_settings()
+    assert (k.security_protocol, k.sasl_username, k.sasl_password.reveal(), k.ssl_cafile) == (
+        "SASL_SSL", "alice", "pw", str(broker.ca_file))
+    # StorageTool is given the salted password, never the password itself.
+    credential = scram_credential("SCRAM-SHA-512", "alice", "alice-s3cret-pw")
+    assert credential.startswith("SCRAM-SHA-512=[name=alice,iterations=4096,salt=") and "alice-s3cret-pw" not in credential
+    with pytest.raises(ValueError, match="security='TLS'"):
+        KafkaBroker(log_dir=tmp_path / "bad", security="TLS")
 
 
 async def test_catalogue_topics_get_their_log_settings(own_broker: KafkaBroker) -> None:

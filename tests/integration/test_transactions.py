@@ -108,7 +108,6 @@ async def test_our_sink_of_a_worker_that_lost_its_partition_writes_nothing(kafka
     await ensure_topics(kafka_bootstrap, [TopicSpec(changelog, "k", PARTITIONS, compacted=True),
                                           TopicSpec(topics.HOLDS, "k", PARTITIONS),
                                           TopicSpec(topics.BINDINGS, "k", PARTITIONS)])
-    options = {"bootstrap_servers": kafka_bootstrap}
     sinks = []
     for _ in range(2):
         app = faust.App(app_id, store="memory://", broker=f"kafka://{kafka_bootstrap}")
@@ -116,7 +115,8 @@ async def test_our_sink_of_a_worker_that_lost_its_partition_writes_nothing(kafka
         ownership = Ownership(topics.HOLDS)
         ownership.assign([TopicPartition(topics.HOLDS, 0)], generation=1)
         sinks.append(TransactionalSink(table=table, ownership=ownership, make_outbox=Collected(), app_id=app_id,
-                                       agent="deciders", group_id=app_id, producer_options=options))
+                                       agent="deciders", group_id=app_id, kafka=kafka_bootstrap,
+                                       producer_options={}))
     zombie, successor = sinks
     try:
         await zombie.assigned({0})

@@ -621,7 +621,8 @@ def txn_rig(fail_on: dict[str, BaseException] | None = None) -> tuple[Rig, list[
         return outboxes[-1]
 
     sink = TransactionalSink(table=r.table, ownership=r.ownership, make_outbox=make_outbox, app_id="ks",
-                             agent="deciders", group_id="ks", producer_options={}, producer_factory=factory)
+                             agent="deciders", group_id="ks", kafka="unused:9092", producer_options={},
+                             producer_factory=factory)
     r.loop.sink = sink
     r.outbox = FakeOutbox()
     r.sink.assignments = []

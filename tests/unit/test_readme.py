@@ -40,3 +40,37 @@ def test_library_example_runs(tmp_path: Path, capsys) -> None:
     assert lines[0] == "web -> worker-2"
     assert "'NodeResourcesFit':" in lines[1] and "'total':" in lines[1]
     assert lines[2] == "{'worker-1': ['TaintToleration']}"
+
+
+def test_every_setting_is_in_the_configuration_table() -> None:
+    import dataclasses
+
+    from streams.settings import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Configuration"):readme.index("### Scheduler profiles")]
+    documented = set()
+    for section, name, other in re.findall(r"^\| `([a-z_]+)\.([a-z_]+)`(?: / `([a-z_]+)`)?", table, re.M):
+        documented |= {f"{section}.{name}", f"{section}.{other}"}
+    settings = Settings()
+    missing = [f"{s.name}.{f.name}" for s in dataclasses.fields(settings)
+               for f in dataclasses.fields(getattr(settings, s.name)) if f"{s.name}.{f.name}" not in documented]
+    assert missing == []
+
+
+def test_the_secured_kafka_example_loads_and_logs_in_with_scram_over_tls(tmp_path: Path) -> None:
+    from streams.connection import connect
+    from streams.kafka_broker import write_tls_files
+    from streams.settings import load_settings
+
+    block = re.search(r"### Secured Kafka.*?```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block
+    write_tls_files(tmp_path)
+    (tmp_path / "password").write_text("from-a-file\n")
+    text = (block.group(1).replace("/run/secrets/kafka-password", str(tmp_path / "password"))
+            .replace("/etc/koordstream/kafka-ca.pem", str(tmp_path / "ca.pem")))
+    (tmp_path / "koordstream.yaml").write_text(text)
+    conn = connect(load_settings(tmp_path / "koordstream.yaml", env={}).kafka)
+    assert (conn.security_protocol, conn.sasl_mechanism, conn.sasl_username) == ("SASL_SSL", "SCRAM-SHA-512",
+                                                                                   "koordstream")
+    assert conn.sasl_password.reveal() == "from-a-file" and conn.ssl_context is not None

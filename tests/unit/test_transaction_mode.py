@@ -7,6 +7,7 @@ import pytest
 
 from streams import app as stream_app
 from streams import transport, worker
+from streams.connection import KafkaConnection
 from streams.settings import SettingsError, load_settings
 
 
@@ -59,8 +60,8 @@ async def test_a_worker_asks_the_broker_once_for_transactions_and_gaps(monkeypat
     """`prepare_worker` probes once and hands the answer to both decisions."""
     asked: list[str] = []
 
-    async def probe(bootstrap: str, timeout_s: float = 15.0) -> bool:
-        asked.append(bootstrap)
+    async def probe(kafka: KafkaConnection | str, timeout_s: float = 15.0) -> bool:
+        asked.append(KafkaConnection.of(kafka).bootstrap)
         return True
 
     async def no_topics(settings: object) -> list[str]:
