@@ -1,4 +1,5 @@
-"""`koordstream` subcommands: up, worker, broker, demo, bench, publish, read, topics, config, schema.
+"""`koordstream` subcommands: up, worker, bridge, cluster up, broker, demo, bench, perf, publish, read,
+topics, config, schema.
 
 Only argument parsing and printing live here; every action calls into streams/ or perf/.
 """
@@ -51,6 +52,42 @@ def cmd_worker(args: argparse.Namespace) -> int:
                       "`koordstream up` starts an embedded broker[/red]")
         return 2
     run_worker(settings)
+    return 0
+
+
+def cmd_bridge(args: argparse.Namespace) -> int:
+    from streams.worker import run_worker
+
+    settings = _settings(args)
+    bridge = {"kubeconfig": args.kubeconfig} if args.kubeconfig else {}
+    settings = load_settings(getattr(args, "config", None), kafka={"bootstrap": settings.kafka.bootstrap},
+                             worker={"roles": "bridge"}, bridge=bridge)
+    if not settings.kafka.bootstrap:
+        console.print("[red]bridge: give --bootstrap HOST:PORT (or KOORDSTREAM_KAFKA_BOOTSTRAP)[/red]")
+        return 2
+    run_worker(settings)
+    return 0
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from streams.kube_cluster import K8sNotInstalled, cluster_up
+
+    folder = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="koordstream-cluster-"))
+
+    async def run() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping.set)
+        await cluster_up(folder, args.nodes, not args.no_rbac, stopping)
+
+    try:
+        asyncio.run(run())
+    except K8sNotInstalled as exc:
+        console.print(f"[red]cluster up: {exc}[/red]")
+        return 2
     return 0
 
 
@@ -444,7 +481,7 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT (default: embedded broker where possible)")
         sp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker)")
 
-    roles = "comma-separated: scheduler, state, rebalancer (default: scheduler,state)"
+    roles = "comma-separated: scheduler, state, rebalancer, bridge (default: scheduler,state)"
     sp = sub.add_parser("up", help="embedded broker (unless --bootstrap), topics, all agents in one worker")
     common(sp)
     sp.add_argument("--roles", help=roles)
@@ -453,6 +490,20 @@ def parser() -> argparse.ArgumentParser:
     common(sp)
     sp.add_argument("--roles", help=roles)
     sp.set_defaults(fn=cmd_worker)
+    sp = sub.add_parser("bridge", help="the Kubernetes bridge: the API server's pods and nodes into the topics, "
+                                       "koordstream's bindings, evictions and feedback into API calls")
+    common(sp)
+    sp.add_argument("--kubeconfig", help="kubeconfig of the API server (default: $KUBECONFIG, ~/.kube/config; "
+                                         "in-cluster: the pod's service account)")
+    sp.set_defaults(fn=cmd_bridge)
+    sp = sub.add_parser("cluster", help="a local Kubernetes control plane for trying koordstream")
+    csub = sp.add_subparsers(dest="cluster_command", required=True)
+    cu = csub.add_parser("up", help="etcd, kube-apiserver and Kwok (`make k8s`) on loopback, in the foreground")
+    cu.add_argument("--dir", help="folder for its data, certificates, kubeconfigs and logs (default: a new "
+                                  "temporary folder)")
+    cu.add_argument("--nodes", type=int, default=10, help="Kwok nodes to create (32 cpu, 256Gi each)")
+    cu.add_argument("--no-rbac", action="store_true", help="AlwaysAllow authorization instead of RBAC")
+    cu.set_defaults(fn=cmd_cluster_up)
     sp = sub.add_parser("broker", help="run a broker in the foreground: the embedded Tansu, or Apache Kafka")
     sp.add_argument("--port", type=int, default=0, help="listen on this port (default: a free one)")
     sp.add_argument("--kafka", action="store_true",

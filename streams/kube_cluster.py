@@ -308,3 +308,31 @@ class ControlPlane:
     async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
                         tb: TracebackType | None) -> None:
         self.stop()
+
+
+def kwok_node(name: str, cpu: str = "32", memory: str = "256Gi", pods: str = "110", gpus: int = 0,
+              labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node for Kwok to manage (its annotation), Ready once Kwok's node-initialize stage ran."""
+    allocatable = {"cpu": cpu, "memory": memory, "pods": pods, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                         "labels": {"type": "kwok", "kubernetes.io/hostname": name, **(labels or {})}},
+            "status": {"allocatable": allocatable, "capacity": dict(allocatable)}}
+
+
+async def cluster_up(folder: Path, nodes: int, rbac: bool, stopping: asyncio.Event, say: Any = print) -> None:
+    """`koordstream cluster up`: the control plane with Kwok in `folder`, `nodes` Kwok nodes,
+    the bridge's RBAC manifests and a kubeconfig for its service account; until `stopping`."""
+    async with ControlPlane(folder, rbac=rbac) as cp:
+        await cp.apply_file(ROOT / "infra" / "k8s" / "rbac.yaml")
+        bridge = await cp.service_account_kubeconfig("koordstream-system", "koordstream-bridge",
+                                                     folder / "bridge.kubeconfig")
+        async with cp.api() as api:
+            for i in range(nodes):
+                await api.request("POST", "/api/v1/nodes", body=kwok_node(f"kwok-node-{i}"))
+        say(f"koordstream cluster up: API server {cp.server} (Kubernetes {versions()['KUBERNETES_VERSION']}, "
+            f"Kwok {versions()['KWOK_VERSION']}, {'RBAC' if rbac else 'AlwaysAllow'}), {nodes} Kwok nodes")
+        say(f"  admin kubeconfig:  {cp.kubeconfig}   (kubectl --kubeconfig {cp.kubeconfig} get nodes)")
+        say(f"  bridge kubeconfig: {bridge}   (koordstream bridge --kubeconfig {bridge} --bootstrap H:P)")
+        say(f"  started in {cp.started_s['total']:.1f} s; logs in {folder / 'logs'}; Ctrl-C stops it")
+        await stopping.wait()

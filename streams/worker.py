@@ -27,6 +27,7 @@ from typing import Any
 
 import faust
 
+from schemas.secret import Secret
 from streams.admin import ensure_topics
 from streams.app import (
     broker_accepts_transactions,
@@ -99,7 +100,7 @@ def run_worker(settings: Settings) -> None:
         return
     if "bridge" in roles:  # the bridge in a process of its own (it has no faust agent), tied to this one
         bridge = spawn_tied([sys.executable, "-m", "cli.main", "worker", "--roles", "bridge"],
-                            env={**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": settings.kafka.bootstrap})
+                            env={**os.environ, **settings_env(settings)})
         try:
             run_worker(dataclasses.replace(settings, worker=dataclasses.replace(
                 settings.worker, roles=tuple(r for r in settings.worker.roles if r != "bridge"))))
@@ -122,6 +123,21 @@ def run_worker(settings: Settings) -> None:
         worker.deadline_s = settings.worker.shutdown_deadline_s
         _silence_banner(worker)
         worker.execute_from_commandline()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """`KOORDSTREAM_<SECTION>_<FIELD>` for every setting: a child process (the bridge a worker
+    starts) gets exactly this process's settings, whatever file or arguments they came from (a
+    secret as the variable the settings read it from)."""
+    env = {}
+    for section in dataclasses.fields(settings):
+        values = getattr(settings, section.name)
+        for f in dataclasses.fields(values):
+            value = getattr(values, f.name)
+            text = (value.reveal() if isinstance(value, Secret) else str(value).lower() if isinstance(value, bool)
+                    else ",".join(value) if isinstance(value, tuple) else str(value))
+            env[f"KOORDSTREAM_{section.name}_{f.name}".upper()] = text
+    return env
 
 
 def _logging(settings: Settings) -> None:

@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-
 from agents.intake import RawMessage, intake
 from agents.ports import Output
 from agents.rebalance.binpack import DELETION_COST
@@ -53,6 +51,7 @@ from streams.bridge.actuator import Actuator
 from streams.bridge.lease import LeaderElection
 from streams.bridge.mirror import NODE, PDB, POD, PODGROUP, REPLICASET, RESERVATION, Mirror
 from streams.bridge.reflector import Reflector
+from streams.connection import connect
 from streams.kubeapi import KubeApi, KubeError, Limits
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -128,7 +127,7 @@ class Bridge:
         k = self.settings.kafka
         self.mirror = Mirror(self.profiles)  # every term starts from a full list
         self.ready.clear()
-        async with RecordProducer(k.bootstrap, k.partitions) as producer:
+        async with RecordProducer(connect(k), k.partitions) as producer:
             publish = self._publisher(producer)
             tasks: list[asyncio.Task[None]] = []
             try:
@@ -227,11 +226,12 @@ class Bridge:
                        handle: Callable[[list[RawMessage]], Awaitable[list[Output]]],
                        publish: Callable[[list[Output]], Awaitable[None]]) -> None:
         k = self.settings.kafka
-        consumer = AIOKafkaConsumer(
-            *topic_names, bootstrap_servers=k.bootstrap, group_id=f"{k.app_id}-bridge-{name}",
+        consumer = connect(k).consumer(
+            group_id=f"{k.app_id}-bridge-{name}",
             enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
             session_timeout_ms=int(k.session_timeout_s * 1000), rebalance_timeout_ms=int(k.rebalance_timeout_s * 1000),
             fetch_max_wait_ms=k.fetch_max_wait_ms, max_poll_records=self.settings.scheduling.batch_size)
+        consumer.subscribe(list(topic_names))
         await consumer.start()
         try:
             while True:
