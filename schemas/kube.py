@@ -14,6 +14,10 @@ annotation `node.koordinator.sh/cpu-topology` as Koordinator's koordlet writes i
 (`{"detail": [{"id": cpu, "core": core, "socket": socket, "node": numa cell}, ...]}`).
 A Reservation's `spec.template` is read as a pod's (its effective request, selector, affinity,
 tolerations, priority); `spec.ttl` is a Go duration ("1h"), `spec.expires` an RFC 3339 time.
+
+The other way (`pod_manifest`, `node_manifest`, `reservation_manifest`): records as the
+manifests a harness creates in a real API server; converting one back gives the record again
+(the API server's uid, resourceVersion and creation time aside).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 import yaml
 
 from schemas.errors import SchemaError
-from schemas.quantity import parse_duration, to_canonical
+from schemas.quantity import format_canonical, parse_duration, to_canonical
 from schemas.records import (
     QOS_LABEL,
     ContainerResources,
@@ -388,3 +392,132 @@ def load_manifests(text: str) -> list[Record]:
 
 def is_manifest(obj: Any) -> bool:
     return isinstance(obj, dict) and "apiVersion" in obj and "metadata" in obj
+
+
+# --- records to manifests (what a harness creates in a real API server) ------------------------
+
+NATIVE = ("cpu", "memory", "ephemeral-storage", "pods")  # the resources requests may exceed limits of
+OWNER_API_VERSIONS = {"Job": "batch/v1", "ReplicaSet": "apps/v1", "StatefulSet": "apps/v1", "DaemonSet": "apps/v1",
+                      "Deployment": "apps/v1"}
+
+
+def _quantities(amounts: dict[str, int]) -> dict[str, str]:
+    return {name: format_canonical(name, amount) for name, amount in sorted(amounts.items())}
+
+
+def _container_manifest(c: ContainerResources) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if c.requests:
+        resources["requests"] = _quantities(c.requests)
+    limits = {**{n: a for n, a in c.requests.items() if n not in NATIVE}, **c.limits}  # extended: limits = requests
+    if limits:
+        resources["limits"] = _quantities(limits)
+    out: dict[str, Any] = {"name": c.name, "image": "registry.k8s.io/pause:3.10", "resources": resources}
+    if c.restart_policy:
+        out["restartPolicy"] = c.restart_policy
+    return out
+
+
+def pod_manifest(pod: Pod) -> dict[str, Any]:
+    """A v1 Pod manifest for `pod`, as `kubectl` would create it (its uid and resourceVersion
+    are the API server's to give): one container asking the pod's effective request when the
+    record has no containers; extended resources with limits equal to requests, as the API
+    server requires; the priority by its class when it has one (the Priority admission plugin
+    fills the number in)."""
+    containers = pod.containers or (ContainerResources(name="main", requests=ResourceList(pod.requests)),)
+    meta: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace}
+    if pod.labels:
+        meta["labels"] = dict(pod.labels)
+    if pod.annotations:
+        meta["annotations"] = dict(pod.annotations)
+    if pod.owner_references:
+        meta["ownerReferences"] = [{"apiVersion": OWNER_API_VERSIONS.get(o.kind, "v1"), "kind": o.kind, "name": o.name,
+                                    "uid": o.uid, "controller": o.controller} for o in pod.owner_references]
+    spec: dict[str, Any] = {"schedulerName": pod.scheduler_name,
+                            "containers": [_container_manifest(c) for c in containers]}
+    if pod.init_containers:
+        spec["initContainers"] = [_container_manifest(c) for c in pod.init_containers]
+    if pod.priority_class_name:
+        spec["priorityClassName"] = pod.priority_class_name
+    elif pod.priority:
+        spec["priority"] = pod.priority
+    if pod.overhead:
+        spec["overhead"] = _quantities(pod.overhead)
+    for key, value in (("runtimeClassName", pod.runtime_class_name), ("nodeName", pod.node_name),
+                       ("nodeSelector", dict(pod.node_selector)), ("affinity", dict(pod.affinity))):
+        if value:
+            spec[key] = value
+    if pod.tolerations:
+        spec["tolerations"] = [{k: v for k, v in (("key", t.key), ("operator", t.operator), ("value", t.value),
+                                                  ("effect", t.effect), ("tolerationSeconds", t.toleration_seconds))
+                                if v not in ("", None)} for t in pod.tolerations]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def node_manifest(node: Node, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A v1 Node manifest for `node` (status included, as a node registers itself): whole GPUs
+    as `nvidia.com/gpu` with their model and memory as labels, NUMA cells as Koordinator's
+    `node.koordinator.sh/cpu-topology` annotation, RDMA functions as `koordinator.sh/rdma`."""
+    labels = dict(node.labels)
+    allocatable = dict(node.allocatable)
+    if node.gpus:
+        allocatable.setdefault("nvidia.com/gpu", len(node.gpus))
+        if node.gpus[0].model:
+            labels.setdefault("nvidia.com/gpu.product", node.gpus[0].model)
+        if node.gpus[0].memory:
+            labels.setdefault("nvidia.com/gpu.memory", str(node.gpus[0].memory // 2**20))
+    if node.rdma:
+        allocatable.setdefault("koordinator.sh/rdma", sum(d.vfs for d in node.rdma))
+    notes = dict(node.annotations)
+    if node.numa:
+        detail = [{"id": cpu, "core": cell.cores[i] if cell.cores else cpu, "socket": 0, "node": cell.id}
+                  for cell in node.numa for i, cpu in enumerate(cell.cpus)]
+        notes[CPU_TOPOLOGY_ANNOTATION] = json.dumps({"detail": detail}, separators=(",", ":"))
+    notes.update(annotations or {})
+    meta: dict[str, Any] = {"name": node.name}
+    if labels:
+        meta["labels"] = labels
+    if notes:
+        meta["annotations"] = notes
+    spec: dict[str, Any] = {}
+    if node.unschedulable:
+        spec["unschedulable"] = True
+    if node.taints:
+        spec["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} if t.value
+                          else {"key": t.key, "effect": t.effect} for t in node.taints]
+    capacity = {**dict(node.capacity), **{k: v for k, v in allocatable.items() if k not in node.capacity}}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": spec,
+            "status": {"allocatable": _quantities(allocatable), "capacity": _quantities(capacity)}}
+
+
+def reservation_manifest(r: Reservation, namespace: str = "default") -> dict[str, Any]:
+    """A `scheduling.koordinator.sh/v1alpha1` Reservation manifest for `r` (its template's pod
+    in `namespace`)."""
+    template = pod_manifest(Pod(uid=r.uid, name=r.name, namespace=namespace, labels=r.labels,
+                                scheduler_name=r.scheduler_name, priority=r.priority,
+                                priority_class_name=r.priority_class_name, requests=ResourceList(r.requests),
+                                node_selector=r.node_selector, affinity=r.affinity, tolerations=r.tolerations))
+    owners = []
+    for o in r.owners:
+        entry: dict[str, Any] = {}
+        if o.object_uid or o.object_name:
+            entry["object"] = {k: v for k, v in (("uid", o.object_uid), ("name", o.object_name),
+                                                  ("namespace", o.object_namespace)) if v}
+        if o.controller_uid or o.controller_name:
+            entry["controller"] = {k: v for k, v in (("uid", o.controller_uid), ("name", o.controller_name),
+                                                      ("namespace", o.controller_namespace),
+                                                      ("kind", o.controller_kind)) if v}
+        if o.match_labels or o.match_expressions:
+            entry["labelSelector"] = {k: v for k, v in (("matchLabels", dict(o.match_labels)),
+                                                         ("matchExpressions", list(o.match_expressions))) if v}
+        owners.append(entry)
+    spec: dict[str, Any] = {"template": {"metadata": {"namespace": namespace, **({"labels": dict(r.labels)} if r.labels
+                                                                                  else {})},
+                                         "spec": template["spec"]},
+                            "owners": owners, "allocateOnce": r.allocate_once}
+    if r.ttl_s is not None:
+        spec["ttl"] = f"{r.ttl_s:g}s"
+    if r.allocate_policy:
+        spec["allocatePolicy"] = r.allocate_policy
+    return {"apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Reservation",
+            "metadata": {"name": r.name, **({"labels": dict(r.labels)} if r.labels else {})}, "spec": spec}

@@ -179,3 +179,37 @@ def test_a_bad_disruption_budget_is_refused_naming_the_field(spec: str, field: s
     with pytest.raises(SchemaError) as err:
         load_manifests(PDB % spec)
     assert err.value.field == field
+
+
+def test_records_to_manifests_and_back_give_the_records_again() -> None:
+    """What the harness creates in a real API server (`pod_manifest`, `node_manifest`,
+    `reservation_manifest`) converts back to the same records, the API server's uid, version
+    and creation time aside: every node and arrival of the shipped mixed scenario."""
+    import dataclasses
+    from pathlib import Path
+
+    from perf import scenario as sc
+    from schemas.kube import node_manifest, pod_manifest, reservation_manifest
+
+    s = sc.load(Path(__file__).resolve().parents[2] / "perf" / "scenarios" / "mixed-100k.yaml").quick()
+    for node in sc.nodes(s)[:40] + sc.nodes(s)[-10:]:
+        back = node_from_manifest(node_manifest(node))  # (GPU labels and the NUMA annotation added)
+        assert dataclasses.replace(back, capacity=node.capacity, labels=node.labels, annotations=node.annotations) == node
+        assert node.labels.items() <= back.labels.items()
+    seen = 0
+    for _, record in sc.arrivals(s)[:400]:
+        if isinstance(record, Pod):
+            back_pod = pod_from_manifest(pod_manifest(record))
+            assert back_pod.requests == record.requests
+            # (the QoS class from the label, as a manifest says it; the scenario's records leave it to the label)
+            assert dataclasses.replace(back_pod, uid=record.uid, containers=record.containers,
+                                       qos_class=record.qos_class) == record
+            assert back_pod.qos_class == record.labels.get("koordinator.sh/qosClass", "")
+        else:
+            assert isinstance(record, Reservation)
+            named = dataclasses.replace(record, owners=tuple(dataclasses.replace(o, object_uid="", object_name=o.object_uid)
+                                                             for o in record.owners))
+            back_r = reservation_from_manifest(reservation_manifest(named, namespace="mixed-100k"))
+            assert dataclasses.replace(back_r, uid=named.uid) == named
+        seen += 1
+    assert seen == 400
