@@ -1,11 +1,12 @@
-# The two commands: `make demo` and `make test`. Both build .venv on first use; `make test`
+# The two commands: `make demo` and `make test`. Both build .venv on first use and fetch Kwok's
+# stock Stage files (`make kwok-stages`: the Go module proxy, into .cache/kwok, once); `make test`
 # also fetches Apache Kafka (`make kafka`: Maven Central, into .cache/kafka, once).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck clean venv kafka
+.PHONY: demo test e2e lint typecheck clean venv kafka kwok-stages
 
 venv: $(STAMP)
 
@@ -19,10 +20,15 @@ $(STAMP): pyproject.toml
 kafka:
 	bash infra/kafka/install.sh
 
-demo: $(STAMP)
+# Kwok's stock Stage files and CRDs (sigs.k8s.io/kwok, infra/k8s/versions.env), which the
+# Kwok-compatible lifecycle loads unchanged and its tests check against Kwok's testdata (needs go).
+kwok-stages:
+	bash infra/k8s/kwok-stages.sh
+
+demo: $(STAMP) kwok-stages
 	$(BIN)/koordstream demo --nodes 1000 --pods 10000 --rate 2000 --json out/demo.json
 
-test: $(STAMP) kafka
+test: $(STAMP) kafka kwok-stages
 	$(BIN)/python -m pytest -q --durations=15
 
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
@@ -30,7 +36,7 @@ test: $(STAMP) kafka
 # state retention on both brokers, the quick soak (state stays flat) on Tansu, and the quick
 # variants of the shipped perf scenarios, the rebalancer on Apache Kafka with its leader killed,
 # and the longest crash and takeover runs (tests/integration/conftest.py, E2E_ONLY).
-e2e: $(STAMP) kafka
+e2e: $(STAMP) kafka kwok-stages
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
 		tests/integration/test_rebalancer.py tests/integration/test_restart.py tests/integration/test_transactions.py
 
