@@ -1079,13 +1079,19 @@ class _State:
         self.fail(f"expected {expected}; found {node}")
 
     def validate(self, value: Any, typ: GoType) -> Any:
-        if typ in (GoType.ANY, GoType.VALUE):
+        if typ is GoType.ANY or typ is GoType.VALUE:
             return value
         if value is None:
             self.fail(f"invalid value; expected {typ.value}")
-        ok = {GoType.STRING: type(value) is str, GoType.BOOL: isinstance(value, bool),
-              GoType.INT: isinstance(value, int) and not isinstance(value, bool),
-              GoType.FLOAT: isinstance(value, float)}[typ]
+        t = type(value)
+        if typ is GoType.STRING:
+            ok = t is str
+        elif typ is GoType.BOOL:
+            ok = t is bool
+        elif typ is GoType.INT:
+            ok = isinstance(value, int) and t is not bool
+        else:
+            ok = isinstance(value, float)
         if not ok:
             self.fail(f"wrong type for value; expected {typ.value}; got {go_type_name(value)}")
         return value
