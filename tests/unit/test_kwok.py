@@ -20,6 +20,7 @@ from perf.kwok import (
     compile_jq,
     load_stages,
     parse_stage,
+    stock_stages_dir,
 )
 from perf.kwok_render import KwokConfig
 
@@ -246,3 +247,13 @@ def test_rendered_yaml_is_read_with_go_yaml_v2s_rules() -> None:
     life.due(0.0)
     assert life.objects[("Pod", "p")]["status"] == {"ok": True, "false": "x", "size": 1000.0,
                                                     "at": "2006-01-02T00:00:00Z", "quoted": "no"}
+
+
+def test_the_stock_stages_folder_names_make_kwok_stages_when_missing(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KOORDSTREAM_KWOK_DIR", str(tmp_path / "nothing"))
+    with pytest.raises(FileNotFoundError, match="run `make kwok-stages`"):
+        stock_stages_dir()
+    (tmp_path / "nothing" / "stage").mkdir(parents=True)
+    (tmp_path / "nothing" / ".complete").touch()
+    assert stock_stages_dir() == tmp_path / "nothing" / "stage"
