@@ -61,7 +61,7 @@ import yaml
 
 from perf import kubepatch
 from perf.cel import CelError, Program, compile_cel
-from perf.gotemplate import Template, TemplateError, parse, parse_go_number
+from perf.gotemplate import Func, Template, TemplateError, parse, parse_go_number
 from perf.kwok_render import KwokCluster, KwokConfig, kwok_funcs, load_yaml, render_json
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
@@ -386,7 +386,7 @@ class Stage:
             return max(0, span[0]) / _NS
         return (span[0] + rng.randrange(span[1] - span[0])) / _NS
 
-    def effects(self, obj: Mapping[str, Any], funcs: Mapping[str, Any], typed: bool) -> list[Effect]:
+    def effects(self, obj: Mapping[str, Any], funcs: Mapping[str, Func], typed: bool) -> list[Effect]:
         """Kwok's DoSteps on `obj` as the stage found it: every template renders over that
         object; `typed` (Kwok's Pod and Node controllers) makes untyped patches strategic.
         ValueError (TemplateError, PatchError) when a step cannot be computed."""
@@ -415,7 +415,7 @@ class Stage:
         return out
 
 
-def _patch_effect(patch: PatchStep, obj: Mapping[str, Any], funcs: Mapping[str, Any], typed: bool) -> Effect:
+def _patch_effect(patch: PatchStep, obj: Mapping[str, Any], funcs: Mapping[str, Func], typed: bool) -> Effect:
     data = render_json(patch.template, obj, funcs)
     if patch.type == "json":
         if not isinstance(data, list):
@@ -583,7 +583,7 @@ class _Reader:
         if not isinstance(text, str):
             raise self.fail(where, text, "must be a Go template string")
         try:
-            return parse(text.strip(), f"{self.source} {where}", _func_names(kind))
+            return parse(text.strip(), f"{self.source} {where}", _default_funcs(kind))
         except TemplateError as exc:
             raise self.fail(where, f"{exc.action}", f"line {exc.line} column {exc.col}: {exc.message}") from None
 
@@ -654,13 +654,15 @@ class _Reader:
         return tuple(steps)
 
 
-_FUNC_NAMES: dict[str, frozenset[str]] = {}
+_DEFAULT_FUNCS: dict[str, dict[str, Func]] = {}
 
 
-def _func_names(kind: str) -> Mapping[str, Any]:
-    if kind not in _FUNC_NAMES:
-        _FUNC_NAMES[kind] = frozenset(kwok_funcs(kind, KwokCluster()))
-    return dict.fromkeys(_FUNC_NAMES[kind])
+def _default_funcs(kind: str) -> dict[str, Func]:
+    """Kwok's functions for `kind` on a default cluster: a template is parsed (and checked) with
+    them; the lifecycle runs it with its own cluster's."""
+    if kind not in _DEFAULT_FUNCS:
+        _DEFAULT_FUNCS[kind] = kwok_funcs(kind, KwokCluster())
+    return _DEFAULT_FUNCS[kind]
 
 
 def parse_stage(raw: Any, source: str) -> Stage:

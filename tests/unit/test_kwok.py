@@ -102,7 +102,7 @@ def test_a_job_pod_runs_then_completes_and_a_deleted_pod_goes() -> None:
 
 
 def test_weights_pick_stages_in_proportion() -> None:
-    doc = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage",  # selector {}: every pod
+    doc: dict[str, Any] = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage",  # selector {}: every pod
            "spec": {"resourceRef": {"kind": "Pod"}, "selector": {}, "next": {"statusTemplate": "phase: X"}}}
     heavy = parse_stage({**doc, "metadata": {"name": "heavy"}, "spec": {**doc["spec"], "weight": 9}}, "t")
     light = parse_stage({**doc, "metadata": {"name": "light"}, "spec": {**doc["spec"], "weight": 1}}, "t")
