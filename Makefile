@@ -1,14 +1,14 @@
 # The two commands: `make demo` and `make test`. Both build .venv on first use; `make test`
-# also fetches Apache Kafka (`make kafka`: Maven Central, into .cache/kafka, once) and builds
-# the Kubernetes control plane the bridge's tests run against (`make k8s`: kube-apiserver,
-# etcd and Kwok with Go from the Go module proxy, into .cache/k8s, once) with Koordinator's
-# CRDs (`make koordinator-crds`, into .cache/koordinator).
+# also fetches Apache Kafka (`make kafka`: Maven Central, into .cache/kafka, once), Kwok's
+# stock Stage files (`make kwok-stages`) and Koordinator's CRDs (`make koordinator-crds`) from
+# the Go module proxy, and builds the Kubernetes control plane the bridge's tests run against
+# (`make k8s`: kube-apiserver, etcd and Kwok with Go, into .cache/k8s, once).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck clean venv kafka k8s koordinator-crds
+.PHONY: demo test e2e lint typecheck clean venv kafka k8s koordinator-crds kwok-stages
 
 venv: $(STAMP)
 
@@ -31,10 +31,15 @@ k8s:
 koordinator-crds:
 	bash infra/k8s/koordinator-crds.sh
 
+# Kwok's stock Stage files and CRDs (sigs.k8s.io/kwok, infra/k8s/versions.env), which the
+# Kwok-compatible lifecycle loads unchanged and its tests check against Kwok's testdata (needs go).
+kwok-stages:
+	bash infra/k8s/kwok-stages.sh
+
 demo: $(STAMP)
 	$(BIN)/koordstream demo --nodes 1000 --pods 10000 --rate 2000 --json out/demo.json
 
-test: $(STAMP) kafka k8s koordinator-crds
+test: $(STAMP) kafka kwok-stages koordinator-crds k8s
 	$(BIN)/python -m pytest -q --durations=15
 
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
@@ -42,7 +47,7 @@ test: $(STAMP) kafka k8s koordinator-crds
 # state retention on both brokers, the quick soak (state stays flat) on Tansu, and the quick
 # variants of the shipped perf scenarios, the rebalancer on Apache Kafka with its leader killed,
 # and the longest crash and takeover runs (tests/integration/conftest.py, E2E_ONLY).
-e2e: $(STAMP) kafka k8s koordinator-crds
+e2e: $(STAMP) kafka kwok-stages koordinator-crds k8s
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
 		tests/integration/test_rebalancer.py tests/integration/test_restart.py tests/integration/test_transactions.py
 

@@ -1,54 +1,105 @@
 """A Kwok-compatible lifecycle: Kwok `Stage` files (`kwok.x-k8s.io/v1alpha1`) applied to the
-pods and nodes of a run (DESIGN.md: no Kwok binary can run here, so the harness carries one).
+objects of a run in-process, reproducing what Kwok v0.8's controllers do with them. Kwok's own
+stock Stage files load unchanged (`stock_stages_dir()`, fetched by `make kwok-stages`) and are
+checked against Kwok's testdata (tests/unit/test_kwok_stock.py).
 
-What a Stage says, and what is honoured:
-- `resourceRef` (`apiGroup: v1`, `kind: Pod | Node`): which objects it applies to.
-- `selector`: `matchLabels`, `matchAnnotations`, and `matchExpressions` whose keys are jq
-  expressions over the object (a subset of jq: `.a.b`, `.a["k"]`, `.[]`, `|`, and
-  `select(<path> == / != <literal>)`), with the operators In, NotIn, Exists, DoesNotExist (In
-  holds when any value the expression yields is in `values`).
-- `weight`: when several stages match an object, one is drawn with probability proportional
-  to its weight (a weight of 0 counts as 1 when all are 0, as in Kwok).
-- `delay`: `durationMilliseconds` (or `durationFrom.expressionFrom`: a Go duration string, or
-  a timestamp meaning "until then"), `jitterDurationMilliseconds` (or `jitterDurationFrom`):
-  the delay is drawn uniformly between the two; a jitter below the duration is used alone.
-- `next`: `statusTemplate` (read for what it sets: `phase`, `podIP`, `hostIP` and the
-  `conditions` with their type and status; Go template actions are not run), `patches` (of
-  the status root, read the same way), `finalizers` (add / remove / empty), `event`, `delete`.
-  The next stage is always planned as soon as one is applied, so `immediateNextStage` is
-  accepted and has nothing more to do.
+A Stage, and what is honoured:
+- `resourceRef` (`apiGroup`, `kind`: any kind; the lifecycle keys stages by kind). A Stage
+  without a `selector` never applies (as in Kwok).
+- `selector`: `matchLabels`, `matchAnnotations`, and `matchExpressions`: jq ones (`key`,
+  `operator`, `values`, or `jq: {...}`; a subset of jq: `.a.b`, `.a["k"]`, `.[]`, `|`,
+  `select(<path> == / != <literal>)`; operators In, NotIn, Exists, DoesNotExist) and CEL ones
+  (`cel: {expression}`, `perf.cel`'s subset). A CEL error (a missing field) means no stage for
+  the object, as Kwok logs and skips it.
+- `weight` / `weightFrom`: among the stages that match, one is drawn by weight as Kwok's
+  `Lifecycle.Match` does (all weights 0: uniformly).
+- `delay`: `durationMilliseconds` / `durationFrom`, `jitterDurationMilliseconds` /
+  `jitterDurationFrom` (jq expressions giving a Go duration, or a timestamp meaning "until
+  then"); the delay is drawn uniformly between the two; a jitter at or below the duration is
+  used alone (Kwok's `Stage.Delay`).
+- `steps` (each: `event`, `finalizers` add / remove / empty, `delete`, `patch` with `template`,
+  `root`, `type` json / merge / strategic, `subresource`, and `apply` of another object), and
+  the older `next` (`event`, `finalizers`, `patches`, or `statusTemplate` as a patch of the
+  status, `delete`), turned into steps as Kwok converts them. Templates are Go templates
+  rendered for real (`perf.gotemplate`) with Kwok's functions (`perf.kwok_render`), over the
+  object as the stage found it; the output is YAML, the patch its JSON under `root`.
+- Patches apply as the API server applies Kwok's: a patch without `type` is a strategic merge
+  patch on Pods and Nodes (Kwok's typed controllers; conditions merge by type) and a merge
+  patch on other kinds; finalizer changes are JSON patches; a delete removes the object, or
+  only marks it deleted while finalizers remain (`perf.kubepatch`). An `apply` creates the
+  named object in the lifecycle (with the status the API server gives a new one: Pending for
+  volumes and claims), or patches it.
+- What happens next is Kwok's controller loop: an object that a stage changed is matched again
+  at once (`immediateNextStage` changes nothing here), one that it left unchanged waits for a
+  change from outside (`upsert`), as Kwok skips a patch that changes nothing and only sees
+  objects again when the API server reports them changed.
 
-`Lifecycle` is pure: objects go in (`upsert`), time passes on an injected clock, and `due(now)`
-applies every transition that is due and returns what happened (`Transition`s); a speed-up
-factor divides every delay. The harness turns transitions into records (a pod that finished or
-was deleted frees its node's resources).
+`Lifecycle` is pure: objects go in (`upsert`), time passes on an injected clock (`due(now)`
+applies every transition that is due and returns them as `Transition`s; a speed-up divides every
+delay), and the cluster side of the template functions (Kwok's node IP, name and port, pod
+address pools, the time `Now` returns) is `perf.kwok_render.KwokCluster`, configured by
+`KwokConfig` (`epoch`: the Unix time of the clock's 0). No wall clock is read.
 
-Bad files are refused before a run with the file, the field and the value (`StageError`).
+Bad files are refused before a run with the file, the field and the value (`StageError`), a
+template's parse error with its position; a template that fails while rendering raises
+`LifecycleError` naming the stage, the object and the template's position.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from schemas.quantity import parse_duration
+from perf import kubepatch
+from perf.cel import CelError, Program, compile_cel
+from perf.gotemplate import Func, Template, TemplateError, parse, parse_go_number
+from perf.kwok_render import KwokCluster, KwokConfig, kwok_funcs, load_yaml, render_json
 
-KINDS = ("Pod", "Node")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+ROOT = Path(__file__).resolve().parents[1]
+TYPED_KINDS = ("Pod", "Node")  # Kwok's typed controllers: strategic merge patches by default
+CREATED_STATUS = {"PersistentVolume": {"phase": "Pending"}, "PersistentVolumeClaim": {"phase": "Pending"}}
+CLUSTER_SCOPED = ("Node", "PersistentVolume", "Namespace", "StorageClass", "Stage", "ClusterRole",
+                  "ClusterRoleBinding", "CustomResourceDefinition", "PriorityClass")
 
 
 class StageError(ValueError):
     def __init__(self, source: str, field: str, value: Any, reason: str) -> None:
         super().__init__(f"{source}: {field}={value!r}: {reason}")
         self.source, self.field, self.value = source, field, value
+
+
+class LifecycleError(ValueError):
+    """A stage that cannot be applied to an object (a template failing on its data, a patch
+    the object refuses, stages that keep changing an object at one instant)."""
+
+
+def kwok_version() -> str:
+    """KWOK_VERSION of infra/k8s/versions.env: the Kwok whose stock stages are the reference."""
+    text = (ROOT / "infra" / "k8s" / "versions.env").read_text()
+    m = re.search(r"^KWOK_VERSION=(\S+)$", text, re.M)
+    if m is None:
+        raise ValueError("infra/k8s/versions.env: no KWOK_VERSION")
+    return m.group(1)
+
+
+def stock_stages_dir() -> Path:
+    """Kwok's stock Stage files (its kustomize/stage tree, testdata included), as
+    `make kwok-stages` fetches them into .cache/kwok/<version>/stage (or $KOORDSTREAM_KWOK_DIR)."""
+    base = Path(os.environ.get("KOORDSTREAM_KWOK_DIR") or ROOT / ".cache" / "kwok" / kwok_version())
+    if not (base / ".complete").is_file() or not (base / "stage").is_dir():
+        raise FileNotFoundError(f"Kwok's stock Stage files are not in {base}: run `make kwok-stages` "
+                                "(infra/k8s/kwok-stages.sh) to fetch them")
+    return base / "stage"
 
 
 # --- a jq subset -------------------------------------------------------------------------------
@@ -176,6 +227,8 @@ def compile_jq(text: str) -> Jq:
 
 @dataclass(frozen=True)
 class Requirement:
+    """A jq match expression (Kwok's `expression.Requirement`)."""
+
     key: Jq
     operator: str
     values: tuple[str, ...]
@@ -198,229 +251,505 @@ def _text(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class Status:
-    """What a statusTemplate or status patch sets, as far as the harness reads it."""
+class Finalizers:
+    add: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+    empty: bool = False
 
-    phase: str = ""
-    pod_ip: bool = False
-    host_ip: bool = False
-    conditions: tuple[tuple[str, str], ...] = ()  # (type, status)
+
+@dataclass(frozen=True)
+class PatchStep:
+    """A patch of the object: the rendered template, under `root`, of `type` (None: Kwok's
+    default for the kind)."""
+
+    template: Template
+    root: str = ""
+    type: str | None = None
+    subresource: str = ""
+
+
+@dataclass(frozen=True)
+class ApplyStep:
+    """Another object created or patched: the rendered template is the whole object."""
+
+    template: Template
+    type: str | None = None
+    subresource: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    event: Mapping[str, str] | None = None
+    finalizers: Finalizers | None = None
+    delete: bool = False
+    patch: PatchStep | None = None
+    apply: ApplyStep | None = None
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What applying a stage does, step by step, as Kwok's `DoSteps` hands it to its
+    controller: an event, a patch (its MIME type, subresource and JSON data), an object applied,
+    or the deletion."""
+
+    kind: str  # event | patch | apply | delete
+    type: str = ""
+    subresource: str = ""
+    data: Any = None
+    event: Mapping[str, str] = field(default_factory=dict)
+
+
+_PATCH_TYPES = {"json": kubepatch.JSON_PATCH, "merge": kubepatch.MERGE_PATCH,
+                "strategic": kubepatch.STRATEGIC_MERGE_PATCH}
+_APPLY_TYPES = {"merge": kubepatch.MERGE_PATCH, "strategic": kubepatch.STRATEGIC_MERGE_PATCH,
+                "apply": kubepatch.APPLY_PATCH}
+_NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     kind: str
+    api_group: str = "v1"
+    selected: bool = True  # a Stage without a selector never applies (Kwok's NewStage)
     match_labels: Mapping[str, str] = field(default_factory=dict)
     match_annotations: Mapping[str, str] = field(default_factory=dict)
     requirements: tuple[Requirement, ...] = ()
+    conditions: tuple[Program, ...] = ()  # CEL expressions
     weight: int = 0
+    weight_from: Jq | None = None
+    delayed: bool = False  # the Stage has a `delay`
     duration_ms: int = 0
     duration_from: Jq | None = None
     jitter_ms: int | None = None
     jitter_from: Jq | None = None
-    status: Status | None = None
-    finalizers_add: tuple[str, ...] = ()
-    finalizers_remove: tuple[str, ...] = ()
-    finalizers_empty: bool = False
-    event: Mapping[str, str] = field(default_factory=dict)
-    delete: bool = False
+    steps: tuple[Step, ...] = ()
+    immediate_next: bool = False
+    source: str = ""
 
     @property
-    def instant(self) -> bool:
-        return (not self.duration_ms and self.duration_from is None and not self.jitter_ms
-                and self.jitter_from is None)
+    def delete(self) -> bool:
+        return any(s.delete for s in self.steps)
+
+    @property
+    def event(self) -> Mapping[str, str]:
+        return next((s.event for s in self.steps if s.event is not None), {})
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the stage selects `obj`; CelError when a CEL expression fails on it."""
+        if not self.selected:
+            return False
         meta = obj.get("metadata") or {}
         labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
         return (all(labels.get(k) == v for k, v in self.match_labels.items())
                 and all(annotations.get(k) == v for k, v in self.match_annotations.items())
-                and all(r.holds(obj) for r in self.requirements))
+                and all(r.holds(obj) for r in self.requirements)
+                and all(p.matches(obj) for p in self.conditions))
 
-    def delay_s(self, obj: Mapping[str, Any], now: float, rng: random.Random) -> float:
-        duration = _duration(self.duration_from, obj, now, self.duration_ms / 1000)
+    def weight_of(self, obj: Any) -> int | None:
+        """Kwok's weight for `obj` (None: unreadable, which Kwok counts apart)."""
+        if self.weight_from is None:
+            return self.weight
+        values = self.weight_from.values(obj)
+        if not values:
+            return self.weight
+        value = values[0]
+        if isinstance(value, str):
+            parsed = parse_go_number(value) if value else None
+            return int(parsed[0]) if parsed and parsed[1] and -2**63 <= parsed[0] < 2**63 else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)
+        return self.weight
+
+    def delay_range_ns(self, obj: Any, now: float) -> list[int] | None:
+        """Kwok's DelayRangePossible at Unix time `now`: [delay], [duration, jitter], or None
+        for no delay."""
+        if not self.delayed:
+            return None
+        duration = _duration_ns(self.duration_from, obj, now, self.duration_ms * 1_000_000)
+        if duration is None:
+            return None
         if self.jitter_ms is None and self.jitter_from is None:
-            return duration
-        jitter = _duration(self.jitter_from, obj, now, (self.jitter_ms or 0) / 1000)
-        return jitter if jitter < duration else rng.uniform(duration, jitter)
+            return [duration]
+        jitter = _duration_ns(self.jitter_from, obj, now,
+                              None if self.jitter_ms is None else self.jitter_ms * 1_000_000)
+        if jitter is None:
+            return [duration]
+        return [jitter] if jitter <= duration else [duration, jitter]
+
+    def delay_s(self, obj: Any, now: float, rng: random.Random) -> float:
+        """Kwok's Delay: a draw in [duration, jitter) (0 without a delay), in seconds."""
+        span = self.delay_range_ns(obj, now)
+        if span is None:
+            return 0.0
+        if len(span) == 1:
+            return max(0, span[0]) / _NS
+        return (span[0] + rng.randrange(span[1] - span[0])) / _NS
+
+    def effects(self, obj: Mapping[str, Any], funcs: Mapping[str, Func], typed: bool) -> list[Effect]:
+        """Kwok's DoSteps on `obj` as the stage found it: every template renders over that
+        object; `typed` (Kwok's Pod and Node controllers) makes untyped patches strategic.
+        ValueError (TemplateError, PatchError) when a step cannot be computed."""
+        out: list[Effect] = []
+        deleted = False
+        finalizers = list((obj.get("metadata") or {}).get("finalizers") or ())
+        for step in self.steps:
+            if step.event is not None:
+                out.append(Effect("event", event=dict(step.event)))
+            if deleted:
+                continue
+            if step.finalizers is not None:
+                ops = _finalizer_ops(finalizers, step.finalizers)
+                if ops:
+                    out.append(Effect("patch", kubepatch.JSON_PATCH, data=ops))
+            if step.delete:
+                deleted = True
+                out.append(Effect("delete"))
+                continue
+            if step.patch is not None:
+                out.append(_patch_effect(step.patch, obj, funcs, typed))
+            if step.apply is not None:
+                data = render_json(step.apply.template, obj, funcs)
+                kind = _APPLY_TYPES[step.apply.type or "apply"]
+                out.append(Effect("apply", kind, step.apply.subresource, data))
+        return out
 
 
-def _duration(expr: Jq | None, obj: Mapping[str, Any], now: float, default: float) -> float:
+def _patch_effect(patch: PatchStep, obj: Mapping[str, Any], funcs: Mapping[str, Func], typed: bool) -> Effect:
+    data = render_json(patch.template, obj, funcs)
+    if patch.type == "json":
+        if not isinstance(data, list):
+            raise ValueError(f"{patch.template.name}: a json patch renders a list of operations, not {data!r}")
+        if patch.root:
+            data = [{**op, "path": f"/{patch.root}{op.get('path', '')}"} if isinstance(op, Mapping) else op
+                    for op in data]
+        return Effect("patch", kubepatch.JSON_PATCH, patch.subresource, data)
+    kind = _PATCH_TYPES[patch.type] if patch.type else (
+        kubepatch.STRATEGIC_MERGE_PATCH if typed else kubepatch.MERGE_PATCH)
+    return Effect("patch", kind, patch.subresource, {patch.root: data} if patch.root else data)
+
+
+def _finalizer_ops(current: list[str], change: Finalizers) -> list[dict[str, Any]]:
+    """Kwok's finalizersModify: JSON patch operations on metadata.finalizers."""
+    ops: list[dict[str, Any]] = []
+    empty = change.empty
+    if not empty and change.remove:
+        removed = [{"op": "remove", "path": f"/metadata/finalizers/{i}"}
+                   for i in range(len(current) - 1, -1, -1) if current[i] in change.remove]
+        if len(removed) == len(current):
+            empty = True
+        else:
+            ops += removed
+    if not empty:
+        if change.add:
+            ops += _finalizers_add(current, change.add)
+    else:
+        if current:
+            ops.append({"op": "remove", "path": "/metadata/finalizers"})
+        if change.add:
+            ops += _finalizers_add([], change.add)
+    return ops
+
+
+def _finalizers_add(current: list[str], add: tuple[str, ...]) -> list[dict[str, Any]]:
+    if current:
+        return [{"op": "add", "path": "/metadata/finalizers/-", "value": f} for f in add if f not in current]
+    return [{"op": "add", "path": "/metadata/finalizers", "value": list(add)}]
+
+
+_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": _NS, "m": 60 * _NS,
+            "h": 3600 * _NS}
+
+
+def go_duration_ns(text: str) -> int:
+    """Go's time.ParseDuration, in nanoseconds; ValueError when malformed."""
+    body = text[1:] if text[:1] in "+-" else text
+    sign = -1 if text[:1] == "-" else 1
+    if body == "0":
+        return 0
+    if not body:
+        raise ValueError(f"time: invalid duration {text!r}")
+    total, pos = 0, 0
+    while pos < len(body):
+        m = _DURATION.match(body, pos)
+        if m is None or m.group(1) in ("", "."):
+            raise ValueError(f"time: invalid duration {text!r}")
+        whole, _, frac = m.group(1).partition(".")
+        unit = _UNIT_NS[m.group(2)]
+        total += int(whole or 0) * unit + (int(frac) * unit // 10 ** len(frac) if frac else 0)
+        pos = m.end()
+    return sign * total
+
+
+def _duration_ns(expr: Jq | None, obj: Any, now: float, default: int | None) -> int | None:
+    """Kwok's durationFrom: the first value of `expr`, a timestamp (time until then) or a Go
+    duration; the default when there is none or it reads as neither; None for "" (no value)."""
     if expr is None:
         return default
-    for value in expr.values(obj):
-        text = str(value)
+    values = expr.values(obj)
+    if not values:
+        return default
+    value = values[0]
+    if isinstance(value, str):
+        if value == "":
+            return None
         try:
-            return max(0.0, parse_duration(text))
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            if when.tzinfo is not None and "T" in value:
+                return round((when.timestamp() - now) * _NS)
         except ValueError:
             pass
         try:
-            return max(0.0, datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() - now)
+            return go_duration_ns(value)
         except ValueError:
             pass
     return default
 
 
+# --- reading Stage files -----------------------------------------------------------------------
+
 _KNOWN = {
-    "": {"apiVersion", "kind", "metadata", "spec"},
-    "spec": {"resourceRef", "selector", "weight", "weightFrom", "delay", "next", "immediateNextStage"},
+    "": {"apiVersion", "kind", "metadata", "spec", "status"},
+    "spec": {"resourceRef", "selector", "weight", "weightFrom", "delay", "next", "immediateNextStage", "steps"},
     "spec.resourceRef": {"apiGroup", "kind"},
     "spec.selector": {"matchLabels", "matchAnnotations", "matchExpressions"},
+    "match": {"key", "operator", "values", "jq", "cel"},
+    "jq": {"key", "operator", "values"},
+    "cel": {"expression"},
+    "from": {"expressionFrom", "jq", "cel"},
     "spec.delay": {"durationMilliseconds", "durationFrom", "jitterDurationMilliseconds", "jitterDurationFrom"},
-    "spec.next": {"statusTemplate", "patches", "finalizers", "event", "delete"},
-    "spec.next.finalizers": {"add", "remove", "empty"},
-    "spec.next.event": {"type", "reason", "message"},
+    "spec.next": {"statusTemplate", "statusSubresource", "statusPatchAs", "patches", "finalizers", "event",
+                  "delete"},
+    "step": {"patch", "event", "finalizers", "delete", "apply"},
+    "patch": {"subresource", "root", "template", "type", "impersonation"},
+    "apply": {"template", "subresource", "type", "impersonation"},
+    "finalizers": {"add", "remove", "empty"},
+    "event": {"type", "reason", "message"},
 }
 
 
-def _check_fields(source: str, where: str, raw: Any) -> None:
-    if not isinstance(raw, Mapping):
-        raise StageError(source, where or "<document>", raw, "must be a mapping")
-    known = _KNOWN.get(where)
-    if known is None:
-        return
-    for key in raw:
-        if key not in known:
-            raise StageError(source, f"{where}.{key}" if where else str(key), raw[key], "unknown field")
+class _Reader:
+    """Reads one Stage document, naming the file, the stage and the field in every error."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, value: Any, reason: str) -> StageError:
+        return StageError(self.source, where, value, reason)
+
+    def mapping(self, where: str, raw: Any, known: str | None = None) -> Mapping[str, Any]:
+        if raw is None:
+            return {}
+        if not isinstance(raw, Mapping):
+            raise self.fail(where or "<document>", raw, "must be a mapping")
+        for key in raw:
+            if known is not None and key not in _KNOWN[known]:
+                raise self.fail(f"{where}.{key}" if where else str(key), raw[key], "unknown field")
+        return raw
+
+    def integer(self, where: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(where, value, "must be a non-negative integer")
+        return value
+
+    def jq(self, where: str, text: Any) -> Jq:
+        if not isinstance(text, str):
+            raise self.fail(where, text, "must be a jq expression string")
+        try:
+            return compile_jq(text)
+        except ValueError as exc:
+            raise self.fail(where, text, f"not a supported jq expression: {exc}") from None
+
+    def cel(self, where: str, text: Any) -> Program:
+        try:
+            return compile_cel(text)
+        except CelError as exc:
+            raise self.fail(where, text, f"not a supported CEL expression: {exc}") from None
+
+    def value_from(self, where: str, raw: Any) -> Jq | None:
+        if raw is None:
+            return None
+        raw = self.mapping(where, raw, "from")
+        if "cel" in raw:
+            raise self.fail(f"{where}.cel", raw["cel"], "CEL in durations and weights is not supported (use jq)")
+        if "jq" in raw:
+            return self.jq(f"{where}.jq.expression", self.mapping(f"{where}.jq", raw["jq"]).get("expression"))
+        if "expressionFrom" not in raw:
+            raise self.fail(where, raw, "needs expressionFrom or jq")
+        return self.jq(f"{where}.expressionFrom", raw["expressionFrom"])
+
+    def template(self, where: str, text: Any, kind: str) -> Template:
+        if not isinstance(text, str):
+            raise self.fail(where, text, "must be a Go template string")
+        try:
+            return parse(text.strip(), f"{self.source} {where}", _default_funcs(kind))
+        except TemplateError as exc:
+            raise self.fail(where, f"{exc.action}", f"line {exc.line} column {exc.col}: {exc.message}") from None
+
+    def finalizers(self, where: str, raw: Any) -> Finalizers:
+        raw = self.mapping(where, raw, "finalizers")
+
+        def values(key: str) -> tuple[str, ...]:
+            items = raw.get(key) or []
+            if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
+                raise self.fail(f"{where}.{key}", items, "must be a list of {value: <finalizer>}")
+            return tuple(str(i.get("value", "")) for i in items)
+
+        return Finalizers(values("add"), values("remove"), bool(raw.get("empty", False)))
+
+    def event(self, where: str, raw: Any) -> Mapping[str, str]:
+        raw = self.mapping(where, raw, "event")
+        return {str(k): str(v) for k, v in raw.items()}
+
+    def patch(self, where: str, raw: Any, kind: str) -> PatchStep:
+        raw = self.mapping(where, raw, "patch")
+        ptype = raw.get("type")
+        if ptype is not None and ptype not in _PATCH_TYPES:
+            raise self.fail(f"{where}.type", ptype, f"must be one of {sorted(_PATCH_TYPES)}")
+        return PatchStep(self.template(f"{where}.template", raw.get("template", ""), kind), str(raw.get("root", "")),
+                         ptype, str(raw.get("subresource", "")))
+
+    def apply(self, where: str, raw: Any, kind: str) -> ApplyStep:
+        raw = self.mapping(where, raw, "apply")
+        atype = raw.get("type")
+        if atype is not None and atype not in _APPLY_TYPES:
+            raise self.fail(f"{where}.type", atype, f"must be one of {sorted(_APPLY_TYPES)}")
+        return ApplyStep(self.template(f"{where}.template", raw.get("template", ""), kind), atype,
+                         str(raw.get("subresource", "")))
+
+    def steps(self, spec: Mapping[str, Any], kind: str) -> tuple[Step, ...]:
+        raw_steps = spec.get("steps")
+        if raw_steps:
+            if not isinstance(raw_steps, list):
+                raise self.fail("spec.steps", raw_steps, "must be a list")
+            out = []
+            for i, raw in enumerate(raw_steps):
+                where = f"spec.steps[{i}]"
+                raw = self.mapping(where, raw, "step")
+                out.append(Step(
+                    event=self.event(f"{where}.event", raw["event"]) if raw.get("event") is not None else None,
+                    finalizers=self.finalizers(f"{where}.finalizers", raw["finalizers"])
+                    if raw.get("finalizers") is not None else None,
+                    delete=bool(raw.get("delete", False)),
+                    patch=self.patch(f"{where}.patch", raw["patch"], kind) if raw.get("patch") is not None else None,
+                    apply=self.apply(f"{where}.apply", raw["apply"], kind) if raw.get("apply") is not None else None))
+            return tuple(out)
+        nxt = self.mapping("spec.next", spec.get("next"), "spec.next")
+        steps: list[Step] = []  # Kwok's conversion of `next` into steps
+        if nxt.get("event") is not None:
+            steps.append(Step(event=self.event("spec.next.event", nxt["event"])))
+        if nxt.get("finalizers") is not None:
+            steps.append(Step(finalizers=self.finalizers("spec.next.finalizers", nxt["finalizers"])))
+        patches = nxt.get("patches") or []
+        if not isinstance(patches, list):
+            raise self.fail("spec.next.patches", patches, "must be a list")
+        if patches:
+            steps += [Step(patch=self.patch(f"spec.next.patches[{j}]", p, kind)) for j, p in enumerate(patches)]
+        elif nxt.get("statusTemplate"):
+            template = self.template("spec.next.statusTemplate", nxt["statusTemplate"], kind)
+            steps.append(Step(patch=PatchStep(template, "status", None, str(nxt.get("statusSubresource") or "status"))))
+        if nxt.get("delete"):
+            steps.append(Step(delete=True))
+        return tuple(steps)
 
 
-def _jq(source: str, field: str, text: Any) -> Jq:
-    if not isinstance(text, str):
-        raise StageError(source, field, text, "must be a jq expression string")
-    try:
-        return compile_jq(text)
-    except ValueError as exc:
-        raise StageError(source, field, text, f"not a supported jq expression: {exc}") from None
+_DEFAULT_FUNCS: dict[str, dict[str, Func]] = {}
 
 
-def _int(source: str, field: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise StageError(source, field, value, "must be a non-negative integer")
-    return value
-
-
-_ASSIGN = re.compile(r"^\s*(-\s+)?([A-Za-z]+):\s*(.*?)\s*$")
-
-
-def read_status(text: str) -> Status:
-    """What a statusTemplate sets: Go template actions are dropped, then the phase, IPs and
-    conditions are read from what is left."""
-    phase, pod_ip, host_ip = "", False, False
-    conditions: list[tuple[str, str]] = []
-    current: dict[str, str] = {}
-    in_conditions = False
-    for line in re.sub(r"\{\{.*?\}\}", "X", text).splitlines():
-        m = _ASSIGN.match(line)
-        if not m:
-            continue
-        dash, key, value = m.groups()
-        value = value.strip("'\"")
-        indent = len(line) - len(line.lstrip())
-        if indent == 0 and not dash:
-            if current:
-                conditions.append((current.get("type", ""), current.get("status", "")))
-                current = {}
-            in_conditions = key == "conditions"
-            phase = value if key == "phase" else phase
-            pod_ip |= key == "podIP"
-            host_ip |= key == "hostIP"
-        elif in_conditions:
-            if dash and current:
-                conditions.append((current.get("type", ""), current.get("status", "")))
-                current = {}
-            current[key] = value
-    if current:
-        conditions.append((current.get("type", ""), current.get("status", "")))
-    return Status(phase, pod_ip, host_ip, tuple(c for c in conditions if c[0]))
+def _default_funcs(kind: str) -> dict[str, Func]:
+    """Kwok's functions for `kind` on a default cluster: a template is parsed (and checked) with
+    them; the lifecycle runs it with its own cluster's."""
+    if kind not in _DEFAULT_FUNCS:
+        _DEFAULT_FUNCS[kind] = kwok_funcs(kind, KwokCluster())
+    return _DEFAULT_FUNCS[kind]
 
 
 def parse_stage(raw: Any, source: str) -> Stage:
     """One Stage document; raises StageError naming the file, field and value."""
-    _check_fields(source, "", raw)
+    r = _Reader(source)
+    raw = r.mapping("", raw, "")
     if raw.get("apiVersion") != "kwok.x-k8s.io/v1alpha1" or raw.get("kind") != "Stage":
-        raise StageError(source, "apiVersion/kind", f"{raw.get('apiVersion')}/{raw.get('kind')}",
-                         "expected kwok.x-k8s.io/v1alpha1 Stage")
+        raise r.fail("apiVersion/kind", f"{raw.get('apiVersion')}/{raw.get('kind')}",
+                     "expected kwok.x-k8s.io/v1alpha1 Stage")
     name = str((raw.get("metadata") or {}).get("name") or "")
     if not name:
-        raise StageError(source, "metadata.name", name, "is required")
-    where = f"{source} (stage {name})"
-    spec = raw.get("spec") or {}
-    _check_fields(where, "spec", spec)
-    ref = spec.get("resourceRef") or {}
-    _check_fields(where, "spec.resourceRef", ref)
+        raise r.fail("metadata.name", name, "is required")
+    r = _Reader(f"{source} (stage {name})")
+    spec = r.mapping("spec", raw.get("spec"), "spec")
+    ref = r.mapping("spec.resourceRef", spec.get("resourceRef"), "spec.resourceRef")
     kind = ref.get("kind")
-    if kind not in KINDS or ref.get("apiGroup", "v1") not in ("v1", ""):
-        raise StageError(where, "spec.resourceRef.kind", kind, f"must be one of {list(KINDS)} (apiGroup v1)")
-    selector = spec.get("selector") or {}
-    _check_fields(where, "spec.selector", selector)
-    requirements = []
-    for i, expr in enumerate(selector.get("matchExpressions") or []):
-        field_ = f"spec.selector.matchExpressions[{i}]"
+    if not isinstance(kind, str) or not kind:
+        raise r.fail("spec.resourceRef.kind", kind, "is required (the kind of object the stage applies to)")
+    selector = spec.get("selector")
+    sel = r.mapping("spec.selector", selector, "spec.selector")
+    requirements, conditions = [], []
+    expressions = sel.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise r.fail("spec.selector.matchExpressions", expressions, "must be a list")
+    for i, expr in enumerate(expressions):
+        where = f"spec.selector.matchExpressions[{i}]"
         if not isinstance(expr, Mapping):
-            raise StageError(where, field_, expr, "must be a mapping with key, operator and values")
-        operator = expr.get("operator")
+            raise r.fail(where, expr, "must be a mapping with key, operator and values (or jq, or cel)")
+        r.mapping(where, expr, "match")
+        if expr.get("cel") is not None:
+            cel = r.mapping(f"{where}.cel", expr["cel"], "cel")
+            conditions.append(r.cel(f"{where}.cel.expression", cel.get("expression")))
+            continue
+        jq = r.mapping(f"{where}.jq", expr["jq"], "jq") if expr.get("jq") is not None else expr
+        where = f"{where}.jq" if expr.get("jq") is not None else where
+        operator = jq.get("operator")
         if operator not in OPERATORS:
-            raise StageError(where, f"{field_}.operator", operator, f"must be one of {list(OPERATORS)}")
-        values = tuple(str(v) for v in expr.get("values") or ())
+            raise r.fail(f"{where}.operator", operator, f"must be one of {list(OPERATORS)}")
+        values = tuple(str(v) for v in jq.get("values") or ())
         if operator in ("In", "NotIn") and not values:
-            raise StageError(where, f"{field_}.values", expr.get("values"), f"{operator} needs values")
-        requirements.append(Requirement(_jq(where, f"{field_}.key", expr.get("key")), operator, values))
-    delay = spec.get("delay") or {}
-    _check_fields(where, "spec.delay", delay)
-
-    def source_expr(key: str) -> Jq | None:
-        raw_from = delay.get(key)
-        if raw_from is None:
-            return None
-        if not isinstance(raw_from, Mapping) or set(raw_from) != {"expressionFrom"}:
-            raise StageError(where, f"spec.delay.{key}", raw_from, "must be {expressionFrom: <jq expression>}")
-        return _jq(where, f"spec.delay.{key}.expressionFrom", raw_from["expressionFrom"])
-
-    nxt = spec.get("next") or {}
-    _check_fields(where, "spec.next", nxt)
-    status = read_status(nxt["statusTemplate"]) if isinstance(nxt.get("statusTemplate"), str) else None
-    for j, patch in enumerate(nxt.get("patches") or []):
-        if not isinstance(patch, Mapping) or not isinstance(patch.get("template", ""), str):
-            raise StageError(where, f"spec.next.patches[{j}]", patch, "must be a mapping with a template")
-        if patch.get("root", "status") == "status":
-            status = read_status(patch.get("template", ""))
-    finalizers = nxt.get("finalizers") or {}
-    _check_fields(where, "spec.next.finalizers", finalizers)
-    event = nxt.get("event") or {}
-    _check_fields(where, "spec.next.event", event)
+            raise r.fail(f"{where}.values", jq.get("values"), f"{operator} needs values")
+        if operator in ("Exists", "DoesNotExist") and values:
+            raise r.fail(f"{where}.values", jq.get("values"), f"{operator} takes no values")
+        requirements.append(Requirement(r.jq(f"{where}.key", jq.get("key")), operator, values))
+    delay = r.mapping("spec.delay", spec.get("delay"), "spec.delay")
     jitter = delay.get("jitterDurationMilliseconds")
     return Stage(
-        name=name, kind=str(kind),
-        match_labels={str(k): str(v) for k, v in (selector.get("matchLabels") or {}).items()},
-        match_annotations={str(k): str(v) for k, v in (selector.get("matchAnnotations") or {}).items()},
-        requirements=tuple(requirements),
-        weight=_int(where, "spec.weight", spec.get("weight", 0)),
-        duration_ms=_int(where, "spec.delay.durationMilliseconds", delay.get("durationMilliseconds", 0)),
-        duration_from=source_expr("durationFrom"),
-        jitter_ms=None if jitter is None else _int(where, "spec.delay.jitterDurationMilliseconds", jitter),
-        jitter_from=source_expr("jitterDurationFrom"),
-        status=status,
-        finalizers_add=tuple(str(f.get("value")) for f in finalizers.get("add") or ()),
-        finalizers_remove=tuple(str(f.get("value")) for f in finalizers.get("remove") or ()),
-        finalizers_empty=bool(finalizers.get("empty", False)),
-        event={str(k): str(v) for k, v in event.items()},
-        delete=bool(nxt.get("delete", False)),
+        name=name, kind=kind, api_group=str(ref.get("apiGroup") or "v1"), selected=selector is not None,
+        match_labels={str(k): str(v) for k, v in (sel.get("matchLabels") or {}).items()},
+        match_annotations={str(k): str(v) for k, v in (sel.get("matchAnnotations") or {}).items()},
+        requirements=tuple(requirements), conditions=tuple(conditions),
+        weight=r.integer("spec.weight", spec.get("weight", 0)),
+        weight_from=r.value_from("spec.weightFrom", spec.get("weightFrom")),
+        delayed=spec.get("delay") is not None,
+        duration_ms=r.integer("spec.delay.durationMilliseconds", delay.get("durationMilliseconds", 0)),
+        duration_from=r.value_from("spec.delay.durationFrom", delay.get("durationFrom")),
+        jitter_ms=None if jitter is None else r.integer("spec.delay.jitterDurationMilliseconds", jitter),
+        jitter_from=r.value_from("spec.delay.jitterDurationFrom", delay.get("jitterDurationFrom")),
+        steps=r.steps(spec, kind),
+        immediate_next=bool(spec.get("immediateNextStage", False)),
+        source=source,
     )
 
 
 def load_stages(paths: Iterable[str | Path]) -> list[Stage]:
-    """Every Stage of the given files (multi-document YAML), validated before any run."""
+    """Every Stage of the given files (multi-document YAML), validated before any run; other
+    kinds of documents in them (a StorageClass beside Kwok's volume stages) are skipped, as
+    Kwok's loader keeps only the kinds it knows."""
     out = []
     for path in paths:
         text = Path(path).read_text()
         try:
-            docs = list(yaml.safe_load_all(text))
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
         except yaml.YAMLError as exc:
             raise StageError(str(path), "<document>", "", f"not YAML: {exc}") from None
-        for n, doc in enumerate(d for d in docs if d is not None):
-            out.append(parse_stage(doc, f"{path}#{n}" if len(docs) > 1 else str(path)))
+        for n, doc in enumerate(docs):
+            source = f"{path}#{n}" if len(docs) > 1 else str(path)
+            if isinstance(doc, Mapping) and doc.get("apiVersion") != "kwok.x-k8s.io/v1alpha1" \
+                    and doc.get("kind") not in (None, "Stage"):
+                continue
+            out.append(parse_stage(doc, source))
     return out
+
+
+def load_object(text: str) -> Any:
+    """A Kubernetes object from YAML, read as Kwok reads it (go-yaml v2's rules)."""
+    return load_yaml(text)
 
 
 # --- the lifecycle ------------------------------------------------------------------------------
@@ -435,38 +764,100 @@ class Transition:
     stage: str
     at: float
     phase: str  # the object's phase afterwards ("" for none)
-    deleted: bool
-    event: Mapping[str, str]
+    deleted: bool  # the object is gone
+    event: Mapping[str, str]  # the stage's first event ({} for none)
+    events: tuple[Mapping[str, str], ...] = ()
+    changed: bool = True  # the stage changed the object
+
+
+def choose(stages: Sequence[Stage], obj: Any, rng: random.Random) -> Stage | None:
+    """Kwok's Lifecycle.Match: one of the matching stages, drawn by weight; all weights 0 (or
+    unreadable): uniformly."""
+    if not stages:
+        return None
+    if len(stages) == 1:
+        return stages[0]
+    weights = [s.weight_of(obj) for s in stages]
+    readable = [(s, w) for s, w in zip(stages, weights, strict=True) if w is not None]
+    if not readable:
+        return stages[rng.randrange(len(stages))]
+    total = sum(w for _, w in readable)
+    if total == 0:
+        return readable[rng.randrange(len(readable))][0]
+    off = rng.randrange(total)
+    for s, w in readable:
+        if w <= 0:
+            continue
+        off -= w
+        if off < 0:
+            return s
+    return stages[-1]
+
+
+def all_possible(stages: Sequence[Stage], obj: Any) -> list[Stage]:
+    """Kwok's Lifecycle.ListAllPossible: every matching stage that Match could draw."""
+    if len(stages) <= 1:
+        return list(stages)
+    weights = [s.weight_of(obj) for s in stages]
+    if all(w is None for w in weights):
+        return list(stages)
+    if sum(w or 0 for w in weights) == 0:
+        return [s for s, w in zip(stages, weights, strict=True) if w is not None]
+    return [s for s, w in zip(stages, weights, strict=True) if w is not None and w > 0]
+
+
+_LOOP_LIMIT = 100  # changes of one object at one instant before the stages are called a loop
 
 
 class Lifecycle:
     """Objects move through the stages that match them (see the module docstring)."""
 
-    def __init__(self, stages: Sequence[Stage], *, speedup: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, stages: Sequence[Stage], *, speedup: float = 1.0, seed: int = 0,
+                 config: KwokConfig | None = None) -> None:
         if speedup <= 0:
             raise ValueError(f"speedup={speedup!r}: must be positive")
-        self.stages = {kind: [s for s in stages if s.kind == kind] for kind in KINDS}
+        config = config or KwokConfig()
+        config.validate()
+        self.stages: dict[str, list[Stage]] = {}
+        for s in stages:
+            self.stages.setdefault(s.kind, []).append(s)
         self.speedup = speedup
         self.rng = random.Random(seed)
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.cluster = KwokCluster(config, node=self._node)
+        self._funcs = {kind: kwok_funcs(kind, self.cluster) for kind in self.stages}
+        self._nodes: dict[str, str] = {}  # node name -> key
         self._heap: list[tuple[float, int, str, str, int]] = []  # (due, seq, kind, key, version)
         self._version: dict[tuple[str, str], int] = {}
         self._seq = 0
         self._stage_of: dict[tuple[str, str, int], Stage] = {}
-        self._instant_done: dict[tuple[str, str], set[str]] = {}
 
     def __len__(self) -> int:
         return len(self.objects)
 
+    def set_epoch(self, epoch: float) -> None:
+        """The Unix time of the clock's 0 (what `Now` renders and timestamps are read against)."""
+        self.cluster.config = replace(self.cluster.config, epoch=epoch)
+
+    def _node(self, name: str) -> Mapping[str, Any] | None:
+        key = self._nodes.get(name)
+        return None if key is None else self.objects.get(("Node", key))
+
     def upsert(self, kind: str, key: str, obj: dict[str, Any], now: float) -> None:
         """A new or changed object: it waits for the next stage that matches it."""
         self.objects[(kind, key)] = obj
-        self._instant_done.pop((kind, key), None)
+        if kind == "Node":
+            self._nodes[str((obj.get("metadata") or {}).get("name") or key)] = key
         self._plan(kind, key, now)
 
     def forget(self, kind: str, key: str) -> None:
-        self.objects.pop((kind, key), None)
-        self._instant_done.pop((kind, key), None)
+        obj = self.objects.pop((kind, key), None)
+        if obj is not None and kind == "Pod":
+            self.cluster.recycle_pod_ips(obj)
+        if kind == "Node":
+            name = str(((obj or {}).get("metadata") or {}).get("name") or key)
+            if self._nodes.get(name) == key:
+                del self._nodes[name]
         self._version[(kind, key)] = self._version.get((kind, key), 0) + 1
 
     def next_due(self) -> float | None:
@@ -478,15 +869,15 @@ class Lifecycle:
         obj = self.objects.get((kind, key))
         if obj is None:
             return
-        # Stages without delay apply once until the object changes from outside; otherwise two
-        # of them that keep matching would apply forever (delayed ones repeat, like heartbeats).
-        done = self._instant_done.get((kind, key), set())
-        matching = [s for s in self.stages.get(kind, ()) if s.matches(obj) and s.name not in done]
-        if not matching:
+        try:
+            matching = [s for s in self.stages.get(kind, ()) if s.matches(obj)]
+        except CelError:
+            return  # Kwok logs the failed match and leaves the object alone
+        stage = choose(matching, obj, self.rng)
+        if stage is None:
             return
-        weights = [s.weight for s in matching]
-        stage = self.rng.choices(matching, weights=weights)[0] if any(weights) else matching[0]
-        due = now + stage.delay_s(obj, now, self.rng) / self.speedup
+        wall = self.cluster.config.epoch + now
+        due = now + stage.delay_s(obj, wall, self.rng) / self.speedup
         self._seq += 1
         self._stage_of[(kind, key, version)] = stage
         heapq.heappush(self._heap, (due, self._seq, kind, key, version))
@@ -494,40 +885,91 @@ class Lifecycle:
     def due(self, now: float) -> list[Transition]:
         """Apply every transition due by `now`, in time order; returns them."""
         out: list[Transition] = []
+        changes: dict[tuple[str, str, float], int] = {}
         while self._heap and self._heap[0][0] <= now:
             at, _, kind, key, version = heapq.heappop(self._heap)
             stage = self._stage_of.pop((kind, key, version), None)
             obj = self.objects.get((kind, key))
-            if stage is None or obj is None or self._version.get((kind, key)) != version or not stage.matches(obj):
-                continue  # superseded by a change, or no longer selected
-            out.append(self._apply(kind, key, obj, stage, at))
-            if not out[-1].deleted:
-                if stage.instant:
-                    self._instant_done.setdefault((kind, key), set()).add(stage.name)
-                self._plan(kind, key, at)  # planned at once (immediateNextStage or not)
+            if stage is None or obj is None or self._version.get((kind, key)) != version:
+                continue  # superseded by a change, or gone
+            t = self._apply(kind, key, obj, stage, at)
+            out.append(t)
+            if t.changed and not t.deleted:
+                n = changes[(kind, key, at)] = changes.get((kind, key, at), 0) + 1
+                if n > _LOOP_LIMIT:
+                    raise LifecycleError(f"{kind} {key}: its stages changed it {n} times at {at} s "
+                                         f"(last {stage.name!r}, {stage.source}): a loop in the stage files")
+                self._plan(kind, key, at)  # Kwok sees the change and matches the object again
         return out
 
     def _apply(self, kind: str, key: str, obj: dict[str, Any], stage: Stage, at: float) -> Transition:
-        meta = obj.setdefault("metadata", {})
-        status = obj.setdefault("status", {})
-        if stage.status is not None:
-            if stage.status.phase:
-                status["phase"] = stage.status.phase
-            if stage.status.pod_ip:
-                status.setdefault("podIP", "10.0.0.1")
-            if stage.status.host_ip:
-                status.setdefault("hostIP", "10.0.0.2")
-            if stage.status.conditions:
-                status["conditions"] = [{"type": t, "status": s} for t, s in stage.status.conditions]
-        finalizers = list(meta.get("finalizers") or [])
-        if stage.finalizers_empty:
-            finalizers = []
-        finalizers = [f for f in finalizers if f not in stage.finalizers_remove] + \
-                     [f for f in stage.finalizers_add if f not in finalizers]
-        if finalizers:
-            meta["finalizers"] = finalizers
-        else:
-            meta.pop("finalizers", None)
-        if stage.delete:
+        self.cluster.now = at
+        try:
+            effects = stage.effects(obj, self._funcs[kind], kind in TYPED_KINDS)
+        except ValueError as exc:
+            raise LifecycleError(f"{stage.source} (stage {stage.name}) on {kind} {key}: {exc}") from None
+        state: Any = obj
+        events: list[Mapping[str, str]] = []
+        delete = False
+        for effect in effects:
+            if effect.kind == "event":
+                events.append(effect.event)
+            elif effect.kind == "delete":
+                delete = True
+            elif effect.kind == "apply":
+                self._apply_object(effect, obj, at)
+            else:
+                if kind == "Pod":
+                    self.cluster.mark_pod_ips(obj)
+                try:
+                    state = kubepatch.apply_patch(state, effect.data, effect.type, kind)
+                except kubepatch.PatchError as exc:
+                    raise LifecycleError(f"{stage.source} (stage {stage.name}) on {kind} {key}: {exc}") from None
+        if not isinstance(state, dict):
+            raise LifecycleError(f"{stage.source} (stage {stage.name}) on {kind} {key}: a patch left {state!r}")
+        gone = False
+        if delete:
+            meta = state.get("metadata") or {}
+            if meta.get("finalizers"):  # the API server only marks it; the finalizers' owners remove it
+                if not meta.get("deletionTimestamp"):
+                    stamp = datetime.fromtimestamp(self.cluster.config.epoch + at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                    state = {**state, "metadata": {**meta, "deletionTimestamp": stamp}}
+            else:
+                gone = True
+        changed = gone or state != obj
+        if changed and state is not obj:
+            obj.clear()
+            obj.update(state)
+        if gone:
             self.forget(kind, key)
-        return Transition(kind, key, stage.name, at, str(status.get("phase", "")), stage.delete, dict(stage.event))
+        phase = str((obj.get("status") or {}).get("phase", "") or "")
+        return Transition(kind, key, stage.name, at, phase, gone, events[0] if events else {}, tuple(events), changed)
+
+    def _apply_object(self, effect: Effect, source: Mapping[str, Any], at: float) -> None:
+        """Kwok's ApplyResource: create the rendered object, or patch it when it exists (a
+        subresource is only ever patched)."""
+        data = effect.data
+        if not isinstance(data, Mapping) or not data.get("kind") or not data.get("apiVersion"):
+            raise LifecycleError(f"an applied template must give apiVersion and kind: {data!r}")
+        kind = str(data["kind"])
+        meta = dict(data.get("metadata") or {})
+        namespace = meta.get("namespace") or ((source.get("metadata") or {}).get("namespace")
+                                              if kind not in CLUSTER_SCOPED else None)
+        if namespace:
+            meta["namespace"] = namespace
+        name = str(meta.get("name") or "")
+        key = f"{namespace}/{name}" if namespace else name
+        current = self.objects.get((kind, key))
+        obj = {**data, "metadata": meta}
+        if current is None:
+            if effect.subresource:
+                raise LifecycleError(f"{kind} {key} does not exist: its {effect.subresource} cannot be applied")
+            if kind in CREATED_STATUS and not obj.get("status"):
+                obj["status"] = dict(CREATED_STATUS[kind])  # as the API server creates one
+            self.upsert(kind, key, obj, at)
+            return
+        patched = kubepatch.apply_patch(current, obj, effect.type, kind)
+        if patched != current:
+            current.clear()
+            current.update(patched)
+            self.upsert(kind, key, current, at)

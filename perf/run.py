@@ -153,6 +153,7 @@ class _LifecycleLoop:
                  on_progress: Callable[[int, int], None] | None = None) -> None:
         self.collector, self.producer, self.lifecycle = collector, producer, lifecycle
         self.pods, self.t0, self.on_progress = pods, t0, on_progress
+        lifecycle.set_epoch(t0)  # the lifecycle's clock counts from t0: Now and timestamps read against it
         self.nodes = {n.name: n for n in nodes}  # as last published
         for n in nodes:
             lifecycle.upsert("Node", n.name, node_object(n), 0.0)

@@ -1,8 +1,11 @@
 """The deployment files are valid: the compose file for the real Compose CLI, the example
 settings for our settings loader, and the GitHub workflows for check-jsonschema's built-in
 GitHub-workflow schema (a broken workflow is refused too). Apache Kafka is one version
-everywhere: the Maven install step, the broker the tests start, the compose file's image."""
+everywhere: the Maven install step, the broker the tests start, the compose file's image. Kwok's
+stock Stage files are fetched (from the Go module of infra/k8s/versions.env) before `make test`,
+`make e2e` and `make demo`."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -45,6 +48,29 @@ def test_make_test_fetches_kafka_first() -> None:
     assert test_rule and "kafka" in test_rule.group(1).split()
     assert re.search(r"^kafka:\n\t.*infra/kafka/install\.sh", makefile, re.M)
     assert ".cache/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_make_test_e2e_and_demo_fetch_kwok_stages_first() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("test", "e2e", "demo"):
+        rule = re.search(rf"^{target}:(.*)$", makefile, re.M)
+        assert rule and "kwok-stages" in rule.group(1).split(), target
+    assert re.search(r"^kwok-stages:\n\t.*infra/k8s/kwok-stages\.sh", makefile, re.M)
+
+
+def test_the_kwok_stages_step_fetches_the_module_into_a_complete_folder_once(tmp_path: Path) -> None:
+    version = re.search(r"^KWOK_VERSION=(\S+)$", (ROOT / "infra" / "k8s" / "versions.env").read_text(), re.M)
+    assert version
+    out = tmp_path / "kwok"
+    env = {**os.environ, "KOORDSTREAM_KWOK_DIR": str(out)}
+    script = str(ROOT / "infra" / "k8s" / "kwok-stages.sh")
+    done = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (out / ".complete").is_file() and (out / "MODULE").read_text().strip() == f"sigs.k8s.io/kwok@{version[1]}"
+    assert (out / "stage" / "stage_test.go").is_file() and list((out / "stage").glob("*/*/testdata/*.input.yaml"))
+    assert (out / "crd" / "bases" / "kwok.x-k8s.io_stages.yaml").is_file()
+    again = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stderr == ""  # complete: nothing to do
 
 
 def test_example_settings_load() -> None:
