@@ -352,3 +352,87 @@ async def test_a_watch_whose_version_was_compacted_away_lists_again(tmp_path: Pa
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_one_bridge_leads_and_another_takes_over_when_it_is_killed(
+        api: KubeApi, bridge: BridgeProcess, bootstrap: str, bridge_kubeconfig: Path) -> None:
+    """Two bridges: the Lease names one; the other writes nothing. The leader killed -9, the
+    other takes the Lease once it expires and binds what comes after; no pod bound twice."""
+    group = unique("lease")
+    await cluster(api, group, [kwok_node(f"{group}-0", group, cpu="16")])
+    lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/koordstream-bridge"
+    standby = BridgeProcess(bootstrap, bridge_kubeconfig, bridge.log.with_name("standby.log"))
+    standby.start()
+    try:
+        async with Harness(bootstrap) as h:
+            async def holder() -> str | None:
+                try:
+                    return str((await api.request("GET", lease_path))["spec"].get("holderIdentity") or "") or None
+                except KubeError:
+                    return None
+            before = await wait_until("a leader", holder, timeout=30)
+            await create_all(api, f"/api/v1/namespaces/{group}/pods", [pod_manifest(f"a-{i}", group, group) for i in range(5)])
+            await bound(api, group, 5)
+            assert (await api.request("GET", lease_path))["spec"]["holderIdentity"] == before
+            bridge.kill()
+
+            async def new_holder() -> str | None:
+                now = await holder()
+                return now if now and now != before else None
+            await wait_until("the standby to take the Lease", new_holder, timeout=30)
+            second = await create_all(api, f"/api/v1/namespaces/{group}/pods",
+                                      [pod_manifest(f"b-{i}", group, group) for i in range(5)])
+            placed = await bound(api, group, 10)
+            assert {p["metadata"]["uid"] for p in second} <= {p["metadata"]["uid"] for p in placed}
+            no_pod_bound_twice(h, {p["metadata"]["uid"] for p in placed})
+    finally:
+        standby.stop()
+        if not bridge.alive():
+            bridge.start()
+
+
+@pytest.mark.e2e
+async def test_a_thousand_pods_from_manifests_are_bound_once_each_through_the_api_server(
+        api: KubeApi, bridge: BridgeProcess, bootstrap: str) -> None:
+    """Issue 29's run: Kwok nodes, 1,000 pods as `kubectl` creates them (GPU shares, gangs, a
+    reservation's owner, plain pods, some that fit nowhere), the bridge killed -9 half way and
+    started again, a budget's refusal on the way: every pod that fits bound once, read back from
+    the API server, with its annotations; the others carry kube-scheduler's condition."""
+    group = unique("thousand")
+    nodes = [kwok_node(f"{group}-gpu-{i}", group, cpu="64", memory="512Gi", gpus=8) for i in range(4)]
+    nodes += [kwok_node(f"{group}-cpu-{i}", group, cpu="32", memory="128Gi") for i in range(16)]
+    await cluster(api, group, nodes)
+    gpu = {"koordinator.sh/gpu-core": "25", "koordinator.sh/gpu-memory-ratio": "25"}
+    manifests = [pod_manifest(f"plain-{i}", group, group, cpu="500m") for i in range(800)]
+    manifests += [pod_manifest(f"gpu-{i}", group, group, extra=gpu) for i in range(100)]
+    for g in range(20):
+        gang = {GANG_NAME_ANNOTATION: f"gang-{g}", GANG_MIN_AVAILABLE_ANNOTATION: "4"}
+        manifests += [pod_manifest(f"gang-{g}-{i}", group, group, annotations=gang) for i in range(4)]
+    manifests += [pod_manifest(f"huge-{i}", group, group, cpu="100") for i in range(19)]  # fits nowhere
+    manifests.append(pod_manifest("owner", group, group, cpu="2", labels={"reserved-for": group}))
+    template = pod_manifest("tpl", group, group, cpu="2")
+    await api.request("POST", "/apis/scheduling.koordinator.sh/v1alpha1/reservations", body={
+        "apiVersion": "scheduling.koordinator.sh/v1alpha1", "kind": "Reservation", "metadata": {"name": group},
+        "spec": {"template": {"metadata": {"namespace": group}, "spec": template["spec"]},
+                 "owners": [{"labelSelector": {"matchLabels": {"reserved-for": group}}}], "ttl": "1h"}})
+    assert len(manifests) == 1000
+    async with Harness(bootstrap) as h:
+        created = await create_all(api, f"/api/v1/namespaces/{group}/pods", manifests[:500])
+        await bound(api, group, 100)
+        bridge.kill()
+        created += await create_all(api, f"/api/v1/namespaces/{group}/pods", manifests[500:])
+        bridge.start()
+        placed = await bound(api, group, 981, timeout=300)
+        fits = {p["metadata"]["uid"] for p in created if not p["metadata"]["name"].startswith("huge-")}
+        assert fits <= {p["metadata"]["uid"] for p in placed}
+        no_pod_bound_twice(h, fits)
+        for pod in placed:
+            annotations = pod["metadata"].get("annotations") or {}
+            assert annotations[HOLD_ANNOTATION].endswith("/" + pod["spec"]["nodeName"])
+            assert not pod["metadata"]["name"].startswith("gpu-") or DEVICE_ALLOCATED in annotations
+
+        async def conditions() -> list[dict[str, Any]] | None:
+            huge = [condition(p, "PodScheduled") for p in await pods(api, group) if p["metadata"]["name"].startswith("huge-")]
+            return huge if all(c and c["status"] == "False" for c in huge) else None
+        for found in await wait_until("the huge pods' conditions", conditions):
+            assert found["message"].startswith("0/") and "Insufficient cpu" in found["message"]
