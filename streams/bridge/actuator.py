@@ -39,6 +39,7 @@ from typing import Any
 from agents.ports import Output
 from agents.rebalance.binpack import DELETION_COST
 from schemas import topics
+from schemas.quantity import format_canonical
 from schemas.records import (
     Binding,
     EvictionCommand,
@@ -98,7 +99,7 @@ def reservation_status(e: ReservationEvent) -> dict[str, Any]:
     owners = [{"uid": o.uid, "namespace": o.namespace, "name": o.name, "apiVersion": "v1", "kind": "Pod"}
               for o in e.current_owners]
     status: dict[str, Any] = {"phase": PHASES.get(e.phase, e.phase), "nodeName": e.node or None,
-                              "allocated": {k: str(v) for k, v in e.allocated.items()} or None,
+                              "allocated": {k: format_canonical(k, v) for k, v in e.allocated.items()} or None,
                               "currentOwners": owners or None}
     if e.reason:
         status["conditions"] = [{"type": "Ready" if e.phase == "Available" else "Scheduled",
@@ -212,7 +213,8 @@ class Actuator:
         """Feedback of an attempt that came before the pod's Binding (the two arrive on separate
         topics) is not written: the binding set PodScheduled=True. One whose write crossed the
         binding is undone (the answer shows the pod's node)."""
-        if self._feedback.get(f.uid) == f.message or not f.name or f.uid in self.bound or self.is_bound(f.uid):
+        if (self._feedback.get(f.uid) == f.message or not f.name or not f.namespace  # (a reservation's: no pod)
+                or f.uid in self.bound or self.is_bound(f.uid)):
             return
         path = pod_path(f.namespace, f.name)
         try:

@@ -28,6 +28,11 @@ whose `spec.replicas` went down (`scale-down`: `ScaleDownEvent("ReplicaSet/<name
 many)`; a Deployment scales down through its ReplicaSet). An object that cannot be converted
 goes to the dead-letter topic with the field and value, and the rest of the batch goes on.
 After a relist (`relisted`), what the list no longer has is taken as deleted.
+
+A new leader starts from what the bridges published before (`seed`: the records stamped with
+the bridge's origin, read back from `pods`, `nodes` and `disruption-budgets`): an object deleted
+while no bridge ran is then missing from the first list and its deletion is published, and an
+object unchanged since is not published again.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from schemas.records import (
     PodDisruptionBudget,
     PodTerminated,
     Record,
+    Reservation,
     ResourceList,
     ScaleDownEvent,
 )
@@ -168,6 +174,36 @@ class Mirror:
             if gone is not None:
                 out += self.apply(kind, "DELETED", gone)
         return out
+
+    def seed(self, record: Record) -> None:
+        """A record a bridge published before (read back in log order): what this term's first
+        lists are compared with."""
+        if isinstance(record, Pod):
+            self.pods[record.uid] = _PodSeen(True, node=record.node_name, record=record,
+                                             terminated=record.phase in TERMINAL)
+            self.known.setdefault(POD, set()).add(record.uid)
+        elif isinstance(record, PodDeleted):
+            self.pods.pop(record.uid, None)
+            self.known.get(POD, set()).discard(record.uid)
+            if self.published.pop((RESERVATION, record.uid), None) is not None:
+                self.known.get(RESERVATION, set()).discard(record.uid)
+        elif isinstance(record, Reservation):
+            self.published[(RESERVATION, record.uid)] = record
+            self.known.setdefault(RESERVATION, set()).add(record.uid)
+        elif isinstance(record, Node):
+            self.published_nodes[record.name] = record
+            self.known.setdefault(NODE, set()).add(record.uid or f"/{record.name}")
+        elif isinstance(record, NodeDeleted):
+            gone = self.published_nodes.pop(record.name, None)
+            if gone is not None:
+                self.known.get(NODE, set()).discard(gone.uid or f"/{gone.name}")
+        elif isinstance(record, PodDisruptionBudget):
+            if record.deleted:
+                self.published.pop((PDB, record.uid), None)
+                self.known.get(PDB, set()).discard(record.uid)
+            else:
+                self.published[(PDB, record.uid)] = record
+                self.known.setdefault(PDB, set()).add(record.uid)
 
     def flush_nodes(self) -> list[Output]:
         """The nodes whose foreign pods changed, published again."""
@@ -355,8 +391,10 @@ class Mirror:
                                  "labels": dict(record.labels) if record else {},
                                  "annotations": dict(record.annotations) if record else {}}}
         if kind == NODE:
-            node = self.nodes.get(key.split("/", 1)[-1]) or next(
-                (n for n in self.nodes.values() if _key(n) == key), None)
+            node = next((n for n in self.nodes.values() if _key(n) == key), None)
+            if node is None:  # known only from what was published before
+                last_node = next((r for r in self.published_nodes.values() if (r.uid or f"/{r.name}") == key), None)
+                node = {"metadata": {"name": last_node.name, "uid": last_node.uid}} if last_node is not None else None
             return node
         last = self.published.get((kind, key))
         if kind == PDB and isinstance(last, PodDisruptionBudget):

@@ -1,7 +1,12 @@
 """The bridge process (`koordstream bridge`, or the `bridge` role of a worker).
 
-One bridge leads at a time (`lease.LeaderElection`); the leader:
+One bridge leads at a time (`lease.LeaderElection`); every record it publishes carries its
+origin (`bridge`, the Lease's transitions when it took it as the epoch), so that readers drop
+what a deposed leader still writes. The leader:
 
+0. reads back what the bridges published before (the records of that origin on `pods`, `nodes`
+   and `disruption-budgets`) into the `Mirror` (`Mirror.seed`), so that the first lists
+   publish only what changed, and the deletions that happened while no bridge ran;
 1. lists and then watches, in this order (each listed whole before the next starts, so that
    a node is first published knowing every pod that runs on it): PodGroups and Koordinator
    Reservations where their CRDs are installed, pods, nodes, PodDisruptionBudgets and
@@ -10,7 +15,9 @@ One bridge leads at a time (`lease.LeaderElection`); the leader:
 2. then consumes, each in a consumer group of its own so that a slow eviction never holds up a
    Binding, with `read_committed` (a decider's Binding counts only once its transaction
    committed): `bindings`; `evictions`; and `feedback`, `reservations` and `pods` (for the
-   rebalancer's deletion costs). Each batch is carried out (`actuator.Actuator`: calls in
+   rebalancer's deletion costs). Only what concerns pods of the API server's (those the mirror
+   holds) is carried out: pods that other producers publish straight onto the topics are not
+   the bridge's to bind or evict. Each batch is carried out (`actuator.Actuator`: calls in
    parallel within the client's rate limit and concurrency), what it reports is published and
    acknowledged, and only then are the batch's offsets committed. A bridge killed in between
    carries the batch out again: a Binding already done is recognised (same node, same hold
@@ -31,12 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.intake import RawMessage, intake
-from agents.ports import Output
+from agents.adapters.connection import KafkaConnection
+from agents.intake import RawMessage, intake, origin_from_headers
+from agents.ports import Origin, Output
 from agents.rebalance.binpack import DELETION_COST
 from agents.scheduler.core import SCHEDULER_NAMES
 from agents.scheduler.framework import profiles as scheduler_profiles
 from schemas import topics
+from schemas.codec import decode_message
+from schemas.errors import SchemaError
 from schemas.records import (
     DEFAULT_SCHEDULER,
     Binding,
@@ -54,6 +64,7 @@ from streams.bridge.reflector import Reflector
 from streams.connection import connect
 from streams.kubeapi import KubeApi, KubeError, Limits
 from streams.producer import RecordProducer
+from streams.reader import read_to_end
 from streams.settings import Settings
 
 log = logging.getLogger("koordstream.bridge")
@@ -68,6 +79,7 @@ WATCHED: tuple[tuple[str, str, str], ...] = (
     (REPLICASET, "apps/v1", "/apis/apps/v1/replicasets"),
 )
 OPTIONAL = (PODGROUP, RESERVATION)  # CRDs: watched where installed
+ORIGIN = "bridge"  # the origin of every record a bridge publishes (its epoch: the leader's)
 
 
 def scheduler_names(settings: Settings) -> frozenset[str]:
@@ -100,6 +112,8 @@ class Bridge:
     reflectors: dict[str, Reflector] = field(default_factory=dict)
     published: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # listed everything, consuming
+    election: LeaderElection | None = None
+    seeded: int = 0  # records read back at the start of this term
 
     def __post_init__(self) -> None:
         self.mirror = Mirror(self.profiles)
@@ -118,17 +132,19 @@ class Bridge:
     async def run(self) -> None:
         """Campaign for the Lease and lead while holding it."""
         b = self.settings.bridge
-        election = LeaderElection(self.api, identity(self.settings), namespace=b.lease_namespace, name=b.lease_name,
-                                  duration_s=b.lease_duration_s, renew_deadline_s=b.renew_deadline_s,
-                                  retry_s=b.retry_s)
-        await election.run(self.lead)
+        self.election = LeaderElection(self.api, identity(self.settings), namespace=b.lease_namespace,
+                                       name=b.lease_name, duration_s=b.lease_duration_s,
+                                       renew_deadline_s=b.renew_deadline_s, retry_s=b.retry_s)
+        await self.election.run(self.lead)
 
     async def lead(self) -> None:
         k = self.settings.kafka
-        self.mirror = Mirror(self.profiles)  # every term starts from a full list
+        self.mirror = Mirror(self.profiles)  # every term starts from what was published and a full list
         self.ready.clear()
+        origin = Origin(ORIGIN, self.election.epoch if self.election is not None else 0)
+        self.seeded = await read_back(connect(k), k.partitions, self.mirror)
         async with RecordProducer(connect(k), k.partitions) as producer:
-            publish = self._publisher(producer)
+            publish = self._publisher(producer, origin)
             tasks: list[asyncio.Task[None]] = []
             try:
                 for kind, api_version, path in WATCHED:
@@ -166,10 +182,10 @@ class Bridge:
 
     # -- in ------------------------------------------------------------------------------------
 
-    def _publisher(self, producer: RecordProducer) -> Callable[[list[Output]], Awaitable[None]]:
+    def _publisher(self, producer: RecordProducer, origin: Origin) -> Callable[[list[Output]], Awaitable[None]]:
         async def publish(outputs: list[Output]) -> None:
             if outputs:
-                futures = await producer.outbox.send(outputs)
+                futures = await producer.outbox.send([Output(o.topic, o.key, o.record, origin) for o in outputs])
                 await producer.flush(futures)
                 self.published += len(outputs)
         return publish
@@ -196,12 +212,12 @@ class Bridge:
         # A reservation's Binding (no namespace: Reservations are cluster-scoped) places no pod;
         # its phase and node reach the Reservation's status from its owner's ReservationEvents.
         results = await asyncio.gather(*(self.actuator.bind(b) for b in got.records
-                                         if isinstance(b, Binding) and b.namespace))
+                                         if isinstance(b, Binding) and b.namespace and b.uid in self.mirror.pods))
         return [o for r in results for o in r] + got.dead_letters
 
     async def _evictions(self, messages: list[RawMessage]) -> list[Output]:
         got = intake(messages, expect=(EvictionCommand, EvictionRefused))
-        commands = [e for e in got.records if isinstance(e, EvictionCommand)]
+        commands = [e for e in got.records if isinstance(e, EvictionCommand) and e.uid in self.mirror.pods]
         results = await asyncio.gather(*(self.actuator.evict(e) for e in commands))
         return [o for r in results for o in r] + got.dead_letters
 
@@ -244,6 +260,25 @@ class Bridge:
                 await consumer.commit({tp: msgs[-1].offset + 1 for tp, msgs in batches.items() if msgs})
         finally:
             await consumer.stop()
+
+
+async def read_back(kafka: KafkaConnection, partitions: int, mirror: Mirror) -> int:
+    """Seed `mirror` with the records a bridge published (its origin) on `pods`, `nodes` and
+    `disruption-budgets`, in log order per key; how many."""
+    seen = 0
+
+    def one(message: Any) -> None:
+        nonlocal seen
+        origin = origin_from_headers(message.headers)
+        if origin is None or origin.source != ORIGIN:
+            return
+        for record in decode_message(message.value):
+            if not isinstance(record, SchemaError):
+                mirror.seed(record)
+                seen += 1
+
+    await read_to_end(kafka, [topics.PODS, topics.NODES, topics.DISRUPTION_BUDGETS], partitions, one)
+    return seen
 
 
 async def _first_of(wait: Awaitable[Any], tasks: list[asyncio.Task[None]]) -> None:

@@ -436,3 +436,21 @@ async def test_a_thousand_pods_from_manifests_are_bound_once_each_through_the_ap
             return huge if all(c and c["status"] == "False" for c in huge) else None
         for found in await wait_until("the huge pods' conditions", conditions):
             assert found["message"].startswith("0/") and "Insufficient cpu" in found["message"]
+
+
+async def test_a_pod_deleted_while_no_bridge_runs_frees_its_node_once_one_leads_again(
+        api: KubeApi, bridge: BridgeProcess) -> None:
+    """The deletion is not in the next leader's list: it reads back what the bridges published
+    (their origin on `pods` and `nodes`) and reports what went meanwhile."""
+    group = unique("gone")
+    await cluster(api, group, [kwok_node(f"{group}-0", group, cpu="2")])
+    await api.request("POST", f"/api/v1/namespaces/{group}/pods", body=pod_manifest("first", group, group, cpu="2"))
+    await bound(api, group, 1)
+    bridge.kill()
+    await api.request("DELETE", f"/api/v1/namespaces/{group}/pods/first", params={"gracePeriodSeconds": 0})
+    await api.request("POST", f"/api/v1/namespaces/{group}/pods", body=pod_manifest("second", group, group, cpu="2"))
+    bridge.start()
+
+    async def second_bound() -> bool:
+        return any(p["metadata"]["name"] == "second" and p["spec"].get("nodeName") for p in await pods(api, group))
+    await wait_until("the second pod bound: the first one's deletion was reported", second_bound, timeout=60)

@@ -174,3 +174,26 @@ def test_a_bad_object_is_dead_lettered_with_its_field_and_the_rest_goes_on(mirro
     [letter] = records(mirror.apply(POD, "ADDED", bad), DeadLetter)
     assert "cpu" in letter.field and letter.value == "lots" and letter.topic == "kubernetes/Pod"
     assert records(mirror.apply(POD, "ADDED", pod("good")), Pod)
+
+
+def test_a_new_leader_starts_from_what_was_published_and_reports_what_went_meanwhile() -> None:
+    """Seeded with what a bridge published before (read back from the topics), the first lists
+    publish nothing unchanged, and the deletions that happened while no bridge ran."""
+    before = Mirror(frozenset({"koordstream"}))
+    published = before.relisted(NODE, [node("n1"), node("n2")]) + before.relisted(POD, [pod("a"), pod("b")])
+    after = Mirror(frozenset({"koordstream"}))
+    for out in published:
+        after.seed(out.record)
+    assert after.relisted(NODE, [node("n1"), node("n2")]) == []
+    assert after.relisted(POD, [pod("a"), pod("b")]) == []
+    again = Mirror(frozenset({"koordstream"}))
+    for out in published:
+        again.seed(out.record)
+    gone = again.relisted(POD, [pod("a")]) + again.relisted(NODE, [node("n1")])
+    assert [r.uid for r in records(gone, PodDeleted)] == ["u-b"]
+    assert [r.name for r in records(gone, NodeDeleted)] == ["n2"]
+    # A deletion published before is read back too: nothing to delete again.
+    later = Mirror(frozenset({"koordstream"}))
+    for out in published + gone:
+        later.seed(out.record)
+    assert later.relisted(POD, [pod("a")]) == [] and later.relisted(NODE, [node("n1")]) == []
