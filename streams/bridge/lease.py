@@ -6,9 +6,11 @@ it holds it; writes go with the Lease's resourceVersion, so of two candidates th
 same expired Lease, the API server lets one win. A holder that cannot renew for `renew_deadline_s`
 (the API server unreachable, or the Lease taken) stops leading before another candidate may
 take over (`renew_deadline_s < duration_s`), so two bridges never write at once as long as
-clocks advance at the same rate. The Lease's `leaseTransitions` when a candidate took it is
-its `epoch`, higher for every new leader: the bridge stamps its records with it, so readers drop
-what a deposed leader still writes (`agents.intake.EpochFence`). `run(lead)` calls `lead()`
+clocks advance at the same rate. The time a candidate took the Lease (its `acquireTime`, in
+milliseconds) is its `epoch`: a new leader takes it at least a Lease duration after the last
+renewal of the one before, so its epoch is higher as long as the hosts' clocks differ by less
+than that (a Lease deleted and created again changes nothing); the bridge stamps its records
+with it, so readers drop what a deposed leader still writes (`agents.intake.EpochFence`). `run(lead)` calls `lead()`
 while leading and cancels it when leadership is lost; the Lease is released (holder emptied) on a clean exit so that a successor
 takes over at once.
 """
@@ -52,7 +54,7 @@ class LeaderElection:
     leading: bool = False
     transitions: int = 0
     holder: str = ""  # the holder the last attempt saw
-    epoch: int = -1  # the Lease's leaseTransitions when this candidate took it: higher for every new leader
+    epoch: int = -1  # when this candidate took the Lease (ms since the epoch): higher for every new leader
 
     @property
     def path(self) -> str:
@@ -74,7 +76,7 @@ class LeaderElection:
                     "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(now, now, 0)}
             try:
                 await self.api.request("POST", self.path.rsplit("/", 1)[0], body=body)
-                self.epoch = 0
+                self.epoch = int(now * 1000)
                 return True
             except KubeError as again:
                 if again.status == 409:
@@ -91,7 +93,7 @@ class LeaderElection:
         lease["spec"] = self._spec(acquired, now, transitions)
         try:
             await self.api.request("PUT", self.path, body=lease)  # with its resourceVersion: one writer wins
-            self.epoch = transitions
+            self.epoch = int(acquired * 1000)
             return True
         except KubeError as exc:
             if exc.status == 409:

@@ -1,7 +1,7 @@
 """The bridge process (`koordstream bridge`, or the `bridge` role of a worker).
 
 One bridge leads at a time (`lease.LeaderElection`); every record it publishes carries its
-origin (`bridge`, the Lease's transitions when it took it as the epoch), so that readers drop
+origin (`bridge`, with the time it took the Lease as the epoch), so that readers drop
 what a deposed leader still writes. The leader:
 
 0. reads back what the bridges published before (the records of that origin on `pods`, `nodes`
@@ -79,7 +79,7 @@ WATCHED: tuple[tuple[str, str, str], ...] = (
     (REPLICASET, "apps/v1", "/apis/apps/v1/replicasets"),
 )
 OPTIONAL = (PODGROUP, RESERVATION)  # CRDs: watched where installed
-ORIGIN = "bridge"  # the origin of every record a bridge publishes (its epoch: the leader's)
+ORIGIN = "bridge"  # the origin of every record a bridge publishes (its epoch: when its leader took the Lease)
 
 
 def scheduler_names(settings: Settings) -> frozenset[str]:
