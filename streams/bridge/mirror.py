@@ -8,7 +8,7 @@ more, unchanged; every consumer of these topics takes a record equal to the last
 
 Pods. A pod is *ours* when its `schedulerName` is one of the profiles and it is unassigned, or
 was bound by koordstream (its `koordstream.io/hold-id` annotation, which the bridge's
-Bindings carry, names the node it runs on). Ours go to `pods` on every change that the
+Bindings carry, names the pod's uid and the node it runs on). Ours go to `pods` on every change that the
 record shows (a bound one too: the rebalancer reads node, phase and annotations); when one of
 ours reaches Succeeded or Failed its node's owner is told (`PodTerminated` into `node-inbox`),
 and its deletion goes to `pods` (`PodDeleted`, with its labels and annotations, which locate
@@ -55,6 +55,7 @@ from schemas.records import (
     POD_GROUP_LABEL,
     DeadLetter,
     GpuDevice,
+    HoldId,
     Node,
     NodeDeleted,
     Pod,
@@ -90,6 +91,18 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def _key(obj: Mapping[str, Any]) -> str:
     meta = _meta(obj)
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+def _bound_by_us(uid: str, node: str, annotations: Mapping[str, Any]) -> bool:
+    """Whether the pod's hold annotation is the one our Binding of *this* pod to *this* node
+    wrote: a hold id names the pod's uid, its attempt and the node. A copy of a pod carries its
+    annotations (`kubectl debug --copy-to --same-node` keeps annotations and nodeName): its
+    hold id names another uid, and no owner ever held it."""
+    try:
+        held = HoldId.parse(str(annotations.get(HOLD_ANNOTATION, "")))
+    except ValueError:
+        return False
+    return held.uid == uid and held.node == node
 
 
 def dead_letter(kind: str, obj: Mapping[str, Any], error: SchemaError | Exception) -> Output:
@@ -196,8 +209,7 @@ class Mirror:
         node = str(spec.get("nodeName") or "")
         phase = str(status.get("phase") or "Pending")
         annotations = _meta(obj).get("annotations") or {}
-        hold = str(annotations.get(HOLD_ANNOTATION, ""))
-        bound_by_us = bool(node) and hold.endswith(f"/{node}")
+        bound_by_us = bool(node) and _bound_by_us(uid, node, annotations)
         # Ours: published, its deletion forwarded. One of ours that someone else bound stays
         # ours (its scheduler and decider must forget it when it goes), and counts as foreign.
         ours = (spec.get("schedulerName", "default-scheduler") in self.profiles and (not node or bound_by_us)) or (

@@ -124,7 +124,6 @@ class World:
         assert ours <= truth, f"koordstream sees {ours}m cpu free on {name}, the API server {truth}m: over-commit"
 
 
-@pytest.mark.xfail(strict=True, reason="fault: a copy carrying our hold annotation is taken for a pod koordstream bound")
 def test_a_kubectl_debug_copy_of_a_bound_pod_counts_against_its_node() -> None:
     """`kubectl debug P --copy-to=P-debug --same-node` copies P's annotations (our hold id,
     which names the node) and its nodeName: the copy must count as foreign, since no owner
