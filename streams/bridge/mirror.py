@@ -123,6 +123,7 @@ class _PodSeen:
     foreign: ResourceList | None = None  # what it takes from its node when foreign
     record: Pod | None = None  # the last published (ours)
     terminated: bool = False  # its PodTerminated was sent
+    orphaned: bool = False  # bound by us to a node object since deleted: the owner terminated it, it counts as foreign
 
 
 @dataclass
@@ -214,7 +215,8 @@ class Mirror:
         # ours (its scheduler and decider must forget it when it goes), and counts as foreign.
         ours = (spec.get("schedulerName", "default-scheduler") in self.profiles and (not node or bound_by_us)) or (
             seen is not None and seen.ours)
-        counts = bool(node) and not bound_by_us and phase not in TERMINAL
+        orphaned = seen is not None and seen.orphaned and seen.node == node
+        counts = bool(node) and (not bound_by_us or orphaned) and phase not in TERMINAL
         record = pod_from_manifest(self._with_gang(dict(obj))) if ours or counts else None
         if seen is None:
             seen = self.pods[uid] = _PodSeen(ours)
@@ -266,10 +268,24 @@ class Mirror:
             self.dirty.discard(name)
             if self.published_nodes.pop(name, None) is None:
                 return []
+            self._orphan(name)
             return [Output(topics.NODES, name, NodeDeleted(name=name, uid=str(_meta(obj).get("uid", ""))))]
         node_from_manifest(dict(obj))  # refuse a bad one before keeping it
         self.nodes[name] = dict(obj)
         return self._publish_node(name)
+
+    def _orphan(self, name: str) -> None:
+        """The node's owner terminates the pods committed there when it reads the NodeDeleted
+        (rule 9), but the pod objects stay bound to the name (no pod GC, or the node comes
+        back within its grace) and run on a node added again under it: each of ours that
+        runs there counts as foreign from now on, until it finishes or goes."""
+        for uid, seen in self.pods.items():
+            record = seen.record
+            if (seen.ours and seen.node == name and seen.foreign is None and record is not None
+                    and record.phase not in TERMINAL):
+                seen.orphaned = True
+                self._set_foreign(uid, seen, record.requests, name)
+        self.dirty.discard(name)
 
     def _publish_node(self, name: str) -> list[Output]:
         record = self.node_record(name)

@@ -27,6 +27,7 @@ from schemas.records import (
     Node,
     NodeDeleted,
     Pod,
+    PodDeleted,
     ResourceList,
 )
 from streams.bridge.mirror import HOLD_ANNOTATION, NODE, POD, PODGROUP, Mirror
@@ -139,7 +140,6 @@ def test_a_kubectl_debug_copy_of_a_bound_pod_counts_against_its_node() -> None:
     w.check("n1")
 
 
-@pytest.mark.xfail(strict=True, reason="fault: pods of ours on a deleted node count nowhere once the owner terminated them")
 def test_a_node_deleted_and_created_again_still_counts_the_pods_bound_to_it() -> None:
     """A node deleted and added again under its name (a VM re-created; no pod GC ran, or the
     node came back within its grace): the pods bound to it are still there, and run on the
@@ -154,6 +154,11 @@ def test_a_node_deleted_and_created_again_still_counts_the_pods_bound_to_it() ->
     w.event(NODE, "DELETED", node("n1", cpu="4", uid="n1-a"))
     w.event(NODE, "ADDED", node("n1", cpu="4", uid="n1-b"))
     w.check("n1")
+    # Once it finishes, the new node has all of its capacity again; its deletion still goes to `pods`.
+    w.event(POD, "MODIFIED", pod("p", node="n1", phase="Succeeded", cpu="3", hold="u-p/0/n1", rv="3"))
+    assert w.free("n1") == (4000, 4000)
+    out = w.event(POD, "DELETED", pod("p", node="n1", phase="Succeeded", cpu="3", hold="u-p/0/n1", rv="4"))
+    assert [o.record.uid for o in out if isinstance(o.record, PodDeleted)] == ["u-p"]
 
 
 def test_a_node_recreated_during_a_watch_gap_keeps_the_invariant_too() -> None:
