@@ -20,7 +20,9 @@ GPUs as whole devices...), again whenever that changes (`flush_nodes`, once per 
 A pod of a PodGroup (`pod-group.scheduling.sigs.k8s.io` label) whose PodGroup
 (`scheduling.sigs.k8s.io/v1alpha1`) is known gets the gang annotations Koordinator reads from
 it: min-available from `spec.minMember`, waiting-time from `spec.scheduleTimeoutSeconds`
-(annotations the pod sets itself win).
+(annotations the pod sets itself win). Where PodGroups are watched (`podgroups_watched`), a
+pod whose PodGroup is not known yet waits for it unpublished (Koordinator's coscheduling
+waits for it too): published as a single pod, it would bind without its gang.
 
 Also: Nodes and their deletions (`nodes`), Koordinator Reservations (`pods`, deleted as a
 pod is), PodDisruptionBudgets (`disruption-budgets`, a deletion as `deleted`), and ReplicaSets
@@ -139,6 +141,9 @@ class Mirror:
     published: dict[tuple[str, str], Record] = field(default_factory=dict)  # (kind, key) -> last record
     replicas: dict[str, int] = field(default_factory=dict)  # ReplicaSet uid -> spec.replicas last seen
     podgroups: dict[str, tuple[int, int]] = field(default_factory=dict)  # ns/name -> (minMember, timeout s)
+    podgroups_watched: bool = False  # the PodGroup CRD is served and watched: members wait for their PodGroup
+    podgroup_names: dict[str, str] = field(default_factory=dict)  # PodGroup key (uid) -> ns/name
+    waiting: dict[str, dict[str, Mapping[str, Any]]] = field(default_factory=dict)  # ns/name -> uid -> pod object
     known: dict[str, set[str]] = field(default_factory=dict)  # kind -> keys seen since the last list
 
     # -- the entry points ---------------------------------------------------------------------
@@ -196,10 +201,11 @@ class Mirror:
 
     def _pod(self, event: str, obj: Mapping[str, Any], uid: str) -> list[Output]:
         seen = self.pods.get(uid)
+        self._stop_waiting(uid, obj)
         if event == "DELETED":
             self.pods.pop(uid, None)
             self._set_foreign(uid, seen, None, "")
-            if seen is None or not seen.ours:
+            if seen is None or not seen.ours or seen.record is None:  # (a member that waited: never published)
                 return []
             meta = _meta(obj)
             return [Output(topics.PODS, uid, PodDeleted(
@@ -217,6 +223,11 @@ class Mirror:
             seen is not None and seen.ours)
         orphaned = seen is not None and seen.orphaned and seen.node == node
         counts = bool(node) and (not bound_by_us or orphaned) and phase not in TERMINAL
+        group = self._missing_group(obj) if ours and not node and (seen is None or seen.record is None) else ""
+        if group:  # a member of a PodGroup not seen yet: it waits for it, as Koordinator's coscheduling does
+            self.waiting.setdefault(group, {})[uid] = obj
+            self.pods.setdefault(uid, _PodSeen(True))
+            return []
         record = pod_from_manifest(self._with_gang(dict(obj))) if ours or counts else None
         if seen is None:
             seen = self.pods[uid] = _PodSeen(ours)
@@ -232,6 +243,28 @@ class Mirror:
                 out.append(Output(topics.NODE_INBOX, node, PodTerminated(uid=uid, node=node, reason=f"pod {phase}")))
         seen.node = node
         return out
+
+    def _missing_group(self, obj: Mapping[str, Any]) -> str:
+        """The PodGroup (ns/name) a pod names by its label and that is not known yet, when
+        PodGroups are watched and the pod does not give its gang's size itself; else ""."""
+        if not self.podgroups_watched:
+            return ""
+        meta = _meta(obj)
+        group = (meta.get("labels") or {}).get(POD_GROUP_LABEL)
+        if not group or (meta.get("annotations") or {}).get(GANG_MIN_AVAILABLE_ANNOTATION):
+            return ""
+        name = f"{meta.get('namespace', 'default')}/{group}"
+        return "" if name in self.podgroups else name
+
+    def _stop_waiting(self, uid: str, obj: Mapping[str, Any]) -> None:
+        meta = _meta(obj)
+        group = (meta.get("labels") or {}).get(POD_GROUP_LABEL)
+        name = f"{meta.get('namespace', 'default')}/{group}"
+        members = self.waiting.get(name)
+        if members is None:  # (a relist's minimal object has no labels: look everywhere)
+            name, members = next(((n, m) for n, m in self.waiting.items() if uid in m), ("", None))
+        if members is not None and members.pop(uid, None) is not None and not members:
+            del self.waiting[name]
 
     def _with_gang(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = _meta(obj)
@@ -358,9 +391,11 @@ class Mirror:
 
     def _podgroup(self, event: str, obj: Mapping[str, Any]) -> list[Output]:
         meta = _meta(obj)
-        name = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        if event == "DELETED":
+        key = _key(obj)
+        name = self.podgroup_names.get(key) or f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        if event == "DELETED":  # (a relist's minimal object names only the uid)
             self.podgroups.pop(name, None)
+            self.podgroup_names.pop(key, None)
             return []
         spec = obj.get("spec") or {}
         minimum, timeout = spec.get("minMember", 0), spec.get("scheduleTimeoutSeconds") or 0
@@ -369,7 +404,14 @@ class Mirror:
         if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
             raise SchemaError("spec.scheduleTimeoutSeconds", timeout, "must be a whole number of seconds")
         self.podgroups[name] = (minimum, timeout)
-        return []
+        self.podgroup_names[key] = name
+        out: list[Output] = []
+        for uid, member in self.waiting.pop(name, {}).items():  # its members that waited for it
+            try:
+                out += self._pod("MODIFIED", member, uid)
+            except SchemaError as exc:
+                out.append(dead_letter(POD, member, exc))
+        return out
 
     def _last_object(self, kind: str, key: str) -> Mapping[str, Any] | None:
         """A minimal object for a deletion the relist implied."""

@@ -135,6 +135,8 @@ class Bridge:
                     if kind in OPTIONAL and not await self._served(api_version, kind):
                         log.info("%s (%s) is not served here: not watched", kind, api_version)
                         continue
+                    if kind == PODGROUP:  # its members wait for it (Mirror._missing_group)
+                        self.mirror.podgroups_watched = True
                     reflector = self.reflectors[kind] = Reflector(
                         self.api, path, on_list=self._on_list(kind, publish), on_events=self._on_events(kind, publish),
                         timeout_s=self.settings.bridge.watch_timeout_s)

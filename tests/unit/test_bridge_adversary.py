@@ -176,7 +176,6 @@ def test_a_node_recreated_during_a_watch_gap_keeps_the_invariant_too() -> None:
     w.check("n1")
 
 
-@pytest.mark.xfail(strict=True, reason="fault: PodGroups (fixed in the next commit)")
 def test_pods_of_a_podgroup_created_before_it_are_not_scheduled_as_single_pods() -> None:
     """Members created before their PodGroup (kubectl apply of a folder, a Job's controller
     faster than the PodGroup's): Koordinator's coscheduling waits for the PodGroup ("gang
@@ -210,7 +209,6 @@ def test_an_older_event_replayed_after_a_newer_one_does_not_undo_it() -> None:
     assert [o.record for o in stale if isinstance(o.record, Pod)] == [], "a stale event published the pod as pending"
 
 
-@pytest.mark.xfail(strict=True, reason="fault: PodGroups (fixed in the next commit)")
 def test_a_member_that_waits_for_its_podgroup_and_is_deleted_meanwhile_publishes_nothing() -> None:
     w = World()
     w.mirror.podgroups_watched = True
@@ -223,7 +221,6 @@ def test_a_member_that_waits_for_its_podgroup_and_is_deleted_meanwhile_publishes
     assert [o.record.name for o in w.event(POD, "ADDED", sized) if isinstance(o.record, Pod)] == ["s0"]
 
 
-@pytest.mark.xfail(strict=True, reason="fault: PodGroups (fixed in the next commit)")
 def test_a_podgroup_deleted_during_a_watch_gap_is_forgotten() -> None:
     """A relist implies the deletion of a PodGroup by its uid alone: the group must go, or
     pods created later under its name get the deleted group's size."""
