@@ -133,24 +133,33 @@ class KubeApi:
         return out
 
     async def request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
-                      body: Any = None, content_type: str = JSON, timeout_s: float | None = None) -> Any:
-        """One call, within the rate limit and the concurrency bound; the decoded answer."""
+                      body: Any = None, content_type: str = JSON, timeout_s: float | None = None,
+                      limited: bool = True) -> Any:
+        """One call, within the rate limit and the concurrency bound (`limited`: the leader
+        election's calls are not, or they would wait behind a burst of writes for longer than
+        the Lease lasts); the decoded answer."""
+        if not limited:
+            return await self._call(method, path, params, body, content_type, timeout_s)
         await self.rate.acquire()
         async with self._slots:
-            data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
-            try:
-                async with self.session().request(
-                        method, self.server + path, params=_params(params), data=data,
-                        headers=await self.headers(content_type),
-                        timeout=aiohttp.ClientTimeout(total=timeout_s or self.limits.timeout_s)) as resp:
-                    raw = await resp.read()
-                    self.requests[(method, resp.status)] += 1
-                    if resp.status >= 400:
-                        raise _error(resp.status, raw, method, path)
-                    return orjson.loads(raw) if raw else None
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                self.requests[(method, 0)] += 1
-                raise KubeError(0, type(exc).__name__, str(exc) or "no answer", method, path) from exc
+            return await self._call(method, path, params, body, content_type, timeout_s)
+
+    async def _call(self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, content_type: str,
+                    timeout_s: float | None) -> Any:
+        data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
+        try:
+            async with self.session().request(
+                    method, self.server + path, params=_params(params), data=data,
+                    headers=await self.headers(content_type),
+                    timeout=aiohttp.ClientTimeout(total=timeout_s or self.limits.timeout_s)) as resp:
+                raw = await resp.read()
+                self.requests[(method, resp.status)] += 1
+                if resp.status >= 400:
+                    raise _error(resp.status, raw, method, path)
+                return orjson.loads(raw) if raw else None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.requests[(method, 0)] += 1
+            raise KubeError(0, type(exc).__name__, str(exc) or "no answer", method, path) from exc
 
     async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The events of a watch on `path` (a list path) from `params["resourceVersion"]`, until

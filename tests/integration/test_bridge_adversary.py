@@ -15,7 +15,7 @@ import pytest
 
 from streams.bridge.lease import LeaderElection
 from streams.kube_cluster import ControlPlane
-from streams.kubeapi import KubeApi, Limits
+from streams.kubeapi import Limits
 from tests.integration.kube import unique
 
 pytestmark = pytest.mark.integration
@@ -54,7 +54,6 @@ async def _stop(*tasks: asyncio.Task[Any]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-@pytest.mark.xfail(strict=True, reason="fault: Lease renewals wait in the writes' rate limit, unbounded")
 async def test_a_leader_whose_renewals_queue_behind_its_own_writes_never_leads_beside_another(
         control_plane: ControlPlane) -> None:
     """The Lease's requests go through the same token bucket and concurrency bound as the
@@ -80,7 +79,6 @@ async def test_a_leader_whose_renewals_queue_behind_its_own_writes_never_leads_b
         assert both == 0.0, f"two bridges led at once for {both:.1f} s"
 
 
-@pytest.mark.xfail(strict=True, reason="fault: Lease expiry judged across two clocks")
 async def test_a_candidate_whose_clock_runs_ahead_does_not_take_the_lease_from_a_live_leader(
         control_plane: ControlPlane) -> None:
     """Expiry is judged by comparing the holder's renewTime (the holder's clock) with the
