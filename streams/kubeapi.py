@@ -12,7 +12,8 @@ requests in flight (`concurrency`), so that a burst of 10,000 bindings is many r
 once within the limits, not 10,000 serial round trips and not 10,000 sockets. A failed call
 raises `KubeError` with the API's status code, reason and message. `watch` yields the watch
 events of a path as dicts, bookmarks included; a 410 Gone arrives as `KubeError(410)` (as an
-ERROR event or as the answer to the watch request), for the caller to relist.
+ERROR event or as the answer to the watch request), for the caller to relist, and a
+connection refused or dropped as `KubeError(0)`, for the caller to watch again.
 """
 
 from __future__ import annotations
@@ -163,23 +164,29 @@ class KubeApi:
 
     async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The events of a watch on `path` (a list path) from `params["resourceVersion"]`, until
-        the server ends it (its `timeoutSeconds`). An ERROR event raises `KubeError`."""
+        the server ends it (its `timeoutSeconds`). An ERROR event raises `KubeError`, and so
+        does a connection refused or dropped (status 0, as `request` says it), or a line cut
+        short: the caller backs off and watches again (a restarted API server)."""
         query = {**params, "watch": "true", "allowWatchBookmarks": "true"}
         timeout = aiohttp.ClientTimeout(total=None, sock_read=float(params.get("timeoutSeconds", 300)) + 30)
-        async with self.session().get(self.server + path, params=_params(query), headers=await self.headers(),
-                                      timeout=timeout) as resp:
-            self.requests[("WATCH", resp.status)] += 1
-            if resp.status >= 400:
-                raise _error(resp.status, await resp.read(), "WATCH", path)
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                event = orjson.loads(line)
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    raise KubeError(int(status.get("code", 500)), status.get("reason", ""), status.get("message", ""),
-                                    "WATCH", path)
-                yield event
+        try:
+            async with self.session().get(self.server + path, params=_params(query), headers=await self.headers(),
+                                          timeout=timeout) as resp:
+                self.requests[("WATCH", resp.status)] += 1
+                if resp.status >= 400:
+                    raise _error(resp.status, await resp.read(), "WATCH", path)
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    event = orjson.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise KubeError(int(status.get("code", 500)), status.get("reason", ""),
+                                        status.get("message", ""), "WATCH", path)
+                    yield event
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+            self.requests[("WATCH", 0)] += 1
+            raise KubeError(0, type(exc).__name__, str(exc) or "no answer", "WATCH", path) from exc
 
     async def close(self) -> None:
         if self._session is not None:

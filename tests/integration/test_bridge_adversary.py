@@ -105,7 +105,6 @@ async def test_a_candidate_whose_clock_runs_ahead_does_not_take_the_lease_from_a
         assert (took_over, both) == (0, 0.0), f"b took the Lease {took_over} time(s); both led for {both:.2f} s"
 
 
-@pytest.mark.xfail(strict=True, reason="fault: a dropped watch connection ends the reflector")
 async def test_a_watch_survives_the_api_server_restarted_under_it(tmp_path: Path) -> None:
     """kube-apiserver killed under a running watch and started again on the same port (etcd
     kept everything): the reflector must back off, watch again from where it was (or list
