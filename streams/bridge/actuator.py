@@ -10,8 +10,10 @@
   `PodTerminated` (reason "binding refused by the API server: ..."), which frees the hold's
   capacity (and its quota); a pod bound elsewhere is then counted on that node by the mirror.
   A Binding already carried out (delivered again after a crash: the pod runs on that node with
-  that hold id) is done. Other failures (the server unreachable, 5xx, 429) are retried with
-  back-off for as long as it takes: a Binding is never dropped.
+  that hold id) is done. Every other failure (the server unreachable, 5xx, 429, and also 401,
+  403 or a webhook's denial: the pod is still there, unbound) is retried with back-off for as
+  long as it takes, the batch waiting: a Binding is never dropped (a refusal would tombstone
+  the pod at its node, and nothing would ever schedule it again).
 - **EvictionCommand** -> `policy/v1` Eviction (with the pod's UID as precondition), or, for a
   preemption's victims (`preemptor_uid`), a deletion, as kube-scheduler deletes victims. A 429
   (a PodDisruptionBudget) is retried with back-off for up to `eviction_retry_s`, then reported
@@ -138,7 +140,8 @@ class Actuator:
                 if not retry(exc) or (deadline is not None and time.monotonic() + delay > deadline):
                     raise
                 self._count(f"{what}_retries")
-                log.info("%s: %s; retrying in %.1f s", what, exc, delay)
+                log.log(logging.INFO if _transient(exc) else logging.WARNING, "%s: %s; retrying in %.1f s",
+                        what, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max_s)
 
@@ -147,18 +150,19 @@ class Actuator:
     async def bind(self, b: Binding) -> list[Output]:
         """Carry out one Binding; what to report (a refusal), else nothing."""
         path = pod_path(b.namespace, b.name)
-        try:
+        try:  # Only the pod's own answer (404, 409) may refuse it: any other failure (the server
+            # unreachable or failing, throttling, 401 / 403 while the bridge's credentials or RBAC
+            # change, an admission webhook's denial) leaves the pod there, unbound: retried.
             await self._retrying("binding", lambda: self.api.request("POST", path + "/binding", body=binding_body(b)),
-                                 _transient)
+                                 lambda exc: exc.status not in (404, 409))
             self._count("bound")
             self.bound.add(b.uid)
             return []
         except KubeError as exc:
             if exc.status == 404:
                 return self._refused(b, "the pod is gone")
-            if exc.status != 409:
-                return self._refused(b, f"{exc.status} {exc.reason}: {exc.message}")
-        try:  # 409: already bound (by us, before a crash?) or another pod of that name
+            conflict = exc
+        try:  # 409: already bound (by us, before a crash?), being deleted, or another pod of that name
             pod = await self._retrying("binding", lambda: self.api.request("GET", path), _transient)
         except KubeError as exc:
             if exc.status == 404:
@@ -171,6 +175,8 @@ class Actuator:
             self._count("bound_before")
             self.bound.add(b.uid)
             return []
+        if not spec.get("nodeName"):  # (the API server refuses to bind a pod that is being deleted)
+            return self._refused(b, f"{conflict.status} {conflict.reason}: {conflict.message}")
         return self._refused(b, f"the pod is bound to node {spec.get('nodeName')!r} already")
 
     def _refused(self, b: Binding, why: str) -> list[Output]:

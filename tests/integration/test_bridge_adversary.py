@@ -192,7 +192,6 @@ async def test_bindings_meet_the_api_servers_refusals_and_free_the_right_hold(co
         assert new["metadata"]["uid"] != old["metadata"]["uid"]
 
 
-@pytest.mark.xfail(strict=True, reason="fault: any status but 404/409 is a refusal")
 async def test_a_binding_the_api_server_forbids_is_retried_not_reported_refused(control_plane: ControlPlane) -> None:
     """A Binding answered 403 (the bridge's RBAC changed under it, its token not yet accepted,
     an admission webhook on pods/binding) or any other status but 404 / 409 was reported as
