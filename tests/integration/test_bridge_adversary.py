@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,18 @@ from streams.bridge.mirror import POD, Mirror
 from streams.bridge.reflector import Reflector
 from streams.kube_cluster import ControlPlane
 from streams.kubeapi import KubeApi, Limits
-from tests.integration.kube import create_all, create_namespace, pod_manifest, unique
+from tests.integration.conftest import BridgeProcess
+from tests.integration.kube import (
+    condition,
+    create_all,
+    create_namespace,
+    kwok_node,
+    nodes_ready,
+    pod_manifest,
+    pods,
+    unique,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -219,3 +230,50 @@ async def test_a_binding_the_api_server_forbids_is_retried_not_reported_refused(
         except TimeoutError:
             outcome = []  # still trying: nothing dropped
     assert _refusals(outcome) == [], "a Binding of a pod that waits unbound was reported refused"
+
+
+# -- the bridge process: killed while pods come and go -----------------------------------------
+
+
+@pytest.fixture
+async def admin(control_plane: ControlPlane, bridge: BridgeProcess) -> AsyncIterator[KubeApi]:
+    assert bridge.alive(), f"the bridge died: {bridge.log.read_text()[-3000:]}"
+    async with control_plane.api() as client:
+        yield client
+
+
+async def _bound_names(api: KubeApi, ns: str) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in await pods(api, ns) if p["spec"].get("nodeName"))
+
+
+@pytest.mark.xfail(strict=True, reason="fault: a deletion while no bridge leads is never published")
+async def test_a_pod_deleted_while_no_bridge_leads_frees_its_node(admin: KubeApi, bridge: BridgeProcess) -> None:
+    """A pod bound by koordstream is deleted while no bridge leads (the leader killed, its
+    successor not yet in: here the one bridge, killed -9 and started again). The new term's
+    mirror starts empty and lists the pods: the deleted one is not in the list, and nothing
+    was known before it, so no PodDeleted goes out, its decider never sends PodTerminated,
+    and its node's owner keeps its capacity for ever: a pod that needs it never binds."""
+    ns = unique("gone")
+    node = f"{ns}-0"
+    await create_namespace(admin, ns)
+    await create_all(admin, "/api/v1/nodes", [kwok_node(node, ns, cpu="2")])
+    await wait_until("the node Ready", lambda: nodes_ready(admin, [node]))
+    await create_all(admin, f"/api/v1/namespaces/{ns}/pods", [pod_manifest("first", ns, ns, cpu="2")])
+    await wait_until("the first pod bound", lambda: _bound_names(admin, ns))
+    bridge.kill()
+    try:
+        await admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/first", params={"gracePeriodSeconds": 0})
+        await wait_until("the first pod gone", lambda: _gone(admin, ns))
+    finally:
+        bridge.start()
+    await create_all(admin, f"/api/v1/namespaces/{ns}/pods", [pod_manifest("second", ns, ns, cpu="2")])
+    try:
+        await wait_until("the second pod bound", lambda: _bound_names(admin, ns), timeout=45)
+    except AssertionError:
+        second = await admin.request("GET", f"/api/v1/namespaces/{ns}/pods/second")
+        raise AssertionError(f"the capacity of the deleted pod was never freed: the second pod is unbound, "
+                             f"its PodScheduled condition {condition(second, 'PodScheduled')}") from None
+
+
+async def _gone(api: KubeApi, ns: str) -> bool:
+    return not await pods(api, ns)
