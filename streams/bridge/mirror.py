@@ -60,6 +60,7 @@ from schemas.records import (
     HoldId,
     Node,
     NodeDeleted,
+    NodeStateChange,
     Pod,
     PodDeleted,
     PodDisruptionBudget,
@@ -186,6 +187,29 @@ class Mirror:
             gone = self._last_object(kind, key)
             if gone is not None:
                 out += self.apply(kind, "DELETED", gone)
+        return out
+
+    def vanished(self, reports: Iterable[NodeStateChange]) -> list[Output]:
+        """The pods that koordstream's owners hold committed (`reports`: each node as its
+        owner has it now) on a node the API server has, and that the API server no longer has:
+        deleted while no bridge led, so no term's watch or relist saw them go (each term's
+        mirror starts empty). Each goes out as deleted (`pods`, to its decider by its decision
+        key) and terminated at its node (`node-inbox`), as a deletion seen by the watch would;
+        both are idempotent. Called once the pods and nodes are listed, and compared with what
+        the mirror has at that moment, the watch included: a pod committed at all was published
+        by a bridge first, so one created after the list is here too (or was seen deleted)."""
+        out: list[Output] = []
+        for report in reports:
+            if report.node not in self.nodes or report.deleted:
+                continue  # not a node of this API server (a pod published straight onto the topics)
+            for bound in report.committed:
+                if bound.uid in self.pods:
+                    continue
+                out.append(Output(topics.PODS, bound.uid, PodDeleted(
+                    uid=bound.uid, name=bound.name, namespace=bound.namespace, decision_key=bound.decision_key)))
+                out.append(Output(topics.NODE_INBOX, report.node, PodTerminated(
+                    uid=bound.uid, node=report.node, decision_key=bound.decision_key,
+                    reason="the pod was deleted while no bridge led")))
         return out
 
     def flush_nodes(self) -> list[Output]:

@@ -6,7 +6,9 @@ One bridge leads at a time (`lease.LeaderElection`); the leader:
    a node is first published knowing every pod that runs on it): PodGroups and Koordinator
    Reservations where their CRDs are installed, pods, nodes, PodDisruptionBudgets and
    ReplicaSets (`reflector.Reflector`); each batch of events goes through the `Mirror` and
-   its records are published (acknowledged before the next batch);
+   its records are published (acknowledged before the next batch); once all are listed, the
+   pods koordstream's owners hold committed that the API server no longer has (deleted while
+   no bridge led) are deleted and terminated (`Mirror.vanished`);
 2. then consumes, each in a consumer group of its own so that a slow eviction never holds up a
    Binding, with `read_committed` (a decider's Binding counts only once its transaction
    committed): `bindings`; `evictions`; and `feedback`, `reservations` and `pods` (for the
@@ -142,6 +144,7 @@ class Bridge:
                         timeout_s=self.settings.bridge.watch_timeout_s)
                     tasks.append(asyncio.create_task(reflector.run(), name=f"reflect {kind}"))
                     await _first_of(reflector.synced.wait(), tasks)
+                await self._vanished(publish)
                 tasks += [
                     asyncio.create_task(self._consume("bindings", [topics.BINDINGS], self._bindings, publish)),
                     asyncio.create_task(self._consume("evictions", [topics.EVICTIONS], self._evictions, publish)),
@@ -156,6 +159,21 @@ class Bridge:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _vanished(self, publish: Callable[[list[Output]], Awaitable[None]]) -> None:
+        """What was deleted while no bridge led (`Mirror.vanished`), from the owners' nodes as
+        they are now (their changelog, read whole as a starting scheduler replica reads it)."""
+        from streams.app import current_state  # (the faust app's module: only here)
+
+        current = await current_state(self.settings)
+        if current is None:
+            log.error("the owners' changelog cannot be read: pods deleted while no bridge led are not looked for")
+            return
+        out = self.mirror.vanished(current[0])
+        if out:
+            log.info("%d pods bound by koordstream were deleted while no bridge led: deleted and terminated now",
+                     len(out) // 2)
+        await publish(out)
 
     async def _served(self, api_version: str, kind: str) -> bool:
         try:

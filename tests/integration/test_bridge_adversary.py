@@ -246,7 +246,6 @@ async def _bound_names(api: KubeApi, ns: str) -> list[str]:
     return sorted(p["metadata"]["name"] for p in await pods(api, ns) if p["spec"].get("nodeName"))
 
 
-@pytest.mark.xfail(strict=True, reason="fault: a deletion while no bridge leads is never published")
 async def test_a_pod_deleted_while_no_bridge_leads_frees_its_node(admin: KubeApi, bridge: BridgeProcess) -> None:
     """A pod bound by koordstream is deleted while no bridge leads (the leader killed, its
     successor not yet in: here the one bridge, killed -9 and started again). The new term's

@@ -22,10 +22,12 @@ from schemas import topics
 from schemas.records import (
     GANG_MIN_AVAILABLE_ANNOTATION,
     POD_GROUP_LABEL,
+    BoundPod,
     Claim,
     Commit,
     Node,
     NodeDeleted,
+    NodeStateChange,
     Pod,
     PodDeleted,
     ResourceList,
@@ -231,3 +233,22 @@ def test_a_podgroup_deleted_during_a_watch_gap_is_forgotten() -> None:
     w.feed(w.mirror.relisted(PODGROUP, []))
     assert w.mirror.podgroups == {}
     assert w.event(POD, "ADDED", pod("late", labels={POD_GROUP_LABEL: "train"})) == []  # waits for a new one
+
+
+def test_pods_deleted_while_no_bridge_led_are_found_in_the_owners_state() -> None:
+    """A new term's mirror starts empty: a pod bound by koordstream and deleted while no
+    bridge led is in no list and in no watch. The owners' nodes as they are now name it
+    (committed): it is deleted and terminated; a pod the API server has (listed, or created
+    after the list and seen by the watch) is not, nor a pod on a node the API server does
+    not have (published straight onto the topics)."""
+    w = World()
+    w.feed(w.mirror.relisted(NODE, [node("n1")]))
+    w.feed(w.mirror.relisted(POD, [pod("kept", node="n1", hold="u-kept/0/n1", phase="Running")]))
+    w.event(POD, "ADDED", pod("late"))  # created after the list
+    committed = tuple(BoundPod(uid=u, namespace="ns", name=u[2:], decision_key=u) for u in ("u-kept", "u-gone", "u-late"))
+    reports = [NodeStateChange(node="n1", seq=1, committed=committed),
+               NodeStateChange(node="elsewhere", seq=1, committed=(BoundPod(uid="u-x"),))]
+    out = w.mirror.vanished(reports)
+    assert [(o.topic, type(o.record).__name__, getattr(o.record, "uid", "")) for o in out] == [
+        (topics.PODS, "PodDeleted", "u-gone"), (topics.NODE_INBOX, "PodTerminated", "u-gone")]
+    assert isinstance(out[0].record, PodDeleted) and out[0].record.decision_key == "u-gone" and out[1].key == "n1"
