@@ -175,15 +175,21 @@ class KubeApi:
                 self.requests[("WATCH", resp.status)] += 1
                 if resp.status >= 400:
                     raise _error(resp.status, await resp.read(), "WATCH", path)
-                async for line in resp.content:
-                    if not line.strip():
-                        continue
-                    event = orjson.loads(line)
-                    if event.get("type") == "ERROR":
-                        status = event.get("object") or {}
-                        raise KubeError(int(status.get("code", 500)), status.get("reason", ""),
-                                        status.get("message", ""), "WATCH", path)
-                    yield event
+                # One event per line, of any length: aiohttp's line reader refuses a line over
+                # 512 KiB (`LineTooLong`), and an object may be up to etcd's 1.5 MiB.
+                pending = bytearray()
+                async for chunk in resp.content.iter_any():
+                    start = len(pending)
+                    pending += chunk
+                    end = pending.find(b"\n", start)
+                    while end >= 0:
+                        line = bytes(pending[:end])
+                        del pending[:end + 1]
+                        if line.strip():
+                            yield _watch_event(line, path)
+                        end = pending.find(b"\n")
+                if pending.strip():
+                    yield _watch_event(bytes(pending), path)
         except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
             self.requests[("WATCH", 0)] += 1
             raise KubeError(0, type(exc).__name__, str(exc) or "no answer", "WATCH", path) from exc
@@ -198,6 +204,16 @@ class KubeApi:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _watch_event(line: bytes, path: str) -> dict[str, Any]:
+    """One watch event; an ERROR event raises `KubeError`."""
+    event: dict[str, Any] = orjson.loads(line)
+    if event.get("type") == "ERROR":
+        status = event.get("object") or {}
+        raise KubeError(int(status.get("code", 500)), status.get("reason", ""), status.get("message", ""),
+                        "WATCH", path)
+    return event
 
 
 def _params(params: Mapping[str, Any] | None) -> dict[str, str] | None:

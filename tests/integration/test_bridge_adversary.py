@@ -282,7 +282,6 @@ async def _gone(api: KubeApi, ns: str) -> bool:
     return not await pods(api, ns)
 
 
-@pytest.mark.xfail(strict=True, reason="fault: a watch event over 512 KiB ends the bridge")
 async def test_pods_that_cannot_be_converted_are_dead_lettered_and_the_bridge_keeps_going(
         admin: KubeApi, bridge: BridgeProcess, bootstrap: str) -> None:
     """The API server accepts a request of 8Ei of memory (it stores int64's maximum,
