@@ -108,15 +108,24 @@ def _bound_by_us(uid: str, node: str, annotations: Mapping[str, Any]) -> bool:
     return held.uid == uid and held.node == node
 
 
+MAX_ORIGINAL_BYTES = 256 * 1024  # of an object in its dead letter: the envelope stays well under a message's 1 MiB
+
+
 def dead_letter(kind: str, obj: Mapping[str, Any], error: SchemaError | Exception) -> Output:
-    """An object that could not be converted: the dead-letter topic, with the field and value."""
+    """An object that could not be converted: the dead-letter topic, with the field and value,
+    and the object's JSON, cut to MAX_ORIGINAL_BYTES (the API server takes objects up to
+    etcd's 1.5 MiB: whole, in base64, one made a dead letter that Apache Kafka refused, which
+    ended the bridge, and the next one at the same object)."""
     field_name = getattr(error, "field", "") or ""
     value = getattr(error, "value", "")
     meta = _meta(obj)
     where = f"{kind} {meta.get('namespace', '')}/{meta.get('name', '')}".replace(" /", " ")
+    original = orjson.dumps(obj)
+    cut = f" (its JSON cut to its first {MAX_ORIGINAL_BYTES} of {len(original)} bytes)" \
+        if len(original) > MAX_ORIGINAL_BYTES else ""
     return Output(topics.DEAD_LETTER, f"bridge/{kind}", DeadLetter(
-        error=f"{where}: {error}", field=str(field_name), value=str(value)[:500], topic=f"kubernetes/{kind}",
-        partition=-1, offset=-1, original=base64.b64encode(orjson.dumps(obj)).decode()))
+        error=f"{where}: {error}{cut}", field=str(field_name), value=str(value)[:500], topic=f"kubernetes/{kind}",
+        partition=-1, offset=-1, original=base64.b64encode(original[:MAX_ORIGINAL_BYTES]).decode()))
 
 
 @dataclass

@@ -19,12 +19,14 @@ import pytest
 from agents.ports import Output
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from schemas import topics
+from schemas.codec import encode
 from schemas.records import (
     GANG_MIN_AVAILABLE_ANNOTATION,
     POD_GROUP_LABEL,
     BoundPod,
     Claim,
     Commit,
+    DeadLetter,
     Node,
     NodeDeleted,
     NodeStateChange,
@@ -252,3 +254,17 @@ def test_pods_deleted_while_no_bridge_led_are_found_in_the_owners_state() -> Non
     assert [(o.topic, type(o.record).__name__, getattr(o.record, "uid", "")) for o in out] == [
         (topics.PODS, "PodDeleted", "u-gone"), (topics.NODE_INBOX, "PodTerminated", "u-gone")]
     assert isinstance(out[0].record, PodDeleted) and out[0].record.decision_key == "u-gone" and out[1].key == "n1"
+
+
+def test_the_dead_letter_of_a_huge_object_stays_under_a_message() -> None:
+    """An object the API server took (up to etcd's 1.5 MiB) that cannot be converted: its dead
+    letter names the field and value and carries the object's JSON cut, not whole (whole, it
+    made a message Apache Kafka refused, and the bridge ended)."""
+    big = pod("huge", node="n1", hold="u-huge/0/n1", phase="Running",
+              annotations={f"a{i}": "x" * 100_000 for i in range(15)})
+    big["spec"]["containers"][0]["resources"]["requests"]["memory"] = "9223372036854775807"
+    [letter] = [o for o in Mirror(PROFILES).apply(POD, "ADDED", big) if o.topic == topics.DEAD_LETTER]
+    record = letter.record
+    assert isinstance(record, DeadLetter)
+    assert (record.field, record.value) == ("spec.containers[0].resources.requests.memory", "9223372036854775807")
+    assert len(encode(record)) < 512 * 1024 and "cut to" in record.error
