@@ -315,3 +315,71 @@ async def test_pods_that_cannot_be_converted_are_dead_lettered_and_the_bridge_ke
         assert bridge.alive(), f"the bridge died: {bridge.log.read_text()[-2000:]}"
         await create_all(admin, base, [pod_manifest("fine", ns, ns)])
         assert await wait_until("the next pod bound", lambda: _bound_names(admin, ns), timeout=30) == ["fine"]
+
+
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/koordstream-bridge"
+
+
+async def _holder(api: KubeApi) -> str:
+    lease = await api.request("GET", LEASE)
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+async def test_two_bridges_the_leader_killed_mid_run_lose_nothing_and_bind_nothing_twice(
+        admin: KubeApi, bridge: BridgeProcess, bridge_kubeconfig: Path, bootstrap: str,
+        tmp_path: Path) -> None:
+    """What held: a second bridge stands by; pods are created while the leader is killed -9;
+    the standby takes over within the Lease's duration (4 s here) and a retry; every pod is
+    bound once (the API server's word and the `bindings` topic), no node over its cpu, and
+    the survivor keeps running."""
+    ns = unique("twobr")
+    nodes = [kwok_node(f"{ns}-{i}", ns, cpu="8") for i in range(4)]
+    await create_namespace(admin, ns)
+    await create_all(admin, "/api/v1/nodes", nodes)
+    await wait_until("the nodes Ready", lambda: nodes_ready(admin, [n["metadata"]["name"] for n in nodes]))
+    standby = BridgeProcess(bootstrap, bridge_kubeconfig, tmp_path / "standby.log")
+    standby.start()
+    base = f"/api/v1/namespaces/{ns}/pods"
+    try:
+        async with Harness(bootstrap) as h:
+            await asyncio.sleep(3)  # the standby campaigning
+            first = await create_all(admin, base, [pod_manifest(f"a-{i}", ns, ns, cpu="500m") for i in range(30)])
+            await wait_until("some bound", lambda: _at_least(_bound_names(admin, ns), 5))
+            holder = await _holder(admin)
+            pids = {p.proc.pid: p for p in (bridge, standby) if p.proc is not None}
+            leader = pids[int(holder.rsplit("-", 1)[-1])]
+            survivor = standby if leader is bridge else bridge
+            leader.kill()
+            killed = time.monotonic()
+            second = await create_all(admin, base, [pod_manifest(f"b-{i}", ns, ns, cpu="500m") for i in range(30)])
+            await wait_until("the survivor to take the Lease", lambda: _other(admin, holder), timeout=20, every=0.1)
+            took = time.monotonic() - killed
+            await wait_until("every pod bound", lambda: _at_least(_bound_names(admin, ns), 60), timeout=120)
+            uids = {p["metadata"]["uid"] for p in first + second}
+            await h.wait_for(Binding, lambda b: b.uid in uids, count=len(uids), timeout=30)
+            targets: dict[str, set[str]] = {}
+            for b in h.seen(Binding, lambda b: b.uid in uids):
+                targets.setdefault(b.uid, set()).add(b.node)
+            assert {u: n for u, n in targets.items() if len(n) > 1} == {}
+            placed = [p for p in await pods(admin, ns) if p["spec"].get("nodeName")]
+            assert {p["metadata"]["uid"]: p["spec"]["nodeName"] for p in placed} == {
+                u: next(iter(n)) for u, n in targets.items()}
+            per_node: dict[str, int] = {}
+            for p in placed:
+                per_node[p["spec"]["nodeName"]] = per_node.get(p["spec"]["nodeName"], 0) + 500
+            assert max(per_node.values()) <= 8000, per_node
+            assert took < 4 + 0.5 + 3, f"the takeover took {took:.1f} s"
+            assert survivor.alive(), f"the survivor died: {survivor.log.read_text()[-3000:]}"
+    finally:
+        if not bridge.alive():
+            bridge.start()
+        standby.stop()
+
+
+async def _at_least(names: Awaitable[list[str]], count: int) -> bool:
+    return len(await names) >= count
+
+
+async def _other(api: KubeApi, holder: str) -> bool:
+    now = await _holder(api)
+    return bool(now) and now != holder
