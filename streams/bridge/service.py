@@ -18,8 +18,8 @@ One bridge leads at a time (`lease.LeaderElection`); the leader:
    carries the batch out again: a Binding already done is recognised (same node, same hold
    id), an eviction of a pod gone is done, feedback is written again.
 
-A failure of any part ends the process with its error (its supervisor starts it again, and
-the next leader lists everything afresh).
+A failure of any part ends the term with its error: its Lease is released, and the bridge
+campaigns again after a back-off; the next term lists everything afresh.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,7 @@ class Bridge:
     actuator: Actuator = field(init=False)
     reflectors: dict[str, Reflector] = field(default_factory=dict)
     published: int = 0
+    failed_terms: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # listed everything, consuming
 
     def __post_init__(self) -> None:
@@ -118,12 +120,30 @@ class Bridge:
         return seen is not None and bool(seen.node)
 
     async def run(self) -> None:
-        """Campaign for the Lease and lead while holding it."""
+        """Campaign for the Lease and lead while holding it. A term that fails (the broker
+        unreachable for longer than a produce or a commit waits, a call the actuator does not
+        retry) ends with its Lease released, and the bridge campaigns again after a back-off
+        (doubling from 1 s to 30 s; 1 s again after a term that lasted a minute): its next
+        term lists everything afresh, and `Mirror.vanished` finds what was deleted meanwhile.
+        (It ended the process: a worker starts its bridge's process once, so a broker
+        unreachable for 40 s left the cluster with no bridge.)"""
         b = self.settings.bridge
-        election = LeaderElection(self.api, identity(self.settings), namespace=b.lease_namespace, name=b.lease_name,
-                                  duration_s=b.lease_duration_s, renew_deadline_s=b.renew_deadline_s,
-                                  retry_s=b.retry_s)
-        await election.run(self.lead)
+        backoff = 1.0
+        while True:
+            election = LeaderElection(self.api, identity(self.settings), namespace=b.lease_namespace,
+                                      name=b.lease_name, duration_s=b.lease_duration_s,
+                                      renew_deadline_s=b.renew_deadline_s, retry_s=b.retry_s)
+            started = time.monotonic()
+            try:
+                await election.run(self.lead)
+            except Exception as exc:  # noqa: BLE001 - any failure of a term: the next one starts afresh
+                if time.monotonic() - started > 60:
+                    backoff = 1.0
+                self.failed_terms += 1
+                log.error("the bridge's term failed (%s: %s); campaigning again in %.0f s", type(exc).__name__, exc,
+                          backoff, exc_info=exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     async def lead(self) -> None:
         k = self.settings.kafka

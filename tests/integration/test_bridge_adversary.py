@@ -388,7 +388,6 @@ async def _other(api: KubeApi, holder: str) -> bool:
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(strict=True, reason="fault: a failed term ends the bridge's process")
 async def test_the_bridge_outlives_its_broker_unreachable_for_a_while(tmp_path: Path) -> None:
     """The broker stops answering (paused, as a partition or a long GC would look) for 45 s
     while pods are created: the bridge's produce and its consumers' commits give up after
