@@ -11,6 +11,7 @@ Each test names a fault an adversarial review found (see the report on branch
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from schemas.records import (
     Claim,
     Commit,
     DeadLetter,
+    Held,
     Node,
     NodeDeleted,
     NodeStateChange,
@@ -114,6 +116,24 @@ class World:
                     ["resources"]["requests"]["cpu"], hold=f"{uid}/{attempt}/{node_name}", uid=uid, rv="2",
                     labels=obj["metadata"]["labels"])
         return self.event(POD, "MODIFIED", bound)
+
+    def try_bind(self, obj: dict[str, Any], node_name: str, attempt: int) -> bool:
+        """As `bind`, if the owner holds the claim (else it is released: nothing changes)."""
+        uid = obj["metadata"]["uid"]
+        cpu = cpu_of(obj["spec"]["containers"][0]["resources"]["requests"]["cpu"])
+        claim = Claim(uid=uid, attempt=attempt, node=node_name, decision_key=uid,
+                      requests=ResourceList({"cpu": cpu, "pods": 1}))
+        state = self.owners.setdefault(node_name, NodeState(node_name))
+        result = OwnerResult()
+        NodeOwner().apply(state, [claim], result)
+        if not any(isinstance(o.record, Held) for o in result.outputs):
+            return False
+        NodeOwner().apply(state, [Commit(uid, attempt, node_name, uid)], OwnerResult())
+        bound = pod(obj["metadata"]["name"], node=node_name, phase="Running", cpu=obj["spec"]["containers"][0]
+                    ["resources"]["requests"]["cpu"], hold=f"{uid}/{attempt}/{node_name}", uid=uid, rv="2",
+                    labels=obj["metadata"]["labels"])
+        self.event(POD, "MODIFIED", bound)
+        return True
 
     def free(self, name: str) -> tuple[int, int]:
         """(koordstream's free cpu on the node, the API server's)."""
@@ -268,3 +288,58 @@ def test_the_dead_letter_of_a_huge_object_stays_under_a_message() -> None:
     assert isinstance(record, DeadLetter)
     assert (record.field, record.value) == ("spec.containers[0].resources.requests.memory", "9223372036854775807")
     assert len(encode(record)) < 512 * 1024 and "cut to" in record.error
+
+
+def test_random_watch_sequences_never_over_commit_a_node() -> None:
+    """Random runs (seeded): pods of ours created, bound by koordstream where its owner holds
+    them, finished, deleted; foreign pods created bound, finished, deleted; nodes deleted and
+    added again under their name; pods and nodes listed again (a 410). After every step, on
+    every node the API server has: koordstream's free cpu <= the API server's (or none, where
+    foreign pods filled the node past its allocatable)."""
+    for seed in range(200):
+        rng = random.Random(seed)
+        w = World()
+        names = ["n0", "n1"]
+        generation = {n: 0 for n in names}
+        for n in names:
+            w.event(NODE, "ADDED", node(n, cpu="4", uid=f"{n}-0"))
+        made = 0
+        for step in range(40):
+            op = rng.choice(["ours", "foreign", "bind", "finish", "delete", "node", "relist"])
+            live = list(w.pods.values())
+            if op == "ours":
+                made += 1
+                w.event(POD, "ADDED", pod(f"p{made}", cpu=rng.choice(["1", "2", "3"])))
+            elif op == "foreign":
+                made += 1
+                there = rng.choice(names)
+                if there in w.nodes:
+                    w.event(POD, "ADDED", pod(f"f{made}", scheduler="default-scheduler", node=there, phase="Running",
+                                              cpu=rng.choice(["1", "2"])))
+            elif op == "bind":
+                pending = [p for p in live if not p["spec"].get("nodeName")]
+                there = rng.choice(names)
+                if pending and there in w.nodes:
+                    w.try_bind(rng.choice(pending), there, step)
+            elif op == "finish" and live:
+                p = rng.choice(live)
+                if p["spec"].get("nodeName"):
+                    done = {**p, "metadata": {**p["metadata"], "resourceVersion": str(100 + step)},
+                            "status": {"phase": "Succeeded"}}
+                    w.event(POD, "MODIFIED", done)
+            elif op == "delete" and live:
+                w.event(POD, "DELETED", rng.choice(live))
+            elif op == "node":
+                n = rng.choice(names)
+                if n in w.nodes:
+                    w.event(NODE, "DELETED", w.nodes[n])
+                else:
+                    generation[n] += 1
+                    w.event(NODE, "ADDED", node(n, cpu="4", uid=f"{n}-{generation[n]}"))
+            elif op == "relist":
+                kind = rng.choice([POD, NODE])
+                w.feed(w.mirror.relisted(kind, list(w.pods.values()) if kind == POD else list(w.nodes.values())))
+            for n in w.nodes:
+                if n in w.owners and w.owners[n].exists:
+                    ours, truth = w.free(n)
+                    assert ours <= max(truth, 0), f"seed {seed}, step {step} ({op}): {n} free {ours}m here, {truth}m there"
