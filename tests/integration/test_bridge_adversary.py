@@ -19,7 +19,14 @@ import pytest
 
 from agents.ports import Output
 from schemas import topics
-from schemas.records import Binding, DeadLetter, Pod, PodTerminated
+from schemas.records import (
+    Binding,
+    DeadLetter,
+    EvictionCommand,
+    Pod,
+    PodTerminated,
+    SchedulingFeedback,
+)
 from streams.bridge.actuator import Actuator
 from streams.bridge.lease import LeaderElection
 from streams.bridge.mirror import POD, Mirror
@@ -207,6 +214,39 @@ async def test_bindings_meet_the_api_servers_refusals_and_free_the_right_hold(co
         other = "n2" if node == "n1" else "n1"
         assert [r for o in outcomes for r in _refusals(o)] == [(other, twice["metadata"]["uid"])]
         assert new["metadata"]["uid"] != old["metadata"]["uid"]
+
+
+async def test_late_feedback_and_evictions_of_pods_created_again_change_nothing(control_plane: ControlPlane) -> None:
+    """What held: feedback of an attempt that came before the Binding, written by a bridge
+    that did not see the binding (a new term): its write crosses the binding, is undone
+    (PodScheduled stays True) and no FailedScheduling Event is written; an eviction, and a
+    preemption's deletion, of a pod deleted and created again under its name (another uid)
+    are done without touching the new pod (the UID precondition: 409)."""
+    ns = unique("late")
+    async with control_plane.api() as api:
+        await create_namespace(api, ns)
+        base = f"/api/v1/namespaces/{ns}/pods"
+        [p] = await create_all(api, base, [pod_manifest("bound", ns, ns)])
+        assert await Actuator(api).bind(_binding(p, "n1")) == []
+        fresh = Actuator(api)  # a new term: it has bound nothing, and its mirror is not there yet
+        await fresh.feedback(SchedulingFeedback(uid=p["metadata"]["uid"], namespace=ns, name="bound", attempt=0,
+                                                message="0/1 nodes are available: 1 Insufficient cpu.",
+                                                reasons={"Insufficient cpu": 1}))
+        got = await api.request("GET", f"{base}/bound")
+        assert (condition(got, "PodScheduled") or {}).get("status") == "True"
+        events = await api.request("GET", f"/apis/events.k8s.io/v1/namespaces/{ns}/events")
+        assert [e for e in events["items"] if e.get("reason") == "FailedScheduling"] == []
+
+        for preemptor in ("", "u-preemptor"):
+            [old] = await create_all(api, base, [pod_manifest("reused", ns, ns)])
+            await api.request("DELETE", f"{base}/reused", params={"gracePeriodSeconds": 0})
+            [new] = await create_all(api, base, [pod_manifest("reused", ns, ns)])
+            command = EvictionCommand(uid=old["metadata"]["uid"], namespace=ns, name="reused", node="n1",
+                                      reason="test", preemptor_uid=preemptor)
+            assert await Actuator(api).evict(command) == []
+            still = await api.request("GET", f"{base}/reused")
+            assert still["metadata"]["uid"] == new["metadata"]["uid"] and not still["metadata"].get("deletionTimestamp")
+            await api.request("DELETE", f"{base}/reused", params={"gracePeriodSeconds": 0})
 
 
 async def test_a_binding_the_api_server_forbids_is_retried_not_reported_refused(control_plane: ControlPlane) -> None:
