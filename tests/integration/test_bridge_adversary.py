@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import os
+import random
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -470,3 +472,68 @@ async def test_the_bridge_outlives_its_broker_unreachable_for_a_while(tmp_path: 
                 lone.stop()
     finally:
         broker.stop()
+
+
+@pytest.mark.e2e
+async def test_the_bridge_killed_at_random_moments_while_pods_come_and_go_leaks_nothing(
+        admin: KubeApi, bridge: BridgeProcess, bootstrap: str) -> None:
+    """Three rounds: pods created, the bridge killed -9 at a random moment, pods deleted (bound
+    ones among them) and created while no bridge leads, the bridge started again. Then every pod is deleted:
+    each node must take a pod of its whole cpu (no capacity kept by a pod gone), and no pod
+    was ever bound to two nodes."""
+    rng = random.Random(29)
+    ns = unique("churn")
+    nodes = [kwok_node(f"{ns}-{i}", ns, cpu="4") for i in range(3)]
+    await create_namespace(admin, ns)
+    await create_all(admin, "/api/v1/nodes", nodes)
+    await wait_until("the nodes Ready", lambda: nodes_ready(admin, [n["metadata"]["name"] for n in nodes]))
+    base = f"/api/v1/namespaces/{ns}/pods"
+    made = 0
+    async with Harness(bootstrap) as h:
+        try:
+            for _ in range(3):
+                await create_all(admin, base, [pod_manifest(f"p{made + i}", ns, ns, cpu="500m") for i in range(6)])
+                made += 6
+                await wait_until("some bound", functools.partial(_bound_at_least, admin, ns, made // 2))
+                await asyncio.sleep(rng.uniform(0.0, 2.0))
+                bridge.kill()
+                listed = await pods(admin, ns)
+                bound = [p["metadata"]["name"] for p in listed if p["spec"].get("nodeName")]
+                live = [p["metadata"]["name"] for p in listed]
+                doomed = set(rng.sample(bound, k=min(2, len(bound)))) | set(rng.sample(live, k=min(2, len(live))))
+                for name in doomed:
+                    await admin.request("DELETE", f"{base}/{name}", params={"gracePeriodSeconds": 0})
+                await create_all(admin, base, [pod_manifest(f"p{made + i}", ns, ns, cpu="500m") for i in range(3)])
+                made += 3
+                bridge.start()
+                await asyncio.sleep(rng.uniform(0.0, 6.0))
+        finally:
+            if not bridge.alive():
+                bridge.start()
+        await wait_until("every pod left bound", lambda: _all_bound(admin, ns), timeout=90)
+        uids = {p["metadata"]["uid"] for p in await pods(admin, ns)}
+        targets: dict[str, set[str]] = {}
+        for b in h.seen(Binding, lambda b: b.namespace == ns):
+            targets.setdefault(b.uid, set()).add(b.node)
+        assert {u: n for u, n in targets.items() if len(n) > 1} == {}
+        for name in [p["metadata"]["name"] for p in await pods(admin, ns)]:
+            await admin.request("DELETE", f"{base}/{name}", params={"gracePeriodSeconds": 0})
+        await wait_until("every pod gone", lambda: _gone(admin, ns))
+        await create_all(admin, base, [pod_manifest(f"whole-{i}", ns, ns, cpu="4") for i in range(3)])
+        assert len(await wait_until("a pod of a whole node's cpu on each node",
+                                    lambda: _at_least_list(_bound_names(admin, ns), 3), timeout=60)) == 3
+        assert uids
+
+
+async def _bound_at_least(api: KubeApi, ns: str, count: int) -> bool:
+    return len(await _bound_names(api, ns)) >= count
+
+
+async def _all_bound(api: KubeApi, ns: str) -> bool:
+    listed = await pods(api, ns)
+    return bool(listed) and all(p["spec"].get("nodeName") for p in listed)
+
+
+async def _at_least_list(names: Awaitable[list[str]], count: int) -> list[str] | None:
+    got = await names
+    return got if len(got) >= count else None
