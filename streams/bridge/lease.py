@@ -157,8 +157,9 @@ class LeaderElection:
             left = self.renew_deadline_s - (started - renewed)
             if left <= 0:
                 return  # (the event loop was blocked past the deadline)
-            try:
-                ok = await asyncio.wait_for(self._attempt(), left)
+            try:  # (not asyncio.wait_for: on Python 3.11 it can swallow this task's own cancellation)
+                async with asyncio.timeout(left):
+                    ok = await self._attempt()
             except TimeoutError:
                 return  # the renewal did not come back in time
             if ok:

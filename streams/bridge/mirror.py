@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,18 +185,27 @@ class Mirror:
     def relisted(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> list[Output]:
         """A full list of `kind` (at start, or after a 410 Gone): every object as ADDED, and
         the deletion of every one known before that the list no longer has."""
+        return [o for part in self.relisting(kind, objs) for o in part]
+
+    def relisting(self, kind: str, objs: Iterable[Mapping[str, Any]], chunk: int = 500) -> Iterator[list[Output]]:
+        """`relisted`, in parts of `chunk` objects, so that its caller may let other work run
+        in between (the bridge's Lease renewals share its event loop: about 90 us a pod, a
+        list of 100,000 pods blocked the loop past the renew deadline)."""
         before = self.known.get(kind, set())
         self.known[kind] = set()
+        listed: set[str] = set()
         out: list[Output] = []
-        listed: dict[str, Mapping[str, Any]] = {}
-        for obj in objs:
-            listed[_key(obj)] = obj
+        for i, obj in enumerate(objs, 1):
+            listed.add(_key(obj))
             out += self.apply(kind, "ADDED", obj)
-        for key in sorted(before - set(listed)):
+            if i % chunk == 0:
+                yield out
+                out = []
+        for key in sorted(before - listed):
             gone = self._last_object(kind, key)
             if gone is not None:
                 out += self.apply(kind, "DELETED", gone)
-        return out
+        yield out
 
     def vanished(self, reports: Iterable[NodeStateChange]) -> list[Output]:
         """The pods that koordstream's owners hold committed (`reports`: each node as its

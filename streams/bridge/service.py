@@ -217,7 +217,11 @@ class Bridge:
     def _on_list(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
                  ) -> Callable[[list[dict[str, Any]]], Awaitable[None]]:
         async def on_list(items: list[dict[str, Any]]) -> None:
-            await publish(self.mirror.relisted(kind, items) + self.mirror.flush_nodes())
+            out: list[Output] = []
+            for part in self.mirror.relisting(kind, items):  # the Lease's renewals run in between
+                out += part
+                await asyncio.sleep(0)
+            await publish(out + self.mirror.flush_nodes())
         return on_list
 
     def _on_events(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
