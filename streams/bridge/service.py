@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from agents.intake import RawMessage, intake
 from agents.ports import Output
 from agents.rebalance.binpack import DELETION_COST
@@ -54,9 +56,11 @@ from streams.bridge.actuator import Actuator
 from streams.bridge.lease import LeaderElection
 from streams.bridge.mirror import NODE, PDB, POD, PODGROUP, REPLICASET, RESERVATION, Mirror
 from streams.bridge.reflector import Reflector
+from streams.catalogue import TABLE_NODE_STATE
 from streams.connection import connect
 from streams.kubeapi import KubeApi, KubeError, Limits
 from streams.producer import RecordProducer
+from streams.reader import read_to_end
 from streams.settings import Settings
 
 log = logging.getLogger("koordstream.bridge")
@@ -183,13 +187,23 @@ class Bridge:
     async def _vanished(self, publish: Callable[[list[Output]], Awaitable[None]]) -> None:
         """What was deleted while no bridge led (`Mirror.vanished`), from the owners' nodes as
         they are now (their changelog, read whole as a starting scheduler replica reads it)."""
-        from streams.app import current_state  # (the faust app's module: only here)
+        from agents.adapters.owners import current_reports  # (faust's side: only here)
+        from agents.adapters.tables import ChangelogRecord, UnreadableState
 
-        current = await current_state(self.settings)
-        if current is None:
-            log.error("the owners' changelog cannot be read: pods deleted while no bridge led are not looked for")
+        k = self.settings.kafka
+        records: list[ChangelogRecord] = []
+
+        def seen(m: Any) -> None:
+            records.append((m.key, None if m.value is None else orjson.loads(m.value), m.partition))
+
+        await read_to_end(connect(k), [f"{k.app_id}-{TABLE_NODE_STATE}-changelog"], k.partitions, seen)
+        try:  # (in a thread: the Lease's renewals share this event loop)
+            reports, _ = await asyncio.to_thread(current_reports, records)
+        except UnreadableState as exc:
+            log.error("the owners' changelog cannot be read (%s): pods deleted while no bridge led are not looked "
+                      "for", exc)
             return
-        out = self.mirror.vanished(current[0])
+        out = self.mirror.vanished(reports)
         if out:
             log.info("%d pods bound by koordstream were deleted while no bridge led: deleted and terminated now",
                      len(out) // 2)
