@@ -343,3 +343,27 @@ def test_random_watch_sequences_never_over_commit_a_node() -> None:
                 if n in w.owners and w.owners[n].exists:
                     ours, truth = w.free(n)
                     assert ours <= max(truth, 0), f"seed {seed}, step {step} ({op}): {n} free {ours}m here, {truth}m there"
+
+
+def test_events_out_of_the_usual_order_publish_what_the_object_says_once() -> None:
+    """What held: MODIFIED before any ADDED is taken as the object; DELETED of objects never
+    seen publishes nothing; a finished pod listed again within a term is not terminated twice;
+    a foreign pod moved to another node (crafted: nodeName is immutable) leaves the first."""
+    w = World()
+    w.event(NODE, "ADDED", node("n1"))
+    w.event(NODE, "ADDED", node("n2"))
+    assert [type(o.record).__name__ for o in w.event(POD, "MODIFIED", pod("m"))] == ["Pod"]
+    assert w.event(POD, "DELETED", pod("never-seen")) == []
+    assert w.event(NODE, "DELETED", node("never-seen")) == []
+    p = pod("p")
+    w.event(POD, "ADDED", p)
+    w.bind(p, "n1")
+    done = pod("p", node="n1", phase="Succeeded", hold="u-p/0/n1", rv="3")
+    first = w.event(POD, "MODIFIED", done)
+    again = w.feed(w.mirror.relisted(POD, [done, pod("m")]))
+    assert [o.topic for o in first if o.topic == topics.NODE_INBOX] == [topics.NODE_INBOX]
+    assert [o for o in again if o.topic == topics.NODE_INBOX] == []
+    theirs = pod("f", scheduler="default-scheduler", node="n1", phase="Running", cpu="3")
+    w.event(POD, "ADDED", theirs)
+    w.event(POD, "MODIFIED", {**theirs, "spec": {**theirs["spec"], "nodeName": "n2"}})
+    assert w.free("n1") == (8000, 8000) and w.free("n2") == (5000, 5000)
