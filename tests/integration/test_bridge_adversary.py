@@ -282,6 +282,12 @@ async def test_a_binding_the_api_server_forbids_is_retried_not_reported_refused(
         except TimeoutError:
             outcome = []  # still trying: nothing dropped
     assert _refusals(outcome) == [], "a Binding of a pod that waits unbound was reported refused"
+    # A 403 that says the pod can never run is a refusal: its namespace is being deleted (no
+    # namespace controller runs here: it stays Terminating, and so does the pod).
+    async with control_plane.api() as api:
+        await api.request("DELETE", f"/api/v1/namespaces/{ns}")
+        outcome = await asyncio.wait_for(Actuator(api).bind(_binding(pod, "n1")), 10.0)
+    assert _refusals(outcome) == [("n1", pod["metadata"]["uid"])]
 
 
 # -- the bridge process: killed while pods come and go -----------------------------------------
