@@ -50,7 +50,7 @@ test: $(STAMP) kafka kwok-stages koordinator-crds k8s
 e2e: $(STAMP) kafka kwok-stages koordinator-crds k8s
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
 		tests/integration/test_rebalancer.py tests/integration/test_restart.py tests/integration/test_transactions.py \
-		tests/integration/test_bridge.py
+		tests/integration/test_bridge.py tests/integration/test_bridge_adversary.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -127,6 +127,7 @@ class ControlPlane:
         self.port = 0
         self.etcd_port = 0
         self.started_s: dict[str, float] = {}  # what took how long to be ready
+        self._apiserver_cmd: list[str] = []
 
     @property
     def server(self) -> str:
@@ -177,7 +178,7 @@ class ControlPlane:
         self.started_s["etcd"] = time.monotonic() - begin
 
         self.port = free_port()
-        self._spawn("kube-apiserver", [
+        self._apiserver_cmd = [
             str(bins / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
@@ -190,7 +191,8 @@ class ControlPlane:
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition", "--endpoint-reconciler-type=none",
             f"--cert-dir={self.folder / 'pki'}", "--profiling=false", "--event-ttl=1h",
             *self.apiserver_args,
-        ])
+        ]
+        self._spawn("kube-apiserver", self._apiserver_cmd)
         await self._wait("kube-apiserver", f"{self.server}/readyz", timeout_s)
         self.started_s["kube-apiserver"] = time.monotonic() - begin - self.started_s["etcd"]
         self.kubeconfig.write_text(kubeconfig_text(self.server, pki.ca_cert, self.token))
@@ -288,6 +290,16 @@ class ControlPlane:
         proc = self.procs[name]
         proc.kill()
         proc.wait()
+
+    async def restart_apiserver(self, timeout_s: float = 120.0) -> None:
+        """Start kube-apiserver again, as it was started, on the same port (after `kill`, or
+        killing it first): its etcd kept everything, so clients find the same objects and
+        resourceVersions at the same address."""
+        proc = self.procs.get("kube-apiserver")
+        if proc is not None and proc.poll() is None:
+            self.kill("kube-apiserver")
+        self._spawn("kube-apiserver", self._apiserver_cmd)
+        await self._wait("kube-apiserver", f"{self.server}/readyz", timeout_s)
 
     def stop(self) -> None:
         for name in ("kwok", "kube-apiserver", "etcd"):

@@ -12,7 +12,8 @@ requests in flight (`concurrency`), so that a burst of 10,000 bindings is many r
 once within the limits, not 10,000 serial round trips and not 10,000 sockets. A failed call
 raises `KubeError` with the API's status code, reason and message. `watch` yields the watch
 events of a path as dicts, bookmarks included; a 410 Gone arrives as `KubeError(410)` (as an
-ERROR event or as the answer to the watch request), for the caller to relist.
+ERROR event or as the answer to the watch request), for the caller to relist, and a
+connection refused or dropped as `KubeError(0)`, for the caller to watch again.
 """
 
 from __future__ import annotations
@@ -133,44 +134,65 @@ class KubeApi:
         return out
 
     async def request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
-                      body: Any = None, content_type: str = JSON, timeout_s: float | None = None) -> Any:
-        """One call, within the rate limit and the concurrency bound; the decoded answer."""
+                      body: Any = None, content_type: str = JSON, timeout_s: float | None = None,
+                      limited: bool = True) -> Any:
+        """One call, within the rate limit and the concurrency bound (`limited`: the leader
+        election's calls are not, or they would wait behind a burst of writes for longer than
+        the Lease lasts); the decoded answer."""
+        if not limited:
+            return await self._call(method, path, params, body, content_type, timeout_s)
         await self.rate.acquire()
         async with self._slots:
-            data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
-            try:
-                async with self.session().request(
-                        method, self.server + path, params=_params(params), data=data,
-                        headers=await self.headers(content_type),
-                        timeout=aiohttp.ClientTimeout(total=timeout_s or self.limits.timeout_s)) as resp:
-                    raw = await resp.read()
-                    self.requests[(method, resp.status)] += 1
-                    if resp.status >= 400:
-                        raise _error(resp.status, raw, method, path)
-                    return orjson.loads(raw) if raw else None
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                self.requests[(method, 0)] += 1
-                raise KubeError(0, type(exc).__name__, str(exc) or "no answer", method, path) from exc
+            return await self._call(method, path, params, body, content_type, timeout_s)
+
+    async def _call(self, method: str, path: str, params: Mapping[str, Any] | None, body: Any, content_type: str,
+                    timeout_s: float | None) -> Any:
+        data = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
+        try:
+            async with self.session().request(
+                    method, self.server + path, params=_params(params), data=data,
+                    headers=await self.headers(content_type),
+                    timeout=aiohttp.ClientTimeout(total=timeout_s or self.limits.timeout_s)) as resp:
+                raw = await resp.read()
+                self.requests[(method, resp.status)] += 1
+                if resp.status >= 400:
+                    raise _error(resp.status, raw, method, path)
+                return orjson.loads(raw) if raw else None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.requests[(method, 0)] += 1
+            raise KubeError(0, type(exc).__name__, str(exc) or "no answer", method, path) from exc
 
     async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The events of a watch on `path` (a list path) from `params["resourceVersion"]`, until
-        the server ends it (its `timeoutSeconds`). An ERROR event raises `KubeError`."""
+        the server ends it (its `timeoutSeconds`). An ERROR event raises `KubeError`, and so
+        does a connection refused or dropped (status 0, as `request` says it), or a line cut
+        short: the caller backs off and watches again (a restarted API server)."""
         query = {**params, "watch": "true", "allowWatchBookmarks": "true"}
         timeout = aiohttp.ClientTimeout(total=None, sock_read=float(params.get("timeoutSeconds", 300)) + 30)
-        async with self.session().get(self.server + path, params=_params(query), headers=await self.headers(),
-                                      timeout=timeout) as resp:
-            self.requests[("WATCH", resp.status)] += 1
-            if resp.status >= 400:
-                raise _error(resp.status, await resp.read(), "WATCH", path)
-            async for line in resp.content:
-                if not line.strip():
-                    continue
-                event = orjson.loads(line)
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    raise KubeError(int(status.get("code", 500)), status.get("reason", ""), status.get("message", ""),
-                                    "WATCH", path)
-                yield event
+        try:
+            async with self.session().get(self.server + path, params=_params(query), headers=await self.headers(),
+                                          timeout=timeout) as resp:
+                self.requests[("WATCH", resp.status)] += 1
+                if resp.status >= 400:
+                    raise _error(resp.status, await resp.read(), "WATCH", path)
+                # One event per line, of any length: aiohttp's line reader refuses a line over
+                # 512 KiB (`LineTooLong`), and an object may be up to etcd's 1.5 MiB.
+                pending = bytearray()
+                async for chunk in resp.content.iter_any():
+                    start = len(pending)
+                    pending += chunk
+                    end = pending.find(b"\n", start)
+                    while end >= 0:
+                        line = bytes(pending[:end])
+                        del pending[:end + 1]
+                        if line.strip():
+                            yield _watch_event(line, path)
+                        end = pending.find(b"\n")
+                if pending.strip():
+                    yield _watch_event(bytes(pending), path)
+        except (TimeoutError, aiohttp.ClientError, orjson.JSONDecodeError) as exc:
+            self.requests[("WATCH", 0)] += 1
+            raise KubeError(0, type(exc).__name__, str(exc) or "no answer", "WATCH", path) from exc
 
     async def close(self) -> None:
         if self._session is not None:
@@ -182,6 +204,16 @@ class KubeApi:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _watch_event(line: bytes, path: str) -> dict[str, Any]:
+    """One watch event; an ERROR event raises `KubeError`."""
+    event: dict[str, Any] = orjson.loads(line)
+    if event.get("type") == "ERROR":
+        status = event.get("object") or {}
+        raise KubeError(int(status.get("code", 500)), status.get("reason", ""), status.get("message", ""),
+                        "WATCH", path)
+    return event
 
 
 def _params(params: Mapping[str, Any] | None) -> dict[str, str] | None:

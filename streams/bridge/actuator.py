@@ -10,8 +10,11 @@
   `PodTerminated` (reason "binding refused by the API server: ..."), which frees the hold's
   capacity (and its quota); a pod bound elsewhere is then counted on that node by the mirror.
   A Binding already carried out (delivered again after a crash: the pod runs on that node with
-  that hold id) is done. Other failures (the server unreachable, 5xx, 429) are retried with
-  back-off for as long as it takes: a Binding is never dropped.
+  that hold id) is done. Every other failure (the server unreachable, 5xx, 429, and also 401,
+  403 or a webhook's denial) is retried with back-off for as long as it takes, the batch
+  waiting, unless the pod can never run: gone, being deleted, or its namespace being deleted
+  (a 403 of NamespaceLifecycle). A Binding is never dropped while its pod may still run (a
+  refusal tombstones the pod at its node, and nothing would ever schedule it again).
 - **EvictionCommand** -> `policy/v1` Eviction (with the pod's UID as precondition), or, for a
   preemption's victims (`preemptor_uid`), a deletion, as kube-scheduler deletes victims. A 429
   (a PodDisruptionBudget) is retried with back-off for up to `eviction_retry_s`, then reported
@@ -139,7 +142,8 @@ class Actuator:
                 if not retry(exc) or (deadline is not None and time.monotonic() + delay > deadline):
                     raise
                 self._count(f"{what}_retries")
-                log.info("%s: %s; retrying in %.1f s", what, exc, delay)
+                log.log(logging.INFO if _transient(exc) else logging.WARNING, "%s: %s; retrying in %.1f s",
+                        what, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max_s)
 
@@ -148,18 +152,32 @@ class Actuator:
     async def bind(self, b: Binding) -> list[Output]:
         """Carry out one Binding; what to report (a refusal), else nothing."""
         path = pod_path(b.namespace, b.name)
-        try:
-            await self._retrying("binding", lambda: self.api.request("POST", path + "/binding", body=binding_body(b)),
-                                 _transient)
-            self._count("bound")
-            self.bound.add(b.uid)
-            return []
-        except KubeError as exc:
-            if exc.status == 404:
-                return self._refused(b, "the pod is gone")
-            if exc.status != 409:
-                return self._refused(b, f"{exc.status} {exc.reason}: {exc.message}")
-        try:  # 409: already bound (by us, before a crash?) or another pod of that name
+        delay = self.retry_initial_s
+        while True:
+            try:
+                await self._retrying("binding", lambda: self.api.request(
+                    "POST", path + "/binding", body=binding_body(b)), _transient)
+                self._count("bound")
+                self.bound.add(b.uid)
+                return []
+            except KubeError as exc:
+                if exc.status == 404:
+                    return self._refused(b, "the pod is gone")
+                if exc.status == 409:
+                    conflict = exc
+                    break
+                # Another answer (401 / 403 while the bridge's credentials or RBAC change, an
+                # admission webhook's denial, ...): only the pod's own state may refuse the
+                # Binding (a refusal tombstones the pod at its node: it is never scheduled
+                # again); a pod that is there and may still run is bound later, not dropped.
+                why = await self._unbindable(b, exc)
+                if why:
+                    return self._refused(b, why)
+                self._count("binding_retries")
+                log.warning("binding of %s/%s to %s: %s; retrying in %.1f s", b.namespace, b.name, b.node, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.retry_max_s)
+        try:  # 409: already bound (by us, before a crash?), being deleted, or another pod of that name
             pod = await self._retrying("binding", lambda: self.api.request("GET", path), _transient)
         except KubeError as exc:
             if exc.status == 404:
@@ -172,7 +190,27 @@ class Actuator:
             self._count("bound_before")
             self.bound.add(b.uid)
             return []
+        if not spec.get("nodeName"):  # (the API server refuses to bind a pod that is being deleted)
+            return self._refused(b, f"{conflict.status} {conflict.reason}: {conflict.message}")
         return self._refused(b, f"the pod is bound to node {spec.get('nodeName')!r} already")
+
+    async def _unbindable(self, b: Binding, exc: KubeError) -> str:
+        """Why the pod can never be bound, after an answer that is not the pod's own (see
+        `bind`): its namespace is being deleted (NamespaceLifecycle refuses new content), or
+        the pod is gone or being deleted; "" when it is there and may still run."""
+        if exc.status == 403 and "being terminated" in exc.message:
+            return f"its namespace is being deleted ({exc.message})"
+        try:
+            pod = await self._retrying("binding", lambda: self.api.request("GET", pod_path(b.namespace, b.name)),
+                                       _transient)
+        except KubeError as again:
+            return "the pod is gone" if again.status == 404 else ""
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") != b.uid:
+            return "the pod is gone (another pod has its name)"
+        if meta.get("deletionTimestamp"):
+            return f"the pod is being deleted ({exc.status} {exc.reason}: {exc.message})"
+        return ""
 
     def _refused(self, b: Binding, why: str) -> list[Output]:
         self._count("binding_refused")

@@ -8,7 +8,7 @@ more, unchanged; every consumer of these topics takes a record equal to the last
 
 Pods. A pod is *ours* when its `schedulerName` is one of the profiles and it is unassigned, or
 was bound by koordstream (its `koordstream.io/hold-id` annotation, which the bridge's
-Bindings carry, names the node it runs on). Ours go to `pods` on every change that the
+Bindings carry, names the pod's uid and the node it runs on). Ours go to `pods` on every change that the
 record shows (a bound one too: the rebalancer reads node, phase and annotations); when one of
 ours reaches Succeeded or Failed its node's owner is told (`PodTerminated` into `node-inbox`),
 and its deletion goes to `pods` (`PodDeleted`, with its labels and annotations, which locate
@@ -20,7 +20,9 @@ GPUs as whole devices...), again whenever that changes (`flush_nodes`, once per 
 A pod of a PodGroup (`pod-group.scheduling.sigs.k8s.io` label) whose PodGroup
 (`scheduling.sigs.k8s.io/v1alpha1`) is known gets the gang annotations Koordinator reads from
 it: min-available from `spec.minMember`, waiting-time from `spec.scheduleTimeoutSeconds`
-(annotations the pod sets itself win).
+(annotations the pod sets itself win). Where PodGroups are watched (`podgroups_watched`), a
+pod whose PodGroup is not known yet waits for it unpublished (Koordinator's coscheduling
+waits for it too): published as a single pod, it would bind without its gang.
 
 Also: Nodes and their deletions (`nodes`), Koordinator Reservations (`pods`, deleted as a
 pod is), PodDisruptionBudgets (`disruption-budgets`, a deletion as `deleted`), and ReplicaSets
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +62,10 @@ from schemas.records import (
     POD_GROUP_LABEL,
     DeadLetter,
     GpuDevice,
+    HoldId,
     Node,
     NodeDeleted,
+    NodeStateChange,
     Pod,
     PodDeleted,
     PodDisruptionBudget,
@@ -98,15 +102,36 @@ def _key(obj: Mapping[str, Any]) -> str:
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
 
+def _bound_by_us(uid: str, node: str, annotations: Mapping[str, Any]) -> bool:
+    """Whether the pod's hold annotation is the one our Binding of *this* pod to *this* node
+    wrote: a hold id names the pod's uid, its attempt and the node. A copy of a pod carries its
+    annotations (`kubectl debug --copy-to --same-node` keeps annotations and nodeName): its
+    hold id names another uid, and no owner ever held it."""
+    try:
+        held = HoldId.parse(str(annotations.get(HOLD_ANNOTATION, "")))
+    except ValueError:
+        return False
+    return held.uid == uid and held.node == node
+
+
+MAX_ORIGINAL_BYTES = 256 * 1024  # of an object in its dead letter: the envelope stays well under a message's 1 MiB
+
+
 def dead_letter(kind: str, obj: Mapping[str, Any], error: SchemaError | Exception) -> Output:
-    """An object that could not be converted: the dead-letter topic, with the field and value."""
+    """An object that could not be converted: the dead-letter topic, with the field and value,
+    and the object's JSON, cut to MAX_ORIGINAL_BYTES (the API server takes objects up to
+    etcd's 1.5 MiB: whole, in base64, one made a dead letter that Apache Kafka refused, which
+    ended the bridge, and the next one at the same object)."""
     field_name = getattr(error, "field", "") or ""
     value = getattr(error, "value", "")
     meta = _meta(obj)
     where = f"{kind} {meta.get('namespace', '')}/{meta.get('name', '')}".replace(" /", " ")
+    original = orjson.dumps(obj)
+    cut = f" (its JSON cut to its first {MAX_ORIGINAL_BYTES} of {len(original)} bytes)" \
+        if len(original) > MAX_ORIGINAL_BYTES else ""
     return Output(topics.DEAD_LETTER, f"bridge/{kind}", DeadLetter(
-        error=f"{where}: {error}", field=str(field_name), value=str(value)[:500], topic=f"kubernetes/{kind}",
-        partition=-1, offset=-1, original=base64.b64encode(orjson.dumps(obj)).decode()))
+        error=f"{where}: {error}{cut}", field=str(field_name), value=str(value)[:500], topic=f"kubernetes/{kind}",
+        partition=-1, offset=-1, original=base64.b64encode(original[:MAX_ORIGINAL_BYTES]).decode()))
 
 
 @dataclass
@@ -116,6 +141,7 @@ class _PodSeen:
     foreign: ResourceList | None = None  # what it takes from its node when foreign
     record: Pod | None = None  # the last published (ours)
     terminated: bool = False  # its PodTerminated was sent
+    orphaned: bool = False  # bound by us to a node object since deleted: the owner terminated it, it counts as foreign
 
 
 @dataclass
@@ -131,6 +157,9 @@ class Mirror:
     published: dict[tuple[str, str], Record] = field(default_factory=dict)  # (kind, key) -> last record
     replicas: dict[str, int] = field(default_factory=dict)  # ReplicaSet uid -> spec.replicas last seen
     podgroups: dict[str, tuple[int, int]] = field(default_factory=dict)  # ns/name -> (minMember, timeout s)
+    podgroups_watched: bool = False  # the PodGroup CRD is served and watched: members wait for their PodGroup
+    podgroup_names: dict[str, str] = field(default_factory=dict)  # PodGroup key (uid) -> ns/name
+    waiting: dict[str, dict[str, Mapping[str, Any]]] = field(default_factory=dict)  # ns/name -> uid -> pod object
     known: dict[str, set[str]] = field(default_factory=dict)  # kind -> keys seen since the last list
 
     # -- the entry points ---------------------------------------------------------------------
@@ -162,17 +191,49 @@ class Mirror:
     def relisted(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> list[Output]:
         """A full list of `kind` (at start, or after a 410 Gone): every object as ADDED, and
         the deletion of every one known before that the list no longer has."""
+        return [o for part in self.relisting(kind, objs) for o in part]
+
+    def relisting(self, kind: str, objs: Iterable[Mapping[str, Any]], chunk: int = 500) -> Iterator[list[Output]]:
+        """`relisted`, in parts of `chunk` objects, so that its caller may let other work run
+        in between (the bridge's Lease renewals share its event loop: about 90 us a pod, a
+        list of 100,000 pods blocked the loop past the renew deadline)."""
         before = self.known.get(kind, set())
         self.known[kind] = set()
+        listed: set[str] = set()
         out: list[Output] = []
-        listed: dict[str, Mapping[str, Any]] = {}
-        for obj in objs:
-            listed[_key(obj)] = obj
+        for i, obj in enumerate(objs, 1):
+            listed.add(_key(obj))
             out += self.apply(kind, "ADDED", obj)
-        for key in sorted(before - set(listed)):
+            if i % chunk == 0:
+                yield out
+                out = []
+        for key in sorted(before - listed):
             gone = self._last_object(kind, key)
             if gone is not None:
                 out += self.apply(kind, "DELETED", gone)
+        yield out
+
+    def vanished(self, reports: Iterable[NodeStateChange]) -> list[Output]:
+        """The pods that koordstream's owners hold committed (`reports`: each node as its
+        owner has it now) on a node the API server has, and that the API server no longer has:
+        deleted while no bridge led, so no term's watch or relist saw them go (each term's
+        mirror starts empty). Each goes out as deleted (`pods`, to its decider by its decision
+        key) and terminated at its node (`node-inbox`), as a deletion seen by the watch would;
+        both are idempotent. Called once the pods and nodes are listed, and compared with what
+        the mirror has at that moment, the watch included: a pod committed at all was published
+        by a bridge first, so one created after the list is here too (or was seen deleted)."""
+        out: list[Output] = []
+        for report in reports:
+            if report.node not in self.nodes or report.deleted:
+                continue  # not a node of this API server (a pod published straight onto the topics)
+            for bound in report.committed:
+                if bound.uid in self.pods:
+                    continue
+                out.append(Output(topics.PODS, bound.uid, PodDeleted(
+                    uid=bound.uid, name=bound.name, namespace=bound.namespace, decision_key=bound.decision_key)))
+                out.append(Output(topics.NODE_INBOX, report.node, PodTerminated(
+                    uid=bound.uid, node=report.node, decision_key=bound.decision_key,
+                    reason="the pod was deleted while no bridge led")))
         return out
 
     def seed(self, record: Record) -> None:
@@ -218,10 +279,11 @@ class Mirror:
 
     def _pod(self, event: str, obj: Mapping[str, Any], uid: str) -> list[Output]:
         seen = self.pods.get(uid)
+        self._stop_waiting(uid, obj)
         if event == "DELETED":
             self.pods.pop(uid, None)
             self._set_foreign(uid, seen, None, "")
-            if seen is None or not seen.ours:
+            if seen is None or not seen.ours or seen.record is None:  # (a member that waited: never published)
                 return []
             meta = _meta(obj)
             return [Output(topics.PODS, uid, PodDeleted(
@@ -232,13 +294,18 @@ class Mirror:
         node = str(spec.get("nodeName") or "")
         phase = str(status.get("phase") or "Pending")
         annotations = _meta(obj).get("annotations") or {}
-        hold = str(annotations.get(HOLD_ANNOTATION, ""))
-        bound_by_us = bool(node) and hold.endswith(f"/{node}")
+        bound_by_us = bool(node) and _bound_by_us(uid, node, annotations)
         # Ours: published, its deletion forwarded. One of ours that someone else bound stays
         # ours (its scheduler and decider must forget it when it goes), and counts as foreign.
         ours = (spec.get("schedulerName", "default-scheduler") in self.profiles and (not node or bound_by_us)) or (
             seen is not None and seen.ours)
-        counts = bool(node) and not bound_by_us and phase not in TERMINAL
+        orphaned = seen is not None and seen.orphaned and seen.node == node
+        counts = bool(node) and (not bound_by_us or orphaned) and phase not in TERMINAL
+        group = self._missing_group(obj) if ours and not node and (seen is None or seen.record is None) else ""
+        if group:  # a member of a PodGroup not seen yet: it waits for it, as Koordinator's coscheduling does
+            self.waiting.setdefault(group, {})[uid] = obj
+            self.pods.setdefault(uid, _PodSeen(True))
+            return []
         record = pod_from_manifest(self._with_gang(dict(obj))) if ours or counts else None
         if seen is None:
             seen = self.pods[uid] = _PodSeen(ours)
@@ -254,6 +321,28 @@ class Mirror:
                 out.append(Output(topics.NODE_INBOX, node, PodTerminated(uid=uid, node=node, reason=f"pod {phase}")))
         seen.node = node
         return out
+
+    def _missing_group(self, obj: Mapping[str, Any]) -> str:
+        """The PodGroup (ns/name) a pod names by its label and that is not known yet, when
+        PodGroups are watched and the pod does not give its gang's size itself; else ""."""
+        if not self.podgroups_watched:
+            return ""
+        meta = _meta(obj)
+        group = (meta.get("labels") or {}).get(POD_GROUP_LABEL)
+        if not group or (meta.get("annotations") or {}).get(GANG_MIN_AVAILABLE_ANNOTATION):
+            return ""
+        name = f"{meta.get('namespace', 'default')}/{group}"
+        return "" if name in self.podgroups else name
+
+    def _stop_waiting(self, uid: str, obj: Mapping[str, Any]) -> None:
+        meta = _meta(obj)
+        group = (meta.get("labels") or {}).get(POD_GROUP_LABEL)
+        name = f"{meta.get('namespace', 'default')}/{group}"
+        members = self.waiting.get(name)
+        if members is None:  # (a relist's minimal object has no labels: look everywhere)
+            name, members = next(((n, m) for n, m in self.waiting.items() if uid in m), ("", None))
+        if members is not None and members.pop(uid, None) is not None and not members:
+            del self.waiting[name]
 
     def _with_gang(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = _meta(obj)
@@ -290,10 +379,24 @@ class Mirror:
             self.dirty.discard(name)
             if self.published_nodes.pop(name, None) is None:
                 return []
+            self._orphan(name)
             return [Output(topics.NODES, name, NodeDeleted(name=name, uid=str(_meta(obj).get("uid", ""))))]
         node_from_manifest(dict(obj))  # refuse a bad one before keeping it
         self.nodes[name] = dict(obj)
         return self._publish_node(name)
+
+    def _orphan(self, name: str) -> None:
+        """The node's owner terminates the pods committed there when it reads the NodeDeleted
+        (rule 9), but the pod objects stay bound to the name (no pod GC, or the node comes
+        back within its grace) and run on a node added again under it: each of ours that
+        runs there counts as foreign from now on, until it finishes or goes."""
+        for uid, seen in self.pods.items():
+            record = seen.record
+            if (seen.ours and seen.node == name and seen.foreign is None and record is not None
+                    and record.phase not in TERMINAL):
+                seen.orphaned = True
+                self._set_foreign(uid, seen, record.requests, name)
+        self.dirty.discard(name)
 
     def _publish_node(self, name: str) -> list[Output]:
         record = self.node_record(name)
@@ -366,9 +469,11 @@ class Mirror:
 
     def _podgroup(self, event: str, obj: Mapping[str, Any]) -> list[Output]:
         meta = _meta(obj)
-        name = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        if event == "DELETED":
+        key = _key(obj)
+        name = self.podgroup_names.get(key) or f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+        if event == "DELETED":  # (a relist's minimal object names only the uid)
             self.podgroups.pop(name, None)
+            self.podgroup_names.pop(key, None)
             return []
         spec = obj.get("spec") or {}
         minimum, timeout = spec.get("minMember", 0), spec.get("scheduleTimeoutSeconds") or 0
@@ -377,7 +482,14 @@ class Mirror:
         if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
             raise SchemaError("spec.scheduleTimeoutSeconds", timeout, "must be a whole number of seconds")
         self.podgroups[name] = (minimum, timeout)
-        return []
+        self.podgroup_names[key] = name
+        out: list[Output] = []
+        for uid, member in self.waiting.pop(name, {}).items():  # its members that waited for it
+            try:
+                out += self._pod("MODIFIED", member, uid)
+            except SchemaError as exc:
+                out.append(dead_letter(POD, member, exc))
+        return out
 
     def _last_object(self, kind: str, key: str) -> Mapping[str, Any] | None:
         """A minimal object for a deletion the relist implied."""

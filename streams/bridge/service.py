@@ -11,7 +11,9 @@ what a deposed leader still writes. The leader:
    a node is first published knowing every pod that runs on it): PodGroups and Koordinator
    Reservations where their CRDs are installed, pods, nodes, PodDisruptionBudgets and
    ReplicaSets (`reflector.Reflector`); each batch of events goes through the `Mirror` and
-   its records are published (acknowledged before the next batch);
+   its records are published (acknowledged before the next batch); once all are listed, the
+   pods koordstream's owners hold committed that the API server no longer has (deleted while
+   no bridge led) are deleted and terminated (`Mirror.vanished`);
 2. then consumes, each in a consumer group of its own so that a slow eviction never holds up a
    Binding, with `read_committed` (a decider's Binding counts only once its transaction
    committed): `bindings`; `evictions`; and `feedback`, `reservations` and `pods` (for the
@@ -23,8 +25,8 @@ what a deposed leader still writes. The leader:
    carries the batch out again: a Binding already done is recognised (same node, same hold
    id), an eviction of a pod gone is done, feedback is written again.
 
-A failure of any part ends the process with its error (its supervisor starts it again, and
-the next leader lists everything afresh).
+A failure of any part ends the term with its error: its Lease is released, and the bridge
+campaigns again after a back-off; the next term lists everything afresh.
 """
 
 from __future__ import annotations
@@ -33,10 +35,13 @@ import asyncio
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from agents.adapters.connection import KafkaConnection
 from agents.intake import RawMessage, intake, origin_from_headers
@@ -61,6 +66,7 @@ from streams.bridge.actuator import Actuator
 from streams.bridge.lease import LeaderElection
 from streams.bridge.mirror import NODE, PDB, POD, PODGROUP, REPLICASET, RESERVATION, Mirror
 from streams.bridge.reflector import Reflector
+from streams.catalogue import TABLE_NODE_STATE
 from streams.connection import connect
 from streams.kubeapi import KubeApi, KubeError, Limits
 from streams.producer import RecordProducer
@@ -111,6 +117,7 @@ class Bridge:
     actuator: Actuator = field(init=False)
     reflectors: dict[str, Reflector] = field(default_factory=dict)
     published: int = 0
+    failed_terms: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # listed everything, consuming
     election: LeaderElection | None = None
     seeded: int = 0  # records read back at the start of this term
@@ -130,12 +137,30 @@ class Bridge:
         return seen is not None and bool(seen.node)
 
     async def run(self) -> None:
-        """Campaign for the Lease and lead while holding it."""
+        """Campaign for the Lease and lead while holding it. A term that fails (the broker
+        unreachable for longer than a produce or a commit waits, a call the actuator does not
+        retry) ends with its Lease released, and the bridge campaigns again after a back-off
+        (doubling from 1 s to 30 s; 1 s again after a term that lasted a minute): its next
+        term lists everything afresh, and `Mirror.vanished` finds what was deleted meanwhile.
+        (It ended the process: a worker starts its bridge's process once, so a broker
+        unreachable for 40 s left the cluster with no bridge.)"""
         b = self.settings.bridge
-        self.election = LeaderElection(self.api, identity(self.settings), namespace=b.lease_namespace,
-                                       name=b.lease_name, duration_s=b.lease_duration_s,
-                                       renew_deadline_s=b.renew_deadline_s, retry_s=b.retry_s)
-        await self.election.run(self.lead)
+        backoff = 1.0
+        while True:
+            self.election = election = LeaderElection(self.api, identity(self.settings), namespace=b.lease_namespace,
+                                      name=b.lease_name, duration_s=b.lease_duration_s,
+                                      renew_deadline_s=b.renew_deadline_s, retry_s=b.retry_s)
+            started = time.monotonic()
+            try:
+                await election.run(self.lead)
+            except Exception as exc:  # noqa: BLE001 - any failure of a term: the next one starts afresh
+                if time.monotonic() - started > 60:
+                    backoff = 1.0
+                self.failed_terms += 1
+                log.error("the bridge's term failed (%s: %s); campaigning again in %.0f s", type(exc).__name__, exc,
+                          backoff, exc_info=exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
 
     async def lead(self) -> None:
         k = self.settings.kafka
@@ -151,11 +176,14 @@ class Bridge:
                     if kind in OPTIONAL and not await self._served(api_version, kind):
                         log.info("%s (%s) is not served here: not watched", kind, api_version)
                         continue
+                    if kind == PODGROUP:  # its members wait for it (Mirror._missing_group)
+                        self.mirror.podgroups_watched = True
                     reflector = self.reflectors[kind] = Reflector(
                         self.api, path, on_list=self._on_list(kind, publish), on_events=self._on_events(kind, publish),
                         timeout_s=self.settings.bridge.watch_timeout_s)
                     tasks.append(asyncio.create_task(reflector.run(), name=f"reflect {kind}"))
                     await _first_of(reflector.synced.wait(), tasks)
+                await self._vanished(publish)
                 tasks += [
                     asyncio.create_task(self._consume("bindings", [topics.BINDINGS], self._bindings, publish)),
                     asyncio.create_task(self._consume("evictions", [topics.EVICTIONS], self._evictions, publish)),
@@ -170,6 +198,31 @@ class Bridge:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _vanished(self, publish: Callable[[list[Output]], Awaitable[None]]) -> None:
+        """What was deleted while no bridge led (`Mirror.vanished`), from the owners' nodes as
+        they are now (their changelog, read whole as a starting scheduler replica reads it)."""
+        from agents.adapters.owners import current_reports  # (faust's side: only here)
+        from agents.adapters.tables import ChangelogRecord, UnreadableState
+
+        k = self.settings.kafka
+        records: list[ChangelogRecord] = []
+
+        def seen(m: Any) -> None:
+            records.append((m.key, None if m.value is None else orjson.loads(m.value), m.partition))
+
+        await read_to_end(connect(k), [f"{k.app_id}-{TABLE_NODE_STATE}-changelog"], k.partitions, seen)
+        try:  # (in a thread: the Lease's renewals share this event loop)
+            reports, _ = await asyncio.to_thread(current_reports, records)
+        except UnreadableState as exc:
+            log.error("the owners' changelog cannot be read (%s): pods deleted while no bridge led are not looked "
+                      "for", exc)
+            return
+        out = self.mirror.vanished(reports)
+        if out:
+            log.info("%d pods bound by koordstream were deleted while no bridge led: deleted and terminated now",
+                     len(out) // 2)
+        await publish(out)
 
     async def _served(self, api_version: str, kind: str) -> bool:
         try:
@@ -193,7 +246,11 @@ class Bridge:
     def _on_list(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
                  ) -> Callable[[list[dict[str, Any]]], Awaitable[None]]:
         async def on_list(items: list[dict[str, Any]]) -> None:
-            await publish(self.mirror.relisted(kind, items) + self.mirror.flush_nodes())
+            out: list[Output] = []
+            for part in self.mirror.relisting(kind, items):  # the Lease's renewals run in between
+                out += part
+                await asyncio.sleep(0)
+            await publish(out + self.mirror.flush_nodes())
         return on_list
 
     def _on_events(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
