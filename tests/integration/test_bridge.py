@@ -354,43 +354,6 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_one_bridge_leads_and_another_takes_over_when_it_is_killed(
-        api: KubeApi, bridge: BridgeProcess, bootstrap: str, bridge_kubeconfig: Path) -> None:
-    """Two bridges: the Lease names one; the other writes nothing. The leader killed -9, the
-    other takes the Lease once it expires and binds what comes after; no pod bound twice."""
-    group = unique("lease")
-    await cluster(api, group, [kwok_node(f"{group}-0", group, cpu="16")])
-    lease_path = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/koordstream-bridge"
-    standby = BridgeProcess(bootstrap, bridge_kubeconfig, bridge.log.with_name("standby.log"))
-    standby.start()
-    try:
-        async with Harness(bootstrap) as h:
-            async def holder() -> str | None:
-                try:
-                    return str((await api.request("GET", lease_path))["spec"].get("holderIdentity") or "") or None
-                except KubeError:
-                    return None
-            before = await wait_until("a leader", holder, timeout=30)
-            await create_all(api, f"/api/v1/namespaces/{group}/pods", [pod_manifest(f"a-{i}", group, group) for i in range(5)])
-            await bound(api, group, 5)
-            assert (await api.request("GET", lease_path))["spec"]["holderIdentity"] == before
-            bridge.kill()
-
-            async def new_holder() -> str | None:
-                now = await holder()
-                return now if now and now != before else None
-            await wait_until("the standby to take the Lease", new_holder, timeout=30)
-            second = await create_all(api, f"/api/v1/namespaces/{group}/pods",
-                                      [pod_manifest(f"b-{i}", group, group) for i in range(5)])
-            placed = await bound(api, group, 10)
-            assert {p["metadata"]["uid"] for p in second} <= {p["metadata"]["uid"] for p in placed}
-            no_pod_bound_twice(h, {p["metadata"]["uid"] for p in placed})
-    finally:
-        standby.stop()
-        if not bridge.alive():
-            bridge.start()
-
-
 @pytest.mark.e2e
 async def test_a_thousand_pods_from_manifests_are_bound_once_each_through_the_api_server(
         api: KubeApi, bridge: BridgeProcess, bootstrap: str) -> None:
@@ -436,21 +399,3 @@ async def test_a_thousand_pods_from_manifests_are_bound_once_each_through_the_ap
             return huge if all(c and c["status"] == "False" for c in huge) else None
         for found in await wait_until("the huge pods' conditions", conditions):
             assert found["message"].startswith("0/") and "Insufficient cpu" in found["message"]
-
-
-async def test_a_pod_deleted_while_no_bridge_runs_frees_its_node_once_one_leads_again(
-        api: KubeApi, bridge: BridgeProcess) -> None:
-    """The deletion is not in the next leader's list: it reads back what the bridges published
-    (their origin on `pods` and `nodes`) and reports what went meanwhile."""
-    group = unique("gone")
-    await cluster(api, group, [kwok_node(f"{group}-0", group, cpu="2")])
-    await api.request("POST", f"/api/v1/namespaces/{group}/pods", body=pod_manifest("first", group, group, cpu="2"))
-    await bound(api, group, 1)
-    bridge.kill()
-    await api.request("DELETE", f"/api/v1/namespaces/{group}/pods/first", params={"gracePeriodSeconds": 0})
-    await api.request("POST", f"/api/v1/namespaces/{group}/pods", body=pod_manifest("second", group, group, cpu="2"))
-    bridge.start()
-
-    async def second_bound() -> bool:
-        return any(p["metadata"]["name"] == "second" and p["spec"].get("nodeName") for p in await pods(api, group))
-    await wait_until("the second pod bound: the first one's deletion was reported", second_bound, timeout=60)
