@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import resource
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -50,6 +48,7 @@ from perf.figures import allocation
 from perf.floor import protocol_floor
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
+from perf.proc import cpu_s, peak_rss_mb, self_cpu_s
 from schemas import topics
 from schemas.records import (
     GANG_NAME_ANNOTATION,
@@ -86,31 +85,6 @@ class RunOptions:
     on_progress: Callable[[int, int], None] | None = None
     """Called as the run goes with (pods bound, pods of the scenario): the CLI's progress bar."""
     floor: bool = False  # also measure the protocol's floor (`perf.floor`) after the no-op limit
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process, from /proc (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _peak_rss_mb(pid: int) -> float:
-    """A live process's peak resident memory (VmHWM) in MiB, from /proc (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024.0, 1)
-    except OSError:
-        pass
-    return 0.0
-
-
-def _self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def pod_object(pod: Pod, node: str) -> dict[str, Any]:
@@ -165,9 +139,9 @@ class _LifecycleLoop:
 
     async def run(self) -> None:
         while True:
-            c0 = _self_cpu_s()
+            c0 = self_cpu_s()
             await self.step()
-            self.cpu_s += _self_cpu_s() - c0
+            self.cpu_s += self_cpu_s() - c0
             await asyncio.sleep(0.02)
 
     async def step(self) -> None:
@@ -228,8 +202,8 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     collector = Collector(kafka, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS, topics.PROFILING],
                           partitions)
     await collector.start()
-    cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
-    harness_before = _self_cpu_s()
+    cpu_before = {p.pid: cpu_s(p.pid) for p in workers}
+    harness_before = self_cpu_s()
     published: dict[str, float] = {}
     # With Node stages, nodes register not ready and the lifecycle initializes them.
     staged = nodes if lifecycle.stages.get("Node") else []
@@ -245,8 +219,8 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                 await start_up(producer, collector, nodes, probe, partitions, opts.startup_timeout_s, published=True,
                                ready=(lambda n: NOT_READY not in n.taints) if staged else None)
                 startup_s = time.perf_counter() - started
-                cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
-                harness_before = _self_cpu_s()
+                cpu_before = {p.pid: cpu_s(p.pid) for p in workers}
+                harness_before = self_cpu_s()
                 t0 = time.time()
                 await _publish(producer, arrivals, published, t0)
                 await wait_decided(collector, set(pods), opts.stall_timeout_s)
@@ -254,10 +228,10 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                 life.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await life
-        cpu_workers = {p.pid: _cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
-        harness_cpu = _self_cpu_s() - harness_before
+        cpu_workers = {p.pid: cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
+        harness_cpu = self_cpu_s() - harness_before
         roles = ["state", "scheduler"] if len(workers) == 2 else ["worker"]
-        memory = {role: _peak_rss_mb(p.pid) for role, p in zip(roles, workers, strict=False)}
+        memory = {role: peak_rss_mb(p.pid) for role, p in zip(roles, workers, strict=False)}
     finally:
         await collector.stop()
     offsets = {r.uid: at for at, r in arrivals if isinstance(r, Pod)}  # the scenario's send times
