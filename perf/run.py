@@ -327,19 +327,6 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
         busy += max(0.0, hi - max(lo, end))
         end = max(end, hi)
     burst_tp = round(sum(len(b) for b in bursts) / busy, 1) if bursts and busy > 0 else None
-    plugins: dict[str, dict[str, float]] = {}  # plugin -> extension point -> ms, over the run
-    for ts, sample in collector.of(ProfilingSample):
-        if ts >= first_publish:
-            point = plugins.setdefault(sample.plugin, {})
-            point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
-    attempts: Counter[str] = Counter()
-    for ts, a in collector.of(AttemptsSample):
-        if ts >= first_publish:
-            attempts[a.result] += a.count
-    reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
-    for _, f in feedback:
-        for reason in f.reasons or {f.message: 1}:
-            reasons[reason] += 1
     figures = allocation(
         capacity, requests, first,
         [(t.time, t.uid) for t in loop.terminated], first_publish)
@@ -362,10 +349,8 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
         "queue_latency_ms": percentiles(queue),
         "start_latency_ms": percentiles(start),
         "gang_latency_ms": percentiles(gang),
-        "latency_cdf_ms": {"queue": _cdf(queue), "start": _cdf(start), "gang": _cdf(gang)},
-        "plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
-        "attempts": dict(sorted(attempts.items())),
-        "unschedulable_reasons": dict(reasons.most_common(20)),
+        "latency_cdf_ms": {"queue": latency_cdf(queue), "start": latency_cdf(start), "gang": latency_cdf(gang)},
+        **scheduler_figures(collector, [f for _, f in feedback], first_publish),
         **figures,
         "harness_cpu_s": round(harness_cpu, 2),
         "scheduler_cpu_s": round(scheduler_cpu, 2),
@@ -374,7 +359,29 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
     }
 
 
-def _cdf(values: list[float], points: int = 200) -> list[float]:
+def scheduler_figures(collector: Collector, feedback: list[SchedulingFeedback], since: float) -> dict[str, Any]:
+    """What the scheduler says of itself on `profiling` after `since`: `plugins` (milliseconds
+    per plugin and extension point, its ProfilingSamples), `attempts` (by result, its
+    AttemptsSamples); and `unschedulable_reasons` (the run's feedback, by reason)."""
+    plugins: dict[str, dict[str, float]] = {}  # plugin -> extension point -> ms, over the run
+    for ts, sample in collector.of(ProfilingSample):
+        if ts >= since:
+            point = plugins.setdefault(sample.plugin, {})
+            point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
+    attempts: Counter[str] = Counter()
+    for ts, a in collector.of(AttemptsSample):
+        if ts >= since:
+            attempts[a.result] += a.count
+    reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
+    for f in feedback:
+        for reason in f.reasons or {f.message: 1}:
+            reasons[reason] += 1
+    return {"plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
+            "attempts": dict(sorted(attempts.items())),
+            "unschedulable_reasons": dict(reasons.most_common(20))}
+
+
+def latency_cdf(values: list[float], points: int = 200) -> list[float]:
     """`points` evenly spaced quantiles of `values` (the plotted latency CDF), in ms."""
     if not values:
         return []
