@@ -48,7 +48,7 @@ test: $(STAMP) kafka kwok-stages koordinator-crds k8s
 # variants of the shipped perf scenarios, the rebalancer on Apache Kafka with its leader killed,
 # and the longest crash and takeover runs (tests/integration/conftest.py, E2E_ONLY).
 e2e: $(STAMP) kafka kwok-stages koordinator-crds k8s
-	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
+	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py tests/integration/test_perf_kwok.py \
 		tests/integration/test_rebalancer.py tests/integration/test_restart.py tests/integration/test_transactions.py
 
 lint: $(STAMP)
