@@ -325,6 +325,8 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
             s = scenario.with_trace(s, args.nodes_csv, args.pods_csv)
         if args.pods:
             s = s.scaled(args.pods)
+        if args.rate:
+            s = s.at_rate(args.rate)
         # A live bar on a terminal (nothing when the output is a file or a pipe).
         with Progress(TextColumn(f"{s.name}: pods bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -591,7 +593,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--pods", type=int, default=0,
                    help="a scenario: scaled down to this many pods, its node pools with it; "
                         "soak: measured pods (default 500,000; --quick 6,000)")
-    r.add_argument("--rate", type=float, default=0.0, help="soak: offered pods per second (default 1,000; --quick 100)")
+    r.add_argument("--rate", type=float, default=0.0,
+                   help="a scenario: its pods' arrival rate instead of its own; "
+                        "soak: offered pods per second (default 1,000; --quick 100)")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
     c.add_argument("baseline")

@@ -208,6 +208,8 @@ class PodWatch:
     (`relists`: what happened in between is seen late)."""
 
     api: KubeApi
+    targets: frozenset[str] = frozenset()  # the pods whose binding `bound_targets` counts
+    bound_targets: int = 0
     first_seen: dict[str, float] = field(default_factory=dict)
     bound_at: dict[str, float] = field(default_factory=dict)
     running_at: dict[str, float] = field(default_factory=dict)
@@ -232,6 +234,7 @@ class PodWatch:
         node = (obj.get("spec") or {}).get("nodeName")
         if node and key not in self.bound_at:
             self.bound_at[key], self.node[key] = now, str(node)
+            self.bound_targets += key in self.targets
         phase = (obj.get("status") or {}).get("phase")
         if phase == "Running":
             self.running_at.setdefault(key, now)
@@ -263,14 +266,26 @@ class PodWatch:
                 await asyncio.sleep(0.5)
 
 
-async def list_all(api: KubeApi, path: str, page: int = 500) -> tuple[list[dict[str, Any]], str]:
-    """Every object of a list path (paginated) and the list's resourceVersion."""
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What a run reads of a listed pod (a list of 100,000 whole pods is gigabytes in Python):
+    its name, namespace, uid and creation time, node, phase and PodScheduled condition."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp")},
+            "spec": {"nodeName": spec.get("nodeName")},
+            "status": {"phase": status.get("phase"),
+                       "conditions": [c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"]}}
+
+
+async def list_all(api: KubeApi, path: str, page: int = 500,
+                   keep: Callable[[dict[str, Any]], dict[str, Any]] = slim_pod) -> tuple[list[dict[str, Any]], str]:
+    """Every object of a list path (paginated, each as `keep` makes it) and the list's
+    resourceVersion."""
     items: list[dict[str, Any]] = []
     token = ""
     while True:
         answer = await api.request("GET", path, params={"limit": page, **({"continue": token} if token else {})},
                                    timeout_s=300)
-        items += answer.get("items") or ()
+        items += [keep(item) for item in answer.get("items") or ()]
         meta = answer.get("metadata") or {}
         token = meta.get("continue") or ""
         if not token:
@@ -472,7 +487,7 @@ async def _drive(s: sc.Scenario, settings: Settings, cp: ControlPlane, workers: 
     for c in (collector, terminations, reports):
         await c.start()
     api = cp.api(Limits(qps=0, burst=1, concurrency=max(opts.concurrency, 8) + 8))
-    watch = PodWatch(api)
+    watch = PodWatch(api, targets=frozenset(keys))
     watcher: asyncio.Task[None] | None = None
     try:
         # -- set-up --------------------------------------------------------------------------
@@ -573,9 +588,9 @@ async def _wait_decided(watch: PodWatch, collector: Collector, keys: set[str], c
             if isinstance(r, SchedulingFeedback) and r.final:
                 final.add(f"{r.namespace}/{r.name}")
         read = len(records)
-        decided = sum(1 for k in keys if k in watch.bound_at or k in final)
+        decided = watch.bound_targets + sum(1 for k in final if k in keys and k not in watch.bound_at)
         if opts.on_progress is not None:
-            opts.on_progress(len(keys & watch.bound_at.keys()), len(keys))
+            opts.on_progress(watch.bound_targets, len(keys))
         if decided == len(keys) and creator.done():
             break
         progress = decided + len(watch.first_seen)

@@ -164,6 +164,12 @@ class Scenario:
             total=max(0, pods - sum(b.count for b in bursts)), bursts=bursts,
         )
 
+    def at_rate(self, rate: float) -> Scenario:
+        """The scenario with its pods arriving at `rate` a second (its bursts unchanged)."""
+        if rate <= 0:
+            raise ScenarioError(self.source, "rate", rate, "must be above 0 pods a second")
+        return dataclasses.replace(self, name=f"{self.name} at {rate:g} pods/s", rate=float(rate))
+
     def quick(self) -> Scenario:
         """The shrunk variant the tests run: pools scaled, pods and bursts capped."""
         scale = min(1.0, self.quick_pods / max(self.total + sum(b.count for b in self.bursts), 1))

@@ -185,3 +185,16 @@ def test_the_pods_namespace_is_a_valid_kubernetes_name(name: str, namespace: str
     s = scenario.parse({**BASE, "name": name}, "t.yaml")
     assert s.namespace == namespace
     assert {r.namespace for _, r in scenario.arrivals(s) if isinstance(r, Pod)} == {namespace}
+
+
+@pytest.mark.parametrize(("rate", "last"), [(100.0, 19.99), (4000.0, 0.49975)], ids=["slower", "faster"])
+def test_at_rate_spreads_the_pods_over_the_new_rate(rate: float, last: float) -> None:
+    s = scenario.parse({**BASE, "pods": {**BASE["pods"], "total": 2000}}, "t.yaml").at_rate(rate)
+    assert s.rate == rate and s.name == f"t at {rate:g} pods/s"
+    assert max(at for at, _ in scenario.arrivals(s)) == pytest.approx(last)
+
+
+def test_at_rate_refuses_no_rate() -> None:
+    with pytest.raises(scenario.ScenarioError) as err:
+        scenario.parse(BASE, "t.yaml").at_rate(0)
+    assert err.value.field == "rate"
