@@ -122,7 +122,7 @@ class KwokOptions:
     bridge_burst: int = 40000
     bridge_concurrency: int = 128
     stall_timeout_s: float = 60.0
-    startup_timeout_s: float = 600.0
+    startup_timeout_s: float = 300.0
     run_dir: str = ""
     """Where the control plane's data and every log go (kept); empty: a temporary folder, removed."""
     on_progress: Callable[[int, int], None] | None = None
@@ -174,6 +174,17 @@ def kube_scheduler_name(pod_scheduler: str, profiles: frozenset[str]) -> str:
     if name not in profiles:
         raise ValueError(f"pods of schedulerName {name!r}: no such profile among {sorted(profiles)}")
     return name
+
+
+def probe_scheduler(profiles: frozenset[str]) -> str:
+    """The schedulerName of the start-up probe: `koordstream`, else the first profile the
+    bridge hands pods to (any but `default-scheduler`)."""
+    if SCHEDULER in profiles:
+        return SCHEDULER
+    names = sorted(profiles - {DEFAULT_SCHEDULER})
+    if not names:
+        raise ValueError(f"no profile but {DEFAULT_SCHEDULER!r}: the bridge would hand koordstream no pod")
+    return names[0]
 
 
 def creations(arrivals: list[tuple[float, Record]], profiles: frozenset[str]) -> list[Creation]:
@@ -438,6 +449,7 @@ async def run_kwok(s: sc.Scenario, settings: Settings, opts: KwokOptions | None 
     if s.profiles:
         settings = replace(settings, scheduling=replace(settings.scheduling, profiles=str(ROOT / s.profiles)))
     profiles = scheduler_names(s, settings)
+    probe_scheduler(profiles)  # a profile set the bridge hands nothing to is refused before anything starts
     nodes = sc.nodes(s)
     arrivals = sc.arrivals(s)
     plan = creations(arrivals, profiles)
@@ -509,8 +521,8 @@ async def _drive(s: sc.Scenario, settings: Settings, cp: ControlPlane, workers: 
         await reports.stop()
         watcher = asyncio.create_task(watch.run())
         await asyncio.wait_for(watch.synced.wait(), 120)
-        probe = Pod(uid="perf-probe", name="perf-probe", namespace=PROBE_NAMESPACE, scheduler_name=SCHEDULER,
-                    requests=ResourceList(cpu=100))
+        probe = Pod(uid="perf-probe", name="perf-probe", namespace=PROBE_NAMESPACE, scheduler_name=probe_scheduler(
+            scheduler_names(s, settings)), requests=ResourceList(cpu=100))
         await api.request("POST", f"/api/v1/namespaces/{PROBE_NAMESPACE}/pods", body=pod_manifest(probe))
         probe_key = f"{PROBE_NAMESPACE}/{probe.name}"
         while probe_key not in watch.bound_at:

@@ -35,6 +35,19 @@ def test_the_scheduler_name_a_pod_is_created_with(name: str, profiles: frozenset
         assert kr.kube_scheduler_name(name, profiles) == expected
 
 
+@pytest.mark.parametrize(("profiles", "expected"), [
+    (PROFILES, "koordstream"),
+    (frozenset({"gpu-fgd", "default-scheduler"}), "gpu-fgd"),
+    (frozenset({"default-scheduler"}), None),
+], ids=["koordstream", "the-scenarios-own", "only-the-default"])
+def test_the_probe_goes_to_a_profile_the_bridge_hands_pods_to(profiles: frozenset[str], expected: str | None) -> None:
+    if expected is None:
+        with pytest.raises(ValueError):
+            kr.probe_scheduler(profiles)
+    else:
+        assert kr.probe_scheduler(profiles) == expected
+
+
 def test_creations_are_pods_for_koordstream_and_reservations_owned_by_pod_name() -> None:
     pod = Pod(uid="web-0000001", name="web-0000001", namespace="mixed", requests=ResourceList(cpu=500))
     reservation = Reservation(uid="r-web-0000001", name="r-web-0000001", requests=ResourceList(cpu=500),
