@@ -71,7 +71,7 @@ from perf import scenario as sc
 from perf.checker import DevicePlacement, Placement, check, device_amounts, devices_overcommitted
 from perf.collector import Collector
 from perf.demo import percentiles, system
-from perf.figures import allocation
+from perf.figures import allocation, burst_throughput
 from perf.kwok import StageError, load_stages
 from perf.proc import children, cpu_s, machine_busy_s, peak_rss_mb, self_cpu_s
 from perf.run import latency_cdf, scheduler_figures
@@ -560,7 +560,7 @@ async def _drive(s: sc.Scenario, settings: Settings, cp: ControlPlane, workers: 
         for c in (collector, terminations, reports):
             await c.stop()
     cpu = {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 2) for name in cpu_after}
-    out = result(s, nodes, pods, created, watch, collector, terminations, final, t0, probe_key,
+    out = result(s, nodes, arrivals, created, watch, collector, terminations, final, t0, probe_key,
                  probe.requests)
     out["startup_s"] = round(startup_s, 2)
     apiserver = kf.counters(metrics_before[0], "apiserver_request_total"), \
@@ -626,9 +626,11 @@ async def _bindings_read(collector: Collector, uids: set[str], timeout_s: float 
         await asyncio.sleep(0.5)
 
 
-def result(s: sc.Scenario, nodes: list[Node], pods: dict[str, Pod], created: Created, watch: PodWatch,
-           collector: Collector, terminations: Collector, final: list[dict[str, Any]], t0: float, probe_key: str,
-           probe_requests: ResourceList) -> dict[str, Any]:
+def result(s: sc.Scenario, nodes: list[Node], arrivals: list[tuple[float, Record]], created: Created,
+           watch: PodWatch, collector: Collector, terminations: Collector, final: list[dict[str, Any]], t0: float,
+           probe_key: str, probe_requests: ResourceList) -> dict[str, Any]:
+    """The figures and the verdict of a run (see the module docstring) from what was read."""
+    pods = {f"{r.namespace}/{r.name}": r for _, r in arrivals if isinstance(r, Pod)}
     keys = set(pods)
     listed = {f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}": p
               for p in final}
@@ -697,6 +699,9 @@ def result(s: sc.Scenario, nodes: list[Node], pods: dict[str, Pod], created: Cre
     figures = allocation(capacity, requests, {k: (watch.bound_at[k], node_of[k]) for k in bound if k in watch.bound_at},
                          [(t, k) for k, t in watch.finished_at.items() if k in bound], first)
     span = (max(answered for _, answered, _ in created.done.values()) - first) if created.done else 0.0
+    offsets = {f"{r.namespace}/{r.name}": at for at, r in arrivals if isinstance(r, Pod)}
+    burst_tp = burst_throughput(offsets, {k: sent for k, (sent, _, _) in created.done.items()},
+                                {k: watch.bound_at[k] for k in bound if k in watch.bound_at})
     phases = {phase: sum(1 for k in keys if phase_of.get(k) == phase) for phase in ("Pending", "Running", *FINISHED)}
     return {
         "scenario": s.name,
@@ -722,6 +727,7 @@ def result(s: sc.Scenario, nodes: list[Node], pods: dict[str, Pod], created: Cre
         "throughput_pods_per_s": round(len(bound) / wall, 1) if wall > 0 else 0.0,
         "throughput_samples_pods_per_s": percentiles([float(b) for b in series], (50, 90, 95, 99)),
         "throughput_series": series,
+        **({"burst_throughput_pods_per_s": burst_tp} if burst_tp is not None else {}),
         "create_rate_objects_per_s": round(len(created.done) / span, 1) if span > 0 else 0.0,
         "create_lag_s": round(created.lag_s, 2),
         "create_retries": created.retries,

@@ -44,7 +44,7 @@ from perf import scenario as sc
 from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.demo import percentiles, start_up, system, wait_decided
-from perf.figures import allocation
+from perf.figures import allocation, burst_throughput
 from perf.floor import protocol_floor
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
@@ -313,20 +313,7 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
     start = [(loop.running[uid] - published[uid]) * 1000 for uid in loop.running
              if not gang_of.get(uid) and uid in published]
     scheduler_cpu = sum(cpu_workers.values())
-    # Bursts (100 or more pods the scenario sends at one instant): their pods over the time
-    # while some burst was in flight (the union of each burst's first publish -> last binding);
-    # the run's pace between bursts is the scenario's, not the scheduler's.
-    by_offset: dict[float, list[str]] = {}
-    for uid, offset in offsets.items():
-        by_offset.setdefault(offset, []).append(uid)
-    bursts = [uids for uids in by_offset.values()
-              if len(uids) >= 100 and all(u in first and u in published for u in uids)]
-    spans = sorted((min(published[u] for u in b), max(first[u][0] for u in b)) for b in bursts)
-    busy, end = 0.0, float("-inf")
-    for lo, hi in spans:
-        busy += max(0.0, hi - max(lo, end))
-        end = max(end, hi)
-    burst_tp = round(sum(len(b) for b in bursts) / busy, 1) if bursts and busy > 0 else None
+    burst_tp = burst_throughput(offsets, published, {uid: ts for uid, (ts, _) in first.items()})
     figures = allocation(
         capacity, requests, first,
         [(t.time, t.uid) for t in loop.terminated], first_publish)
