@@ -104,10 +104,11 @@ def _deltas(before: Mapping[Labels, float], after: Mapping[Labels, float]) -> di
 
 def request_rates(before: Mapping[Labels, float], after: Mapping[Labels, float], seconds: float) -> dict[str, float]:
     """Requests a second by `VERB resource[/subresource]` between two scrapes of
-    `apiserver_request_total` (every response code together), most frequent first."""
+    `apiserver_request_total` (every response code together), most frequent first; those that
+    round to 0.0 a second (a watch opened once) left out."""
     if seconds <= 0:
         return {}
-    rates = {k: round(v / seconds, 1) for k, v in _deltas(before, after).items()}
+    rates = {k: r for k, v in _deltas(before, after).items() if (r := round(v / seconds, 1)) > 0}
     return dict(sorted(rates.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

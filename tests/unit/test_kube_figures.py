@@ -94,7 +94,8 @@ def scrape(scale: float) -> dict[kf.Labels, float]:
                                  "WATCH pods": 0.6}),
     (scrape(1), scrape(1), 5.0, {}),
     ({}, scrape(1), 0.0, {}),
-], ids=["from-nothing", "doubled", "nothing-new", "no-time"])
+    ({}, scrape(1), 100.0, {"POST pods": 1.2, "POST pods/binding": 1.0, "PATCH nodes/status": 0.4}),
+], ids=["from-nothing", "doubled", "nothing-new", "no-time", "rare-ones-left-out"])
 def test_request_rates_by_verb_and_resource(before: dict[kf.Labels, float], after: dict[kf.Labels, float],
                                             seconds: float, expected: dict[str, float]) -> None:
     rates = kf.request_rates(before, after, seconds)
