@@ -339,6 +339,8 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
             if args.kwok:
                 from perf.kube_run import KwokOptions, run_kwok, succeeded
 
+                if args.floor:
+                    raise ValueError("--floor is the protocol's floor on the broker alone: not with --kwok")
                 result = asyncio.run(run_kwok(s, settings, KwokOptions(
                     bootstrap=settings.kafka.bootstrap, broker=args.broker, concurrency=args.concurrency,
                     run_dir=args.run_dir or "", on_progress=progress)))

@@ -35,6 +35,12 @@ def test_run_refuses_a_bad_scenario_before_starting(tmp_path: Path) -> None:
     assert main(["perf", "run", str(bad)]) == 2
 
 
+@pytest.mark.parametrize("args", [["basic", "--kwok", "--floor"], ["basic", "--pods", "20000"],
+                                  ["basic", "--rate", "-5"]], ids=["floor-with-kwok", "more-pods-than-it-has", "no-rate"])
+def test_run_refuses_what_it_cannot_run_before_starting(args: list[str]) -> None:
+    assert main(["perf", "run", *args]) == 2
+
+
 BASELINES = sorted((Path(__file__).parents[2] / "perf" / "baselines").glob("*.json"))
 
 
