@@ -45,12 +45,13 @@ test: $(STAMP) kafka kwok-stages koordinator-crds k8s
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
 # broker killed -9 under load, then the independent check) on Apache Kafka and on Tansu, the
 # state retention on both brokers, the quick soak (state stays flat) on Tansu, and the quick
-# variants of the shipped perf scenarios, the rebalancer on Apache Kafka with its leader killed,
-# and the longest crash and takeover runs (tests/integration/conftest.py, E2E_ONLY).
+# variants of the shipped perf scenarios (in-process, and one through the real API server and
+# Kwok), the rebalancer on Apache Kafka with its leader killed, the longest crash and takeover
+# runs (tests/integration/conftest.py, E2E_ONLY), and the bridge's longest runs.
 e2e: $(STAMP) kafka kwok-stages koordinator-crds k8s
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
-		tests/integration/test_rebalancer.py tests/integration/test_restart.py tests/integration/test_transactions.py \
-		tests/integration/test_bridge.py tests/integration/test_bridge_adversary.py
+		tests/integration/test_perf_kwok.py tests/integration/test_rebalancer.py tests/integration/test_restart.py \
+		tests/integration/test_transactions.py tests/integration/test_bridge.py tests/integration/test_bridge_adversary.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -323,17 +323,34 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
                 raise scenario.ScenarioError(str(path), "trace", None, "a trace scenario needs --nodes-csv and "
                                              "--pods-csv (Alibaba's cluster-trace-gpu-v2023 files)")
             s = scenario.with_trace(s, args.nodes_csv, args.pods_csv)
+        if args.pods:
+            s = s.scaled(args.pods)
+        if args.rate:
+            s = s.at_rate(args.rate)
         # A live bar on a terminal (nothing when the output is a file or a pipe).
         with Progress(TextColumn(f"{s.name}: pods bound"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True, disable=not console.is_terminal) as bar:
             task = bar.add_task("bound", total=None)
             settings = _settings(args)
-            result = asyncio.run(run_scenario(s, settings, RunOptions(
-                bootstrap=settings.kafka.bootstrap,  # empty: a broker of --broker's kind for the run
-                broker=args.broker,
-                floor=args.floor,
-                on_progress=lambda done, total: bar.update(task, completed=done, total=total))))
-    except (ValueError, TimeoutError, OSError) as exc:  # ScenarioError, StageError, bad trace files
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            if args.kwok:
+                from perf.kube_run import KwokOptions, run_kwok, succeeded
+
+                if args.floor:
+                    raise ValueError("--floor is the protocol's floor on the broker alone: not with --kwok")
+                result = asyncio.run(run_kwok(s, settings, KwokOptions(
+                    bootstrap=settings.kafka.bootstrap, broker=args.broker, concurrency=args.concurrency,
+                    run_dir=args.run_dir or "", on_progress=progress)))
+            else:
+                result = asyncio.run(run_scenario(s, settings, RunOptions(
+                    bootstrap=settings.kafka.bootstrap,  # empty: a broker of --broker's kind for the run
+                    broker=args.broker,
+                    floor=args.floor,
+                    on_progress=progress)))
+    except (ValueError, TimeoutError, OSError, RuntimeError) as exc:  # ScenarioError, StageError, bad trace files
         console.print(f"[red]perf run: {exc}[/red]")
         return 2
     plots: list[str] = []
@@ -348,7 +365,7 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     if args.report:
         (Path(args.report) / "report.md").write_text(text)
-    ok = result["pods_double_bound"] == 0 and result["nodes_overcommitted"] == 0
+    ok = succeeded(result) if args.kwok else result["pods_double_bound"] == 0 and result["nodes_overcommitted"] == 0
     return 0 if ok else 1
 
 
@@ -568,10 +585,19 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--floor", action="store_true",
                    help="also measure the protocol's floor: the same pods through the commit protocol's records "
                         "with no decisions (the most a run can reach against the no-op limit)")
+    r.add_argument("--kwok", action="store_true",
+                   help="through the real kube-apiserver and Kwok (`make k8s`), the bridge in between: pods and nodes "
+                        "created through the API, measured from the API server's side")
+    r.add_argument("--concurrency", type=int, default=64, help="--kwok: creations in flight at once")
     r.add_argument("--seed", type=int, default=1, help="chaos and soak: the seed of the workload (and of the kills)")
-    r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go")
-    r.add_argument("--pods", type=int, default=0, help="soak: measured pods (default 500,000; --quick 6,000)")
-    r.add_argument("--rate", type=float, default=0.0, help="soak: offered pods per second (default 1,000; --quick 100)")
+    r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go; --kwok: where the "
+                                     "control plane's data and the logs go (kept)")
+    r.add_argument("--pods", type=int, default=0,
+                   help="a scenario: scaled down to this many pods, its node pools with it; "
+                        "soak: measured pods (default 500,000; --quick 6,000)")
+    r.add_argument("--rate", type=float, default=0.0,
+                   help="a scenario: its pods' arrival rate instead of its own; "
+                        "soak: offered pods per second (default 1,000; --quick 100)")
     r.set_defaults(fn=cmd_perf_run)
     c = psub.add_parser("compare", help="compare a run with a baseline; exits 1 on a regression")
     c.add_argument("baseline")

@@ -20,12 +20,17 @@ R = TypeVar("R", bound=Record)
 
 
 class Collector:
-    """`records` holds (broker timestamp in seconds, topic, record) for every record read."""
+    """`records` holds (broker timestamp in seconds, topic, record) for every record read; with
+    `kinds`, only records of those classes, and messages whose value names none of them
+    (`"kind":"<name>"`) are not decoded at all (a busy topic read for one kind of record)."""
 
-    def __init__(self, kafka: KafkaConnection | str, topic_names: Iterable[str], partitions: int) -> None:
+    def __init__(self, kafka: KafkaConnection | str, topic_names: Iterable[str], partitions: int,
+                 kinds: tuple[type[Record], ...] = ()) -> None:
         self.kafka = KafkaConnection.of(kafka)
         self.topic_names = list(topic_names)
         self.partitions = partitions
+        self.kinds = kinds
+        self._markers = tuple(f'"kind":"{k.__name__}"'.encode() for k in kinds)
         self.records: list[tuple[float, str, Record]] = []
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -46,8 +51,10 @@ class Collector:
                 batches = await consumer.getmany(timeout_ms=100, max_records=10000)
                 for tp, messages in batches.items():
                     for m in messages:
+                        if self._markers and not any(k in (m.value or b"") for k in self._markers):
+                            continue
                         for r in decode_message(m.value):
-                            if not isinstance(r, SchemaError):
+                            if not isinstance(r, SchemaError) and (not self.kinds or isinstance(r, self.kinds)):
                                 self.records.append((m.timestamp / 1000.0, tp.topic, r))
                 if batches:
                     self.changed.set()

@@ -6,6 +6,8 @@ the terminations the lifecycle published (numpy over nodes and events):
 - allocation over time: per 1-second bucket from the first pod published, the share of the
   cluster's CPU, memory and GPU (koordinator.sh/gpu-core) held by bound, not yet terminated
   pods;
+- the burst throughput: pods of bursts (pods the scenario sends at one instant) over the time
+  while some burst was in flight;
 - fragmentation at the end, per resource: the expected share of the cluster's free capacity
   that a pod drawn from the run's pods (among those asking for the resource, by frequency)
   could not use, because it sits on nodes with less free than the pod asks (node totals: the
@@ -82,3 +84,23 @@ def fragmentation(cap: npt.NDArray[np.float64], used: npt.NDArray[np.float64],
         stranded = below[np.searchsorted(node_free, asks, side="left")]  # nodes with free < ask
         out[SHORT[r]] = round(float(stranded.mean() * 100.0 / total_free), 2)
     return out
+
+
+def burst_throughput(offsets: Mapping[str, float], started: Mapping[str, float], done: Mapping[str, float],
+                     at_least: int = 100) -> float | None:
+    """Bursts are `at_least` or more pods with one offset (`offsets`: pod -> the scenario's send
+    time) that all started (`started`: pod -> published or created) and are done (`done`: pod ->
+    its binding). Their pods over the time while some burst was in flight (the union of each
+    burst's first start -> last done): the run's pace between bursts is the scenario's, not the
+    scheduler's. None without a burst."""
+    by_offset: dict[float, list[str]] = {}
+    for pod, offset in offsets.items():
+        by_offset.setdefault(offset, []).append(pod)
+    bursts = [pods for pods in by_offset.values()
+              if len(pods) >= at_least and all(p in started and p in done for p in pods)]
+    spans = sorted((min(started[p] for p in b), max(done[p] for p in b)) for b in bursts)
+    busy, end = 0.0, float("-inf")
+    for lo, hi in spans:
+        busy += max(0.0, hi - max(lo, end))
+        end = max(end, hi)
+    return round(sum(len(b) for b in bursts) / busy, 1) if bursts and busy > 0 else None

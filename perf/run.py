@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import resource
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,10 +44,11 @@ from perf import scenario as sc
 from perf.checker import Placement, check
 from perf.collector import Collector
 from perf.demo import percentiles, start_up, system, wait_decided
-from perf.figures import allocation
+from perf.figures import allocation, burst_throughput
 from perf.floor import protocol_floor
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
+from perf.proc import cpu_s, peak_rss_mb, self_cpu_s
 from schemas import topics
 from schemas.records import (
     GANG_NAME_ANNOTATION,
@@ -86,31 +85,6 @@ class RunOptions:
     on_progress: Callable[[int, int], None] | None = None
     """Called as the run goes with (pods bound, pods of the scenario): the CLI's progress bar."""
     floor: bool = False  # also measure the protocol's floor (`perf.floor`) after the no-op limit
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process, from /proc (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _peak_rss_mb(pid: int) -> float:
-    """A live process's peak resident memory (VmHWM) in MiB, from /proc (0 when it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024.0, 1)
-    except OSError:
-        pass
-    return 0.0
-
-
-def _self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def pod_object(pod: Pod, node: str) -> dict[str, Any]:
@@ -165,9 +139,9 @@ class _LifecycleLoop:
 
     async def run(self) -> None:
         while True:
-            c0 = _self_cpu_s()
+            c0 = self_cpu_s()
             await self.step()
-            self.cpu_s += _self_cpu_s() - c0
+            self.cpu_s += self_cpu_s() - c0
             await asyncio.sleep(0.02)
 
     async def step(self) -> None:
@@ -228,8 +202,8 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     collector = Collector(kafka, [topics.BINDINGS, topics.FEEDBACK, topics.EVICTIONS, topics.PROFILING],
                           partitions)
     await collector.start()
-    cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
-    harness_before = _self_cpu_s()
+    cpu_before = {p.pid: cpu_s(p.pid) for p in workers}
+    harness_before = self_cpu_s()
     published: dict[str, float] = {}
     # With Node stages, nodes register not ready and the lifecycle initializes them.
     staged = nodes if lifecycle.stages.get("Node") else []
@@ -245,8 +219,8 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                 await start_up(producer, collector, nodes, probe, partitions, opts.startup_timeout_s, published=True,
                                ready=(lambda n: NOT_READY not in n.taints) if staged else None)
                 startup_s = time.perf_counter() - started
-                cpu_before = {p.pid: _cpu_s(p.pid) for p in workers}
-                harness_before = _self_cpu_s()
+                cpu_before = {p.pid: cpu_s(p.pid) for p in workers}
+                harness_before = self_cpu_s()
                 t0 = time.time()
                 await _publish(producer, arrivals, published, t0)
                 await wait_decided(collector, set(pods), opts.stall_timeout_s)
@@ -254,10 +228,10 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                 life.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await life
-        cpu_workers = {p.pid: _cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
-        harness_cpu = _self_cpu_s() - harness_before
+        cpu_workers = {p.pid: cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
+        harness_cpu = self_cpu_s() - harness_before
         roles = ["state", "scheduler"] if len(workers) == 2 else ["worker"]
-        memory = {role: _peak_rss_mb(p.pid) for role, p in zip(roles, workers, strict=False)}
+        memory = {role: peak_rss_mb(p.pid) for role, p in zip(roles, workers, strict=False)}
     finally:
         await collector.stop()
     offsets = {r.uid: at for at, r in arrivals if isinstance(r, Pod)}  # the scenario's send times
@@ -339,33 +313,7 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
     start = [(loop.running[uid] - published[uid]) * 1000 for uid in loop.running
              if not gang_of.get(uid) and uid in published]
     scheduler_cpu = sum(cpu_workers.values())
-    # Bursts (100 or more pods the scenario sends at one instant): their pods over the time
-    # while some burst was in flight (the union of each burst's first publish -> last binding);
-    # the run's pace between bursts is the scenario's, not the scheduler's.
-    by_offset: dict[float, list[str]] = {}
-    for uid, offset in offsets.items():
-        by_offset.setdefault(offset, []).append(uid)
-    bursts = [uids for uids in by_offset.values()
-              if len(uids) >= 100 and all(u in first and u in published for u in uids)]
-    spans = sorted((min(published[u] for u in b), max(first[u][0] for u in b)) for b in bursts)
-    busy, end = 0.0, float("-inf")
-    for lo, hi in spans:
-        busy += max(0.0, hi - max(lo, end))
-        end = max(end, hi)
-    burst_tp = round(sum(len(b) for b in bursts) / busy, 1) if bursts and busy > 0 else None
-    plugins: dict[str, dict[str, float]] = {}  # plugin -> extension point -> ms, over the run
-    for ts, sample in collector.of(ProfilingSample):
-        if ts >= first_publish:
-            point = plugins.setdefault(sample.plugin, {})
-            point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
-    attempts: Counter[str] = Counter()
-    for ts, a in collector.of(AttemptsSample):
-        if ts >= first_publish:
-            attempts[a.result] += a.count
-    reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
-    for _, f in feedback:
-        for reason in f.reasons or {f.message: 1}:
-            reasons[reason] += 1
+    burst_tp = burst_throughput(offsets, published, {uid: ts for uid, (ts, _) in first.items()})
     figures = allocation(
         capacity, requests, first,
         [(t.time, t.uid) for t in loop.terminated], first_publish)
@@ -388,10 +336,8 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
         "queue_latency_ms": percentiles(queue),
         "start_latency_ms": percentiles(start),
         "gang_latency_ms": percentiles(gang),
-        "latency_cdf_ms": {"queue": _cdf(queue), "start": _cdf(start), "gang": _cdf(gang)},
-        "plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
-        "attempts": dict(sorted(attempts.items())),
-        "unschedulable_reasons": dict(reasons.most_common(20)),
+        "latency_cdf_ms": {"queue": latency_cdf(queue), "start": latency_cdf(start), "gang": latency_cdf(gang)},
+        **scheduler_figures(collector, [f for _, f in feedback], first_publish),
         **figures,
         "harness_cpu_s": round(harness_cpu, 2),
         "scheduler_cpu_s": round(scheduler_cpu, 2),
@@ -400,7 +346,29 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
     }
 
 
-def _cdf(values: list[float], points: int = 200) -> list[float]:
+def scheduler_figures(collector: Collector, feedback: list[SchedulingFeedback], since: float) -> dict[str, Any]:
+    """What the scheduler says of itself on `profiling` after `since`: `plugins` (milliseconds
+    per plugin and extension point, its ProfilingSamples), `attempts` (by result, its
+    AttemptsSamples); and `unschedulable_reasons` (the run's feedback, by reason)."""
+    plugins: dict[str, dict[str, float]] = {}  # plugin -> extension point -> ms, over the run
+    for ts, sample in collector.of(ProfilingSample):
+        if ts >= since:
+            point = plugins.setdefault(sample.plugin, {})
+            point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
+    attempts: Counter[str] = Counter()
+    for ts, a in collector.of(AttemptsSample):
+        if ts >= since:
+            attempts[a.result] += a.count
+    reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
+    for f in feedback:
+        for reason in f.reasons or {f.message: 1}:
+            reasons[reason] += 1
+    return {"plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
+            "attempts": dict(sorted(attempts.items())),
+            "unschedulable_reasons": dict(reasons.most_common(20))}
+
+
+def latency_cdf(values: list[float], points: int = 200) -> list[float]:
     """`points` evenly spaced quantiles of `values` (the plotted latency CDF), in ms."""
     if not values:
         return []

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,34 @@ class Scenario:
     trace_nodes: tuple[Node, ...] = ()
     trace_pods: tuple[Pod, ...] = ()
     is_quick: bool = False
+
+    @property
+    def namespace(self) -> str:
+        """The namespace of its pods: its name as a valid Kubernetes namespace (lower case,
+        `-` for anything else, as the API server requires of the pods a Kwok run creates)."""
+        text = re.sub(r"[^a-z0-9-]+", "-", self.name.lower())
+        return re.sub(r"-+", "-", text).strip("-")[:63] or "perf"
+
+    def scaled(self, pods: int) -> Scenario:
+        """The scenario at `pods` pods (bursts included), its pools scaled by the same factor
+        (at least one node each), so that nodes and pods keep their ratio; pods above its
+        size are refused."""
+        size = self.total + sum(b.count for b in self.bursts)
+        if not 0 < pods <= size:
+            raise ScenarioError(self.source, "pods", pods, f"scales the scenario down: from 1 to its {size} pods")
+        f = pods / size
+        bursts = tuple(dataclasses.replace(b, count=max(1, round(b.count * f))) for b in self.bursts)
+        return dataclasses.replace(
+            self, name=f"{self.name} ({pods} pods)",
+            pools=tuple(dataclasses.replace(p, count=max(1, round(p.count * f))) for p in self.pools),
+            total=max(0, pods - sum(b.count for b in bursts)), bursts=bursts,
+        )
+
+    def at_rate(self, rate: float) -> Scenario:
+        """The scenario with its pods arriving at `rate` a second (its bursts unchanged)."""
+        if rate <= 0:
+            raise ScenarioError(self.source, "rate", rate, "must be above 0 pods a second")
+        return dataclasses.replace(self, name=f"{self.name} at {rate:g} pods/s", rate=float(rate))
 
     def quick(self) -> Scenario:
         """The shrunk variant the tests run: pools scaled, pods and bursts capped."""
@@ -386,7 +415,7 @@ def _pod(s: Scenario, t: Template, uid: str, gang: str = "") -> Pod:
         if t.gang_waiting:
             annotations[GANG_WAITING_TIME_ANNOTATION] = t.gang_waiting
     owners = (OwnerReference(kind="Job", name=t.name, uid=f"job-{t.name}", controller=True),) if t.duration_s else ()
-    return Pod(uid=uid, name=uid, namespace=s.name.replace(" ", "-"), labels={"template": t.name,
+    return Pod(uid=uid, name=uid, namespace=s.namespace, labels={"template": t.name,
                **({QOS_LABEL: t.qos} if t.qos else {})}, annotations=annotations, owner_references=owners,
                priority_class_name=t.priority_class, requests=requests)
 
@@ -461,7 +490,7 @@ def with_trace(s: Scenario, nodes_csv: str | Path, pods_csv: str | Path) -> Scen
     pods = trace.workload(trace.load_pods(pods_csv, sorted(set(cluster.model))), capacity, s.trace_load, s.seed)
     if s.is_quick:
         pods = pods[:s.quick_pods]
-    namespace = s.name.replace(" ", "-").replace("(", "").replace(")", "")
+    namespace = s.namespace
     return dataclasses.replace(s, trace_nodes=tuple(node_records),
                                trace_pods=tuple(_trace_pod(p, f"{namespace}-{n:06d}", namespace, s.trace_scheduler)
                                                 for n, p in enumerate(pods)))

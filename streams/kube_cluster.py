@@ -12,8 +12,10 @@ certificate and a service-account signing key generated at start (`streams.pki`)
 admin token (group system:masters), AlwaysAllow or RBAC authorization, and the admission
 plugins that wait for a controller-manager off (none runs here: ServiceAccount, which needs
 default service accounts, and TaintNodesByCondition, whose not-ready taint only the node
-lifecycle controller takes off); then Koordinator's CRDs, Kwok's Stage CRD and the chosen stock stages, and Kwok
-managing the nodes annotated `kwok.x-k8s.io/node: fake`. It writes an admin kubeconfig
+lifecycle controller takes off); then Koordinator's CRDs, Kwok's Stage CRD and the chosen stock stages (with
+`extra_stages`, the caller's Stage resources too, each replacing a stock one of its name), and Kwok
+managing the nodes annotated `kwok.x-k8s.io/node: fake` (`kwok_options`: the options of a
+KwokConfiguration file it is given, such as its stage workers' parallelism). It writes an admin kubeconfig
 (`kubeconfig`). Every process is tied to this one (it dies with it) and stopped on a clean
 exit; their logs are in `logs/`.
 """
@@ -28,7 +30,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -102,6 +104,13 @@ def stage_documents(stages: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
+def stage_set(stock: Sequence[Mapping[str, Any]], extra: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The Stage resources a cluster gets: the stock ones, less those that one of `extra` (a
+    scenario's own) replaces by name, then `extra` in its order."""
+    names = {str((doc.get("metadata") or {}).get("name", "")) for doc in extra}
+    return [doc for doc in stock if str((doc.get("metadata") or {}).get("name", "")) not in names] + list(extra)
+
+
 def kubeconfig_text(server: str, ca_file: Path, token: str, user: str = "admin") -> str:
     return yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "koordstream",
@@ -116,10 +125,13 @@ class ControlPlane:
 
     def __init__(self, folder: str | Path | None = None, *, rbac: bool = False, kwok: bool = True,
                  stages: Sequence[str] = DEFAULT_STAGES, crds: bool = True, etcd_quota_gib: int = 8,
-                 apiserver_args: Sequence[str] = ()) -> None:
+                 apiserver_args: Sequence[str] = (), extra_stages: Sequence[Mapping[str, Any]] = (),
+                 kwok_options: Mapping[str, Any] | None = None) -> None:
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="koordstream-k8s-"))
         self.rbac, self.kwok, self.stages, self.crds = rbac, kwok, tuple(stages), crds
+        self.extra_stages = tuple(extra_stages)  # Stage resources of the caller's, after the stock ones
+        self.kwok_options = dict(kwok_options or {})  # KwokConfiguration options (e.g. podPlayStageParallelism)
         self.etcd_quota_gib = etcd_quota_gib
         self.apiserver_args = tuple(apiserver_args)
         self.token = secrets.token_hex(16)
@@ -211,18 +223,24 @@ class ControlPlane:
                 for crd in documents:
                     await resources.established(crd)
                 if self.kwok:
-                    for stage in stage_documents(self.stages):
-                        await resources.apply(stage)
+                    for stage in stage_set(stage_documents(self.stages), self.extra_stages):
+                        await resources.apply(dict(stage))
         if self.kwok:
             self.start_kwok()
         self.started_s["total"] = time.monotonic() - begin
 
     def start_kwok(self) -> None:
+        config: list[str] = []
+        if self.kwok_options:
+            path = self.folder / "kwok.yaml"
+            path.write_text(yaml.safe_dump({"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+                                            "options": self.kwok_options}))
+            config = [f"--config={path}"]
         self._spawn("kwok", [
             str(k8s_dir() / "bin" / "kwok"), f"--kubeconfig={self.kubeconfig}",
             f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
             "--enable-crds=Stage", "--node-lease-duration-seconds=0", "--cidr=10.0.0.1/16",
-            "--node-ip=10.255.0.1",
+            "--node-ip=10.255.0.1", *config,
         ])
 
     async def _wait(self, name: str, url: str, timeout_s: float) -> None:

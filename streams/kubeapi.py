@@ -162,6 +162,23 @@ class KubeApi:
             self.requests[(method, 0)] += 1
             raise KubeError(0, type(exc).__name__, str(exc) or "no answer", method, path) from exc
 
+    async def text(self, path: str, timeout_s: float | None = None) -> str:
+        """A GET whose answer is text, not JSON (the API server's `/metrics`), within the limits."""
+        await self.rate.acquire()
+        async with self._slots:
+            try:
+                async with self.session().get(
+                        self.server + path, headers={**await self.headers(), "Accept": "text/plain"},
+                        timeout=aiohttp.ClientTimeout(total=timeout_s or self.limits.timeout_s)) as resp:
+                    raw = await resp.read()
+                    self.requests[("GET", resp.status)] += 1
+                    if resp.status >= 400:
+                        raise _error(resp.status, raw, "GET", path)
+                    return raw.decode(errors="replace")
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self.requests[("GET", 0)] += 1
+                raise KubeError(0, type(exc).__name__, str(exc) or "no answer", "GET", path) from exc
+
     async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The events of a watch on `path` (a list path) from `params["resourceVersion"]`, until
         the server ends it (its `timeoutSeconds`). An ERROR event raises `KubeError`, and so

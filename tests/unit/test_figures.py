@@ -1,9 +1,11 @@
-"""Allocation over time and fragmentation at the end, on a hand-checked cluster."""
+"""Allocation over time, fragmentation at the end and the burst throughput, on hand-checked cases."""
 
 from __future__ import annotations
 
+import pytest
+
 from agents.state.devices import GPU_CORE
-from perf.figures import allocation
+from perf.figures import allocation, burst_throughput
 
 
 def test_allocation_follows_bindings_and_terminations() -> None:
@@ -42,3 +44,26 @@ def test_free_gpu_on_a_nearly_full_node_is_stranded() -> None:
     out = allocation(capacity, requests, {"x": (0.0, "a")}, [], t0=0.0)
     # Free: a 100, b 800. Each of the three pods asks more than 100: a's 100 of 900 is stranded.
     assert out["fragmentation_pct"]["gpu"] == round(100 * 100 / 900, 2)
+
+
+def _burst(prefix: str, n: int, offset: float, start: float, end: float) -> tuple[dict[str, float], ...]:
+    pods = [f"{prefix}{i}" for i in range(n)]
+    return ({p: offset for p in pods}, {p: start for p in pods}, {p: start + (end - start) * (i + 1) / n
+                                                                  for i, p in enumerate(pods)})
+
+
+def _merge(*parts: tuple[dict[str, float], ...]) -> tuple[dict[str, float], ...]:
+    return tuple({k: v for part in parts for k, v in part[i].items()} for i in range(3))
+
+
+@pytest.mark.parametrize(("parts", "expected"), [
+    ([_burst("a", 100, 0.0, 10.0, 12.0)], 50.0),
+    ([_burst("a", 100, 0.0, 10.0, 12.0), _burst("b", 100, 5.0, 15.0, 17.0)], 50.0),  # apart: 4 s busy
+    ([_burst("a", 100, 0.0, 10.0, 12.0), _burst("b", 100, 1.0, 11.0, 14.0)], 50.0),  # overlapping: 4 s
+    ([_burst("a", 99, 0.0, 10.0, 12.0)], None),  # too small to be a burst
+    ([_burst("a", 100, 0.0, 10.0, 12.0), ({"late": 0.0}, {"late": 10.0}, {})], None),  # one never bound
+], ids=["one", "two-apart", "overlapping", "too-small", "unfinished"])
+def test_burst_throughput_over_the_time_some_burst_was_in_flight(parts: list[tuple[dict[str, float], ...]],
+                                                                 expected: float | None) -> None:
+    offsets, started, done = _merge(*parts)
+    assert burst_throughput(offsets, started, done) == expected

@@ -35,6 +35,12 @@ def test_run_refuses_a_bad_scenario_before_starting(tmp_path: Path) -> None:
     assert main(["perf", "run", str(bad)]) == 2
 
 
+@pytest.mark.parametrize("args", [["basic", "--kwok", "--floor"], ["basic", "--pods", "20000"],
+                                  ["basic", "--rate", "-5"]], ids=["floor-with-kwok", "more-pods-than-it-has", "no-rate"])
+def test_run_refuses_what_it_cannot_run_before_starting(args: list[str]) -> None:
+    assert main(["perf", "run", *args]) == 2
+
+
 BASELINES = sorted((Path(__file__).parents[2] / "perf" / "baselines").glob("*.json"))
 
 
@@ -43,5 +49,28 @@ def test_every_shipped_baseline_is_a_consistent_run_of_its_scenario(path: Path) 
     result = json.loads(path.read_text())
     assert result["scenario"] == path.stem and (path.parents[1] / "scenarios" / f"{path.stem}.yaml").exists()
     assert result["pods_double_bound"] == result["nodes_overcommitted"] == 0
+    rows, regressed = compare(result, result)
+    assert not regressed and rows[0][0] == "throughput_pods_per_s"
+
+
+KWOK_BASELINES = sorted((Path(__file__).parents[2] / "perf" / "baselines" / "kwok").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", KWOK_BASELINES, ids=[p.stem for p in KWOK_BASELINES])
+def test_every_kwok_baseline_is_a_consistent_run_that_perf_compare_reads(path: Path) -> None:
+    """perf/baselines/kwok: `<scenario>-<quick|pods>.json` from `perf run --kwok` (checked on
+    the topics and against the API server), and `in-process-...` the same size in-process."""
+    result = json.loads(path.read_text())
+    stem = path.stem.removeprefix("in-process-")
+    scenario, size = stem.rsplit("-", 1)
+    assert (path.parents[2] / "scenarios" / f"{scenario}.yaml").exists() and (size == "quick" or size.isdigit())
+    assert result["scenario"].startswith(scenario)
+    assert result["pods_double_bound"] == result["nodes_overcommitted"] == 0
+    if path.stem.startswith("in-process-"):
+        assert "mode" not in result
+    else:
+        assert result["mode"] == "kwok" and result["pods_bound"] == result["pods_total"]
+        assert result["bindings_disagreeing"] == result["nodes_overcommitted_apiserver"] == 0
+        assert result["limit"]["limit"] and result["apiserver_requests_per_s"]["POST pods/binding"] > 0
     rows, regressed = compare(result, result)
     assert not regressed and rows[0][0] == "throughput_pods_per_s"

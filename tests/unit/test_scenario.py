@@ -153,3 +153,48 @@ def test_bad_trace_fields_are_refused(tmp_path: Path, change: dict[str, Any], fi
     with pytest.raises(scenario.ScenarioError) as exc:
         scenario.load(path)
     assert exc.value.field == field
+
+
+@pytest.mark.parametrize(("name", "pods", "pools", "total", "bursts"), [
+    ("mixed-100k", 20000, {"cpu": 900, "gpu": 100}, 20000, []),
+    ("mixed-100k", 100000, {"cpu": 4500, "gpu": 500}, 100000, []),
+    ("sandbox-burst", 10000, {"sandbox": 1000}, 0, [2500] * 4),
+    ("basic", 1, {"basic": 1}, 1, []),
+], ids=["mixed-fifth", "mixed-whole", "bursts-scaled", "at-least-one-node"])
+def test_scaled_keeps_the_ratio_of_nodes_to_pods(name: str, pods: int, pools: dict[str, int], total: int,
+                                                 bursts: list[int]) -> None:
+    s = scenario.load(ROOT / "perf" / "scenarios" / f"{name}.yaml").scaled(pods)
+    assert {p.name: p.count for p in s.pools} == pools
+    assert (s.total, [b.count for b in s.bursts]) == (total, bursts)
+    assert sum(isinstance(r, Pod) for _, r in scenario.arrivals(s)) == pods
+    assert s.name == f"{name} ({pods} pods)"
+
+
+@pytest.mark.parametrize("pods", [0, -1, 100001], ids=["zero", "negative", "above-its-size"])
+def test_scaled_refuses_sizes_it_cannot_scale_to(pods: int) -> None:
+    with pytest.raises(scenario.ScenarioError) as err:
+        scenario.load(ROOT / "perf" / "scenarios" / "mixed-100k.yaml").scaled(pods)
+    assert err.value.field == "pods"
+
+
+@pytest.mark.parametrize(("name", "namespace"), [
+    ("mixed-100k", "mixed-100k"), ("mixed-100k (quick)", "mixed-100k-quick"),
+    ("Sandbox_Burst (20000 pods)", "sandbox-burst-20000-pods"), ("(((", "perf"),
+], ids=["plain", "quick", "upper-and-underscore", "nothing-left"])
+def test_the_pods_namespace_is_a_valid_kubernetes_name(name: str, namespace: str) -> None:
+    s = scenario.parse({**BASE, "name": name}, "t.yaml")
+    assert s.namespace == namespace
+    assert {r.namespace for _, r in scenario.arrivals(s) if isinstance(r, Pod)} == {namespace}
+
+
+@pytest.mark.parametrize(("rate", "last"), [(100.0, 19.99), (4000.0, 0.49975)], ids=["slower", "faster"])
+def test_at_rate_spreads_the_pods_over_the_new_rate(rate: float, last: float) -> None:
+    s = scenario.parse({**BASE, "pods": {**BASE["pods"], "total": 2000}}, "t.yaml").at_rate(rate)
+    assert s.rate == rate and s.name == f"t at {rate:g} pods/s"
+    assert max(at for at, _ in scenario.arrivals(s)) == pytest.approx(last)
+
+
+def test_at_rate_refuses_no_rate() -> None:
+    with pytest.raises(scenario.ScenarioError) as err:
+        scenario.parse(BASE, "t.yaml").at_rate(0)
+    assert err.value.field == "rate"
