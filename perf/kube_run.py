@@ -63,8 +63,6 @@ import aiohttp
 import orjson
 import yaml
 
-from agents.scheduler.core import SCHEDULER_NAMES
-from agents.scheduler.framework import profiles as scheduler_profiles
 from agents.state import devices
 from perf import kube_figures as kf
 from perf import scenario as sc
@@ -92,6 +90,7 @@ from schemas.records import (
     ResourceList,
     SchedulingFeedback,
 )
+from streams.bridge.service import profile_names
 from streams.connection import child_env, connect
 from streams.kube_cluster import KWOK_NODE_ANNOTATION, ControlPlane
 from streams.kubeapi import KubeApi, KubeError, Limits
@@ -161,10 +160,7 @@ def stage_documents(s: sc.Scenario) -> list[dict[str, Any]]:
 
 def scheduler_names(s: sc.Scenario, settings: Settings) -> frozenset[str]:
     """The profiles the workers run (the scenario's, else the built-in ones)."""
-    path = s.profiles and str(ROOT / s.profiles) or settings.scheduling.profiles
-    if path:
-        return frozenset(p.name for p in scheduler_profiles.load(Path(path).read_text()).profiles)
-    return frozenset(SCHEDULER_NAMES)
+    return profile_names(s.profiles and str(ROOT / s.profiles) or settings.scheduling.profiles)
 
 
 def kube_scheduler_name(pod_scheduler: str, profiles: frozenset[str]) -> str:

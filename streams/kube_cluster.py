@@ -38,6 +38,9 @@ from typing import Any
 import aiohttp
 import yaml
 
+from schemas.kube import node_manifest
+from schemas.quantity import to_canonical
+from schemas.records import GpuDevice, Node, ResourceList, Taint
 from streams.broker import free_port
 from streams.kubeapi import KubeApi, Limits, Resources
 from streams.pki import make_pki
@@ -341,13 +344,14 @@ class ControlPlane:
 
 
 def kwok_node(name: str, cpu: str = "32", memory: str = "256Gi", pods: str = "110", gpus: int = 0,
-              labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A Node for Kwok to manage (its annotation), Ready once Kwok's node-initialize stage ran."""
-    allocatable = {"cpu": cpu, "memory": memory, "pods": pods, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                         "labels": {"type": "kwok", "kubernetes.io/hostname": name, **(labels or {})}},
-            "status": {"allocatable": allocatable, "capacity": dict(allocatable)}}
+              labels: dict[str, str] | None = None, taints: tuple[Taint, ...] = ()) -> dict[str, Any]:
+    """A Node for Kwok to manage (its annotation), Ready once Kwok's node-initialize stage ran:
+    the manifest of a Node record (`schemas.kube.node_manifest`), as the perf harness makes them."""
+    allocatable = ResourceList({r: to_canonical(r, v, f"allocatable.{r}")
+                                for r, v in (("cpu", cpu), ("memory", memory), ("pods", pods))})
+    node = Node(name=name, labels={"type": "kwok", "kubernetes.io/hostname": name, **(labels or {})}, taints=taints,
+                capacity=allocatable, allocatable=allocatable, gpus=tuple(GpuDevice(minor=i) for i in range(gpus)))
+    return node_manifest(node, annotations={KWOK_NODE_ANNOTATION: "fake"})
 
 
 async def cluster_up(folder: Path, nodes: int, rbac: bool, stopping: asyncio.Event, say: Any = print) -> None:

@@ -251,8 +251,7 @@ class Actuator:
         """Feedback of an attempt that came before the pod's Binding (the two arrive on separate
         topics) is not written: the binding set PodScheduled=True. One whose write crossed the
         binding is undone (the answer shows the pod's node)."""
-        if (self._feedback.get(f.uid) == f.message or not f.name or not f.namespace  # (a reservation's: no pod)
-                or f.uid in self.bound or self.is_bound(f.uid)):
+        if self._feedback.get(f.uid) == f.message or not f.name or f.uid in self.bound or self.is_bound(f.uid):
             return
         path = pod_path(f.namespace, f.name)
         try:

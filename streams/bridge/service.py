@@ -88,18 +88,20 @@ OPTIONAL = (PODGROUP, RESERVATION)  # CRDs: watched where installed
 ORIGIN = "bridge"  # the origin of every record a bridge publishes (its epoch: when its leader took the Lease)
 
 
+def profile_names(path: str) -> frozenset[str]:
+    """The schedulerNames of the profiles file at `path` (empty: the built-in profiles)."""
+    if path:
+        return frozenset(p.name for p in scheduler_profiles.load(Path(path).read_text()).profiles)
+    return frozenset(SCHEDULER_NAMES)
+
+
 def scheduler_names(settings: Settings) -> frozenset[str]:
     """The pods the bridge hands to koordstream: `bridge.scheduler_names`, or every profile of
     `scheduling.profiles` (the built-in ones without one) but `default-scheduler`, which
     kube-scheduler serves in a real cluster."""
     if settings.bridge.scheduler_names:
         return frozenset(settings.bridge.scheduler_names)
-    if settings.scheduling.profiles:
-        config = scheduler_profiles.load(Path(settings.scheduling.profiles).read_text())
-        names = {p.name for p in config.profiles}
-    else:
-        names = set(SCHEDULER_NAMES)
-    return frozenset(names - {DEFAULT_SCHEDULER})
+    return profile_names(settings.scheduling.profiles) - {DEFAULT_SCHEDULER}
 
 
 def identity(settings: Settings) -> str:
@@ -115,12 +117,8 @@ class Bridge:
     profiles: frozenset[str]
     mirror: Mirror = field(init=False)
     actuator: Actuator = field(init=False)
-    reflectors: dict[str, Reflector] = field(default_factory=dict)
-    published: int = 0
-    failed_terms: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # listed everything, consuming
     election: LeaderElection | None = None
-    seeded: int = 0  # records read back at the start of this term
 
     def __post_init__(self) -> None:
         self.mirror = Mirror(self.profiles)
@@ -156,7 +154,6 @@ class Bridge:
             except Exception as exc:  # noqa: BLE001 - any failure of a term: the next one starts afresh
                 if time.monotonic() - started > 60:
                     backoff = 1.0
-                self.failed_terms += 1
                 log.error("the bridge's term failed (%s: %s); campaigning again in %.0f s", type(exc).__name__, exc,
                           backoff, exc_info=exc)
                 await asyncio.sleep(backoff)
@@ -167,7 +164,7 @@ class Bridge:
         self.mirror = Mirror(self.profiles)  # every term starts from what was published and a full list
         self.ready.clear()
         origin = Origin(ORIGIN, self.election.epoch if self.election is not None else 0)
-        self.seeded = await read_back(connect(k), k.partitions, self.mirror)
+        await read_back(connect(k), k.partitions, self.mirror)
         async with RecordProducer(connect(k), k.partitions) as producer:
             publish = self._publisher(producer, origin)
             tasks: list[asyncio.Task[None]] = []
@@ -178,7 +175,7 @@ class Bridge:
                         continue
                     if kind == PODGROUP:  # its members wait for it (Mirror._missing_group)
                         self.mirror.podgroups_watched = True
-                    reflector = self.reflectors[kind] = Reflector(
+                    reflector = Reflector(
                         self.api, path, on_list=self._on_list(kind, publish), on_events=self._on_events(kind, publish),
                         timeout_s=self.settings.bridge.watch_timeout_s)
                     tasks.append(asyncio.create_task(reflector.run(), name=f"reflect {kind}"))
@@ -240,7 +237,9 @@ class Bridge:
             if outputs:
                 futures = await producer.outbox.send([Output(o.topic, o.key, o.record, origin) for o in outputs])
                 await producer.flush(futures)
-                self.published += len(outputs)
+                for o in outputs:
+                    if isinstance(o.record, PodDeleted):
+                        self.actuator.forget(o.record.uid)  # (what it wrote about a pod gone)
         return publish
 
     def _on_list(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
@@ -266,10 +265,10 @@ class Bridge:
 
     async def _bindings(self, messages: list[RawMessage]) -> list[Output]:
         got = intake(messages, expect=(Binding,))
-        # A reservation's Binding (no namespace: Reservations are cluster-scoped) places no pod;
-        # its phase and node reach the Reservation's status from its owner's ReservationEvents.
+        # (A reservation's Binding is not of a pod the mirror holds: its phase and node reach the
+        # Reservation's status from its owner's ReservationEvents.)
         results = await asyncio.gather(*(self.actuator.bind(b) for b in got.records
-                                         if isinstance(b, Binding) and b.namespace and b.uid in self.mirror.pods))
+                                         if isinstance(b, Binding) and b.uid in self.mirror.pods))
         return [o for r in results for o in r] + got.dead_letters
 
     async def _evictions(self, messages: list[RawMessage]) -> list[Output]:
@@ -279,18 +278,19 @@ class Bridge:
         return [o for r in results for o in r] + got.dead_letters
 
     async def _status(self, messages: list[RawMessage]) -> list[Output]:
-        got = intake(messages)  # (dead letters: the agents that own these topics send them)
+        # Not decoded: the bridge's own records on `pods` (its origin; most of what that topic
+        # carries). Dead letters: the agents that own these topics send them.
+        got = intake(m for m in messages if m.origin is None or m.origin.source != ORIGIN)
         calls = []
         last_feedback: dict[str, SchedulingFeedback] = {}
         for r in got.records:
             if isinstance(r, SchedulingFeedback):
-                last_feedback[r.uid] = r  # of several in one batch, the last says it
+                if r.uid in self.mirror.pods:  # (pods of the API server's only)
+                    last_feedback[r.uid] = r  # of several in one batch, the last says it
             elif isinstance(r, ReservationEvent):
                 calls.append(self.actuator.reservation(r))
             elif isinstance(r, Pod) and r.node_name and DELETION_COST in r.annotations:
                 calls.append(self.actuator.deletion_cost(r))
-            elif isinstance(r, PodDeleted):
-                self.actuator.forget(r.uid)
         calls += [self.actuator.feedback(f) for f in last_feedback.values()]
         await asyncio.gather(*calls)
         return []
@@ -311,8 +311,8 @@ class Bridge:
                 batches = await consumer.getmany(timeout_ms=500, max_records=self.settings.scheduling.batch_size)
                 if not batches:
                     continue
-                messages = [RawMessage(m.value, m.topic, m.partition, m.offset, timestamp=m.timestamp / 1000)
-                            for msgs in batches.values() for m in msgs]
+                messages = [RawMessage(m.value, m.topic, m.partition, m.offset, origin_from_headers(m.headers),
+                                       m.timestamp / 1000) for msgs in batches.values() for m in msgs]
                 await publish(await handle(messages))
                 await consumer.commit({tp: msgs[-1].offset + 1 for tp, msgs in batches.items() if msgs})
         finally:

@@ -9,7 +9,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from streams.kube_cluster import KWOK_NODE_ANNOTATION
+from schemas.records import Taint
+from streams.kube_cluster import kwok_node as cluster_node
 from streams.kubeapi import KubeApi, KubeError
 
 TEST_TAINT = "koordstream.io/bridge-test"  # keeps the other tests' pods (published on the topics) off Kwok's nodes
@@ -21,16 +22,11 @@ def unique(prefix: str) -> str:
 
 def kwok_node(name: str, group: str, cpu: str = "8", memory: str = "32Gi", gpus: int = 0, pods: str = "110",
               labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """A node for Kwok to manage (its annotation), labelled with the test's group and tainted so
-    that only the test's pods (which tolerate it) land there."""
-    allocatable = {"cpu": cpu, "memory": memory, "pods": pods}
-    if gpus:
-        allocatable["nvidia.com/gpu"] = str(gpus)
-    return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                         "labels": {"type": "kwok", "koordstream.io/group": group, **(labels or {})}},
-            "spec": {"taints": [{"key": TEST_TAINT, "value": group, "effect": "NoSchedule"}]},
-            "status": {"allocatable": allocatable, "capacity": dict(allocatable)}}
+    """A node for Kwok to manage (`streams.kube_cluster.kwok_node`), labelled with the test's
+    group and tainted so that only the test's pods (which tolerate it) land there."""
+    return cluster_node(name, cpu=cpu, memory=memory, pods=pods, gpus=gpus,
+                        labels={"koordstream.io/group": group, **(labels or {})},
+                        taints=(Taint(TEST_TAINT, group, "NoSchedule"),))
 
 
 def pod_manifest(name: str, namespace: str, group: str, cpu: str = "1", memory: str = "1Gi",
