@@ -825,11 +825,228 @@ class PodDisruptionBudget(Record):
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
+# --- sandboxes (agent-sandbox's `extensions.agents.x-k8s.io/v1beta1`; `agents.sandbox`) -------
+
+SANDBOX_TEMPLATE_HASH_LABEL = "scheduling.koordinator.sh/sandbox-template-hash"
+SANDBOX_POOL_LABEL = "agents.x-k8s.io/warm-pool"  # on a pool's pods: the pool's name
+SANDBOX_CLAIM_UID_LABEL = "agents.x-k8s.io/claim-uid"  # on an adopted or cold pod: its claim's uid
+SANDBOX_NAME_ANNOTATION = "agents.x-k8s.io/sandbox-name"  # on a claim: the pod it got
+ENV_POLICIES = ("Disallowed", "Allowed", "Overrides")
+SHUTDOWN_POLICIES = ("Retain", "Delete", "DeleteForeground")
+UPDATE_STRATEGIES = ("OnReplenish", "Recreate")
+OVERFLOW_POLICIES = ("Allow", "Deny")
+BURST_MODES = ("Reserve", "AccountingOnly")
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    """An environment variable a claim injects (agent-sandbox's EnvVar)."""
+
+    name: str
+    value: str = ""
+    container_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxTemplate(Record):
+    """A SandboxTemplate: the pod every sandbox of it starts from (`pod`: its podTemplate as a
+    Pod record, uid and name empty) and whether claims may inject environment variables
+    (`env_policy`: Disallowed, Allowed, Overrides; `env_names`: the variables its containers
+    define, which Allowed keeps a claim from overriding). `hash` is the pods' equivalence signature
+    (`agents.sandbox.templates.template_hash`), set where the template is converted; its pods
+    carry it as the label `scheduling.koordinator.sh/sandbox-template-hash`. It travels inside
+    the SandboxWarmPools that use it, never alone on a topic (so it is not in `RECORD_TYPES`)."""
+
+    KIND: ClassVar[str] = "SandboxTemplate"
+    namespace: str
+    name: str
+    pod: Pod
+    env_policy: str = "Disallowed"
+    env_names: tuple[str, ...] = ()
+    hash: str = ""
+    kind: str = field(default="SandboxTemplate", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxWarmPool(Record):
+    """A SandboxWarmPool, keyed `namespace/name` on `sandbox`: `replicas` sandboxes of
+    `template` kept started. The pool carries its template resolved (where it was published:
+    `schemas.kube`, the bridge), so that the pool's partition alone decides everything about
+    it; publishing the pool again with a changed template is a template update
+    (`update_strategy`: OnReplenish or Recreate). koordstream's own fields (annotations
+    `sandbox.koordstream.io/*` on a manifest): `overflow` (Allow: a claim that finds the pool
+    empty starts a sandbox through the scheduler; Deny: it is refused with feedback),
+    `refill_per_s` and `refill_batch` (the rate limit of refills: at most `refill_batch` pods
+    per round, `refill_per_s` a second)."""
+
+    KIND: ClassVar[str] = "SandboxWarmPool"
+    namespace: str
+    name: str
+    template: SandboxTemplate
+    replicas: int = 0
+    update_strategy: str = "OnReplenish"
+    overflow: str = "Allow"
+    refill_per_s: float = 500.0
+    refill_batch: int = 200
+    uid: str = ""
+    kind: str = field(default="SandboxWarmPool", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxWarmPoolDeleted(Record):
+    """The pool is gone: its unclaimed sandboxes are deleted; claimed ones stay with their claims."""
+
+    KIND: ClassVar[str] = "SandboxWarmPoolDeleted"
+    namespace: str
+    name: str
+    kind: str = field(default="SandboxWarmPoolDeleted", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxClaim(Record):
+    """A SandboxClaim (v1beta1: `warmPoolRef`, `lifecycle`, `additionalPodMetadata`, `env`),
+    keyed by its pool (`namespace/warm_pool`) on `sandbox`. `created` is when it was published
+    (unix seconds): latency counts from it. `shutdown_time` (unix seconds) ends the sandbox;
+    `shutdown_policy` says whether the claim's status then reads Expired (Retain) or Deleted."""
+
+    KIND: ClassVar[str] = "SandboxClaim"
+    uid: str
+    namespace: str
+    name: str
+    warm_pool: str
+    env: tuple[EnvVar, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    shutdown_time: float | None = None
+    shutdown_policy: str = "Retain"
+    created: float = 0.0
+    kind: str = field(default="SandboxClaim", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxClaimDeleted(Record):
+    """The claim is gone: its sandbox is deleted."""
+
+    KIND: ClassVar[str] = "SandboxClaimDeleted"
+    uid: str
+    namespace: str
+    name: str
+    warm_pool: str
+    kind: str = field(default="SandboxClaimDeleted", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxBurst(Record):
+    """"Capacity for `count` sandboxes of the pool's template for the next `ttl_s` seconds",
+    keyed by its pool on `sandbox`. `mode` Reserve: Reservations on the hold protocol, consumed
+    first by the pool's cold-path pods, released on their ttl; AccountingOnly: the capacity is
+    counted against the pool (claims beyond it are refused) and nothing is held on nodes."""
+
+    KIND: ClassVar[str] = "SandboxBurst"
+    namespace: str
+    name: str
+    warm_pool: str
+    count: int
+    ttl_s: float = 600.0
+    mode: str = "Reserve"
+    created: float = 0.0
+    kind: str = field(default="SandboxBurst", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxTick(Record):
+    """A pool's timer fired (refill rate limit, claims' shutdown times): the pool's agent
+    appends it to the pool's own `sandbox` partition, so time enters its decisions from the log."""
+
+    KIND: ClassVar[str] = "SandboxTick"
+    namespace: str
+    name: str
+    at: float
+    kind: str = field(default="SandboxTick", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxAlternative:
+    """Something the claimant can do that would work in this cluster now (checked before offered)."""
+
+    action: str  # e.g. ScaleWarmPool, Wait, SmallerRequest, OtherRuntime
+    description: str
+    changes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxClaimStatus(Record):
+    """A claim's answer, keyed `namespace/name` on `sandbox-status`. `phase`: Ready (its
+    sandbox is `sandbox` on `node`), Pending (a sandbox is starting for it), Refused (with
+    `reason`, `message`, `next_step`, `retry_after_s` and `alternatives`), Expired or Deleted.
+    `path`: warm (a ready sandbox adopted at once), starting (a pool sandbox still starting),
+    cold (a sandbox started for it through the scheduler). `claimed_at` is the claim's
+    `created`; `answered_at` the log time of what decided it."""
+
+    KIND: ClassVar[str] = "SandboxClaimStatus"
+    uid: str
+    namespace: str
+    name: str
+    warm_pool: str
+    phase: str
+    path: str = ""
+    sandbox: str = ""
+    pod_uid: str = ""
+    node: str = ""
+    env: tuple[EnvVar, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+    message: str = ""
+    next_step: str = ""
+    retry_after_s: float | None = None
+    alternatives: tuple[SandboxAlternative, ...] = ()
+    claimed_at: float = 0.0
+    answered_at: float = 0.0
+    kind: str = field(default="SandboxClaimStatus", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPoolStatus(Record):
+    """A pool's status, keyed `namespace/name` on `sandbox-status` after every batch that
+    changed it: `ready` (started, unclaimed: the pool's depth), `starting`, `claimed` (live
+    sandboxes of claims), and counters since the pool was created: claims, warm hits (claims
+    that adopted a ready sandbox), starting and cold paths, refusals."""
+
+    KIND: ClassVar[str] = "SandboxPoolStatus"
+    namespace: str
+    name: str
+    replicas: int
+    ready: int = 0
+    starting: int = 0
+    claimed: int = 0
+    claims: int = 0
+    warm_hits: int = 0
+    starting_hits: int = 0
+    cold: int = 0
+    refused: int = 0
+    reserved: int = 0
+    message: str = ""
+    at: float = 0.0
+    kind: str = field(default="SandboxPoolStatus", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
 RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, NominationLapsed, Binding, Yield, Requeue, SchedulingFeedback,
     EvictionCommand, EvictionRefused, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
     MigrationJob, PodDisruptionBudget, QuotaAsk, QuotaGranted, QuotaDenied, QuotaReturn,
+    SandboxWarmPool, SandboxWarmPoolDeleted, SandboxClaim, SandboxClaimDeleted, SandboxBurst,
+    SandboxTick, SandboxClaimStatus, SandboxPoolStatus,
 )
 BY_KIND: dict[str, type[Record]] = {cls.KIND: cls for cls in RECORD_TYPES}
 

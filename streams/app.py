@@ -39,6 +39,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from agents.adapters import deciders, owners
 from agents.adapters import rebalancer as rebalancer_agent
+from agents.adapters import sandbox as sandbox_agent
 from agents.adapters import scheduler as scheduler_agent
 from agents.adapters.connection import KafkaConnection
 from agents.adapters.positions import CommittedStart
@@ -58,7 +59,7 @@ from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas import topics
 from schemas.records import NodeStateChange
 from streams import gaps, transport
-from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER
+from streams.catalogue import TABLE_NODE_STATE, TABLE_POD_LEDGER, TABLE_SANDBOX_POOLS
 from streams.connection import connect
 from streams.gaps import GapGuard
 from streams.metrics import registry_for, serve_metrics
@@ -240,6 +241,9 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False, kafka: 
                             config(TABLE_NODE_STATE), txns),
             deciders.register(app, _channel(app, topics.HOLDS, partitions=p, acks=not transactions), outbox,
                               config(TABLE_POD_LEDGER), txns),
+            sandbox_agent.register(app, _channel(app, topics.BINDINGS, topics.FEEDBACK, partitions=p),
+                                   _channel(app, topics.SANDBOX, partitions=p, acks=not transactions), outbox,
+                                   config(TABLE_SANDBOX_POOLS), txns),
         ]
     else:
         loops = []

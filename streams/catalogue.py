@@ -69,6 +69,7 @@ def compacted(name: str, key: str, partitions: int, doc: str) -> TopicSpec:
 
 TABLE_NODE_STATE = "node-state"
 TABLE_POD_LEDGER = "pod-ledger"
+TABLE_SANDBOX_POOLS = "sandbox-pools"
 
 
 def catalogue(partitions: int, app_id: str = "koordstream") -> dict[str, TopicSpec]:
@@ -92,7 +93,13 @@ def catalogue(partitions: int, app_id: str = "koordstream") -> dict[str, TopicSp
         TopicSpec(topics.PROFILING, "plugin", p, doc="ProfilingSample (plugin time per extension point) and AttemptsSample (attempts by result), each second"),
         TopicSpec(topics.STATE_CHANGES, "node name", p, doc="NodeStateChange, read by every scheduler"),
         TopicSpec(topics.DEAD_LETTER, "source topic", p, doc="DeadLetter envelopes"),
+        TopicSpec(topics.SANDBOX, "warm pool name", p,
+                  doc="SandboxWarmPool(Deleted), SandboxClaim(Deleted), SandboxBurst, SandboxTick, and the "
+                      "Bindings and SchedulingFeedback of sandbox pods forwarded to their pool"),
+        TopicSpec(topics.SANDBOX_STATUS, "claim uid (SandboxClaimStatus), pool name (SandboxPoolStatus)", p,
+                  doc="the pools' answers: claims' statuses and pools' depth and counters"),
         compacted(f"{app_id}-{TABLE_NODE_STATE}-changelog", "node name", p, doc="changelog of the owners' table"),
         compacted(f"{app_id}-{TABLE_POD_LEDGER}-changelog", "decision key", p, doc="changelog of the deciders' table"),
+        compacted(f"{app_id}-{TABLE_SANDBOX_POOLS}-changelog", "namespace/pool", p, doc="changelog of the pools' table"),
     ]
     return {spec.name: spec for spec in specs}

@@ -38,6 +38,9 @@ def key_of(topic: str, record: Record) -> str:
         return record.decision_key or record.uid
     if isinstance(record, NodeStateChange):
         return record.node
+    if topic == topics.SANDBOX:  # by pool name: a pool's records share its partition
+        pool = getattr(record, "warm_pool", None) or getattr(record, "name", "")
+        return str(pool)
     if isinstance(record, (Pod, PodDeleted, Binding)):
         return record.uid
     uid = getattr(record, "uid", None) or getattr(record, "name", None) or getattr(record, "workload", "")

@@ -17,7 +17,7 @@ from streams.producer import RecordProducer
 PARTITIONS = 4
 ALL_OUTPUTS = [topics.NODES, topics.PODS, topics.STATE_CHANGES, topics.BINDINGS, topics.FEEDBACK, topics.REQUEUE, topics.DEAD_LETTER,
                topics.HOLDS, topics.NODE_INBOX, topics.EVICTIONS, topics.RESERVATIONS, topics.SCALE_DOWN,
-               topics.DISRUPTION_BUDGETS]
+               topics.DISRUPTION_BUDGETS, topics.SANDBOX, topics.SANDBOX_STATUS]
 R = TypeVar("R", bound=Record)
 
 

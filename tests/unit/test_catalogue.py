@@ -33,7 +33,7 @@ def test_compacted_topics_roll_and_clean_within_a_run() -> None:
     cat = catalogue(4, "app")
     compacted = {name for name, spec in cat.items() if spec.compacted}
     assert compacted == {topics.NODES, topics.MIGRATIONS, topics.DISRUPTION_BUDGETS, "app-node-state-changelog",
-                         "app-pod-ledger-changelog"}
+                         "app-pod-ledger-changelog", "app-sandbox-pools-changelog"}
     for name in compacted:
         configs = cat[name].configs()
         assert configs["cleanup.policy"] == "compact"

@@ -48,7 +48,8 @@ def test_a_transactional_app_reads_committed_and_leaves_offsets_to_the_transacti
     assert str(app.conf.broker[0]).startswith(f"{transport.COMMITTED_SCHEME}://")
     assert type(app.tables).__name__ == "TailTableManager" and app.tables.read_committed  # type: ignore[attr-defined]
     acks = {name: agent.channel.acks for name, agent in app.agents.items()}
-    assert acks == {"koordstream.nodes": True, "koordstream.owners": False, "koordstream.deciders": False}
+    assert acks == {"koordstream.nodes": True, "koordstream.owners": False, "koordstream.deciders": False,
+                    "koordstream.sandbox-outcomes": True, "koordstream.pools": False}
     plain = stream_app.build_app(settings, transactions=False)
     assert all(agent.channel.acks for agent in plain.agents.values())
     # Restores end at the changelog's last record read from the partition on every broker (Tansu

@@ -1,0 +1,135 @@
+"""The warm pools as faust agents: the forwarder of their pods' outcomes, and the pools.
+
+- **The forwarder** (stateless) reads `bindings` and `feedback` and sends the Binding or
+  SchedulingFeedback of every sandbox pod to its pool's `sandbox` partition (the pool is named
+  by the pod's uid, `agents.sandbox.templates.pool_of`; a message without such a uid in its
+  bytes is not even decoded). At least once: the pool ignores what it already knows.
+- **The pools** run `agents.sandbox.pool.PoolCore` in the shared loop
+  (`agents.adapters.loop`) over `sandbox`, keyed by `namespace/pool` (the message key is the
+  pool's name: records of one pool share a partition): one writer per pool. The claims'
+  recorded answers and the sandboxes are split fields of the table value (written entry by
+  entry). A pool's ticks (refill rounds, shutdown times) are timers on the event loop that
+  append `SandboxTick` to the pool's partition; one is armed again for every pool that needs
+  one after a restore.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+import faust
+
+from agents.adapters.batches import micro_batches
+from agents.adapters.loop import Outcome, StatefulLoop
+from agents.adapters.stateful import Transactions, register_stateful
+from agents.adapters.tables import read_state
+from agents.adapters.timers import TimerRequest
+from agents.intake import intake
+from agents.ports import AgentConfig, Outbox, Output, deliver
+from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState
+from agents.sandbox.templates import UID_PREFIX, pool_of
+from schemas import topics
+from schemas.records import (
+    Binding,
+    Record,
+    SandboxBurst,
+    SandboxClaim,
+    SandboxClaimDeleted,
+    SandboxTick,
+    SchedulingFeedback,
+)
+
+_MARK = f'"{UID_PREFIX}~'.encode()  # a sandbox pod's uid starts a JSON string so
+
+
+def pool_key_of(record: Record) -> str:
+    """The table key (`namespace/pool`) of a record on `sandbox`."""
+    if isinstance(record, (SandboxClaim, SandboxClaimDeleted, SandboxBurst)):
+        return f"{record.namespace}/{record.warm_pool}"
+    if isinstance(record, (Binding, SchedulingFeedback)):
+        return pool_of(record.uid) or ""
+    return f"{getattr(record, 'namespace', '')}/{getattr(record, 'name', '')}"
+
+
+def message_key(pool: str) -> str:
+    """A pool's message key on `sandbox`: its name (`namespace/name` -> name)."""
+    return pool.split("/", 1)[-1]
+
+
+class SandboxCore:
+    kinds: tuple[type[Record], ...] = POOL_KINDS
+    split: tuple[str, ...] = ("sandboxes", "claims")
+
+    def __init__(self, retention_s: float, clock: Callable[[], float] = time.time) -> None:
+        self.core = PoolCore(retention_s)
+        self.clock = clock  # the wall clock, here at the edge: timers' delays only
+        self.decoded: dict[str, tuple[dict[str, Any], PoolState]] = {}
+
+    def key_of(self, record: Record) -> str:
+        return pool_key_of(record)
+
+    def tick(self, key: str, at: float) -> TimerRequest:
+        namespace, name = key.split("/", 1)
+        return TimerRequest(("tick", key, at), at - self.clock(),
+                            Output(topics.SANDBOX, name, SandboxTick(namespace=namespace, name=name, at=at)))
+
+    def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
+              now: float, outcome: Outcome) -> dict[str, Any] | None:
+        cached = self.decoded.get(key)
+        if cached is not None and stored is not None and cached[0] is stored:
+            state = cached[1]
+        else:
+            state = read_state("sandbox-pools", key, stored, PoolState.from_json) if stored else PoolState(key)
+        result = PoolResult()
+        self.core.apply(state, records, times, now, result)
+        outcome.first += [Output(o.topic, message_key(o.key), o.record) if o.topic == topics.SANDBOX else o
+                          for o in result.outputs]
+        outcome.problems += result.problems
+        outcome.timers += [self.tick(key, at) for at in result.ticks]
+        if PoolCore.empty(state):
+            self.decoded.pop(key, None)
+            return None
+        new = state.to_json()
+        self.decoded[key] = (new, state)
+        return new
+
+    def timers(self, key: str, raw: dict[str, Any]) -> list[TimerRequest]:
+        """A restored pool that needs a tick gets one (its armed tick died with the old worker)."""
+        state = read_state("sandbox-pools", key, raw, PoolState.from_json)
+        due = self.core.due(state, self.clock())
+        return [self.tick(key, due)] if due is not None else []
+
+    def expires(self, key: str, raw: dict[str, Any]) -> float:
+        gone = [float(c["gone"]) for c in (raw.get("claims") or {}).values() if c.get("gone") is not None]
+        return min(gone) + self.core.retention_s if gone else 0.0
+
+    def prune(self, keys: Collection[str]) -> None:
+        for key in [k for k in self.decoded if k not in keys]:
+            del self.decoded[key]
+
+
+def forwarded(records: list[Record]) -> list[Output]:
+    """The sandbox pods' Bindings and SchedulingFeedback, addressed to their pools."""
+    out = []
+    for record in records:
+        pool = pool_of(getattr(record, "uid", ""))
+        if pool is not None:
+            out.append(Output(topics.SANDBOX, message_key(pool), record))
+    return out
+
+
+def register(app: faust.App, outcomes: faust.TopicT, sandbox: faust.TopicT, outbox: Outbox, config: AgentConfig,
+             transactions: Transactions | None = None) -> StatefulLoop:
+    """The forwarder over `outcomes` (bindings, feedback) and the pools over `sandbox`."""
+
+    @app.agent(outcomes, name="koordstream.sandbox-outcomes")
+    async def forward_outcomes(stream: faust.StreamT[Any]) -> None:
+        async for messages in micro_batches(stream, config):
+            mine = [m for m in messages if m.value is not None and _MARK in m.value]
+            if mine:  # what does not decode is dead-lettered by the topics' own readers, not here
+                await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
+
+    return register_stateful(app, "pools", sandbox, SandboxCore(config.retention_s), outbox, config,
+                             transactions or Transactions())

@@ -1,0 +1,64 @@
+"""The warm pools through the real broker and agents: a pool fills (its pods scheduled like any
+other, their Bindings forwarded back to the pool), claims adopt its ready sandboxes at once,
+claims beyond them take starting ones or start cold through the scheduler, a burst's
+reservations are placed, and every claim is answered with a sandbox of its own."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from schemas import topics
+from schemas.records import (
+    Binding,
+    Node,
+    NodeStateChange,
+    Pod,
+    ReservationEvent,
+    ResourceList,
+    SandboxBurst,
+    SandboxClaim,
+    SandboxClaimStatus,
+    SandboxPoolStatus,
+    SandboxTemplate,
+    SandboxWarmPool,
+)
+from tests.integration.harness import Harness
+
+pytestmark = pytest.mark.integration
+
+
+async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harness, run_id: str) -> None:
+    ns, label = f"sbx-{run_id}", {"suite": f"sbx-{run_id}"}
+    nodes = [Node(name=f"sbx-{run_id}-{i}", labels=label, allocatable=ResourceList(cpu=8000, memory=2**34, pods=110))
+             for i in range(2)]
+    await harness.publish(topics.NODES, nodes)
+    for n in nodes:
+        await harness.wait_for(NodeStateChange, lambda c, n=n: c.node == n.name)  # type: ignore[misc]
+    template = SandboxTemplate(namespace=ns, name="py", env_policy="Allowed", pod=Pod(
+        uid="", name="", node_selector=label, requests=ResourceList(cpu=100, memory=128 << 20)))
+    pool = SandboxWarmPool(namespace=ns, name="pool", template=template, replicas=6)
+    await harness.publish(topics.SANDBOX, [pool])
+    await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 6, timeout=60)
+    now = time.time()
+    claims = [SandboxClaim(uid=f"{run_id}-{i}", namespace=ns, name=f"c{i}", warm_pool="pool", created=now)
+              for i in range(10)]
+    await harness.publish(topics.SANDBOX, claims)
+    ready = await harness.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Ready",
+                                   count=10, timeout=60)
+    by_claim = {s.name: s for s in ready}
+    assert len(by_claim) == 10
+    assert len({s.pod_uid for s in by_claim.values()}) == 10  # a sandbox of its own
+    paths = sorted(s.path for s in by_claim.values())
+    assert paths.count("warm") == 6 and set(paths) - {"warm"} <= {"starting", "cold"}
+    bound = {b.uid: b.node for b in harness.seen(Binding)}
+    assert all(bound.get(s.pod_uid) == s.node for s in by_claim.values())
+    # The pool refills to its replicas.
+    await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 6 and s.claims == 10,
+                           timeout=60)
+    # A burst: reservations for the pool's cold path, placed on the pool's nodes.
+    await harness.publish(topics.SANDBOX, [SandboxBurst(namespace=ns, name="b", warm_pool="pool", count=3, ttl_s=600)])
+    events = await harness.wait_for(ReservationEvent, lambda e: e.phase == "Available" and f"~{ns}~" in e.uid,
+                                    count=3, timeout=60)
+    assert {e.node for e in events} <= {n.name for n in nodes}

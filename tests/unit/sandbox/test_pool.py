@@ -1,0 +1,183 @@
+"""The warm pool's core, driven directly: adoption, refill rounds, overflow, lifecycles, replays."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents.sandbox import templates as tpl
+from agents.sandbox.pool import COLD, READY_PHASE, REFUSED, WARM, PoolCore, PoolResult, PoolState
+from schemas import topics
+from schemas.records import (
+    SANDBOX_CLAIM_UID_LABEL,
+    SANDBOX_TEMPLATE_HASH_LABEL,
+    Binding,
+    EnvVar,
+    Pod,
+    PodDeleted,
+    Record,
+    Reservation,
+    ResourceList,
+    SandboxBurst,
+    SandboxClaim,
+    SandboxClaimDeleted,
+    SandboxClaimStatus,
+    SandboxTemplate,
+    SandboxTick,
+    SandboxWarmPool,
+    SandboxWarmPoolDeleted,
+)
+
+NS = "agents"
+TEMPLATE = SandboxTemplate(namespace=NS, name="py", pod=Pod(uid="", name="", runtime_class_name="gvisor",
+                                                             requests=ResourceList(cpu=250, memory=256 << 20)))
+ALLOWS_ENV = SandboxTemplate(namespace=NS, name="py", pod=TEMPLATE.pod, env_policy="Allowed")
+
+
+def pool(replicas: int = 3, **kw: Any) -> SandboxWarmPool:
+    return SandboxWarmPool(namespace=NS, name="p", template=kw.pop("template", TEMPLATE), replicas=replicas, **kw)
+
+
+def claim(name: str, uid: str | None = None, **kw: Any) -> SandboxClaim:
+    return SandboxClaim(uid=uid or f"u-{name}", namespace=NS, name=name, warm_pool=kw.pop("warm_pool", "p"), **kw)
+
+
+class Driver:
+    """A pool's state and core, fed batches at given log times."""
+
+    def __init__(self, key: str = f"{NS}/p") -> None:
+        self.core = PoolCore(retention_s=60)
+        self.state = PoolState(key)
+        self.outputs: list[Any] = []
+        self.problems: list[Any] = []
+        self.ticks: list[float] = []
+
+    def feed(self, *records: Record, at: float = 0.0) -> PoolResult:
+        result = PoolResult()
+        self.core.apply(self.state, list(records), [at] * len(records), at, result)
+        self.outputs += result.outputs
+        self.problems += result.problems
+        self.ticks += result.ticks
+        # what a restart would read back
+        self.state = PoolState.from_json(self.state.to_json())
+        return result
+
+    def pods(self, result: PoolResult) -> list[Pod]:
+        return [o.record for o in result.outputs if isinstance(o.record, Pod)]
+
+    def statuses(self, result: PoolResult) -> list[SandboxClaimStatus]:
+        return [o.record for o in result.outputs if isinstance(o.record, SandboxClaimStatus)]
+
+    def bind_all(self, pods: list[Pod], at: float) -> None:
+        self.feed(*[Binding(uid=p.uid, namespace=p.namespace, name=p.name, node=f"n{i % 2}", attempt=0,
+                            decision_key=p.uid) for i, p in enumerate(pods)], at=at)
+
+
+def warm(replicas: int = 3) -> Driver:
+    d = Driver()
+    pods = d.pods(d.feed(pool(replicas), at=1.0))
+    assert len(pods) == replicas
+    d.bind_all(pods, at=2.0)
+    return d
+
+
+def test_a_pool_starts_its_replicas_labelled_with_template_hash_and_pool() -> None:
+    d = Driver()
+    pods = d.pods(d.feed(pool(3), at=1.0))
+    assert [p.uid for p in pods] == [tpl.sandbox_uid(NS, "p", n) for n in range(3)]
+    h = tpl.template_hash(TEMPLATE)
+    assert all(p.labels[SANDBOX_TEMPLATE_HASH_LABEL] == h and p.runtime_class_name == "gvisor" for p in pods)
+    assert all(tpl.pool_of(p.uid) == f"{NS}/p" for p in pods)
+
+
+def test_a_claim_adopts_a_ready_sandbox_at_once_and_a_redelivery_gets_the_same_answer() -> None:
+    d = Driver()
+    d.bind_all(d.pods(d.feed(pool(3, template=ALLOWS_ENV), at=1.0)), at=2.0)
+    first = d.statuses(d.feed(claim("c1", env=(EnvVar("TASK", "1"),), labels={"team": "x"}), at=3.0))
+    assert [(s.phase, s.path, s.sandbox) for s in first] == [(READY_PHASE, WARM, "p-0")]
+    assert first[0].env == (EnvVar("TASK", "1"),) and first[0].labels == {"team": "x"}  # no disqualification
+    again = d.statuses(d.feed(claim("c1", labels={"changed": "yes"}), at=4.0))  # redelivered, changed fields
+    assert again == first
+
+
+def test_env_on_a_template_that_disallows_it_is_refused_naming_the_field() -> None:
+    d = warm()  # agent-sandbox's default policy: Disallowed
+    s = d.statuses(d.feed(claim("c1", env=(EnvVar("A", "1"),)), at=3.0))
+    assert s[0].phase == REFUSED and "spec.env" in s[0].message and d.problems[-1].field == "spec.env"
+    assert d.state.unclaimed() == 3  # nothing taken
+
+
+def test_claims_beyond_the_ready_take_starting_then_go_cold_or_are_refused() -> None:
+    d = warm(2)
+    got = d.statuses(d.feed(claim("a"), claim("b"), claim("c"), at=3.0))
+    assert [(s.name, s.path) for s in got] == [("a", WARM), ("b", WARM), ("c", COLD)]
+    cold = [o.record for o in d.outputs if isinstance(o.record, Pod) and o.record.uid == tpl.cold_uid(NS, "p", "u-c")]
+    assert cold and cold[0].labels[SANDBOX_CLAIM_UID_LABEL] == "u-c"
+    deny = Driver()
+    deny.feed(pool(0, overflow="Deny"), at=1.0)
+    refused = deny.statuses(deny.feed(claim("x"), at=2.0))
+    assert refused[0].phase == REFUSED and refused[0].reason == "WarmPoolEmpty"
+    assert any(a.action == "ScaleWarmPool" for a in refused[0].alternatives)
+
+
+def test_refill_happens_at_ticks_within_the_rate_limit() -> None:
+    d = warm(3)
+    r = d.feed(claim("a"), claim("b"), at=3.0)
+    assert not d.pods(r) and r.ticks  # claims never refill: a tick is asked for
+    refill = d.pods(d.feed(SandboxTick(namespace=NS, name="p", at=r.ticks[0]), at=r.ticks[0]))
+    assert len(refill) == 2
+    slow = Driver()
+    first = slow.pods(slow.feed(pool(10, refill_batch=4, refill_per_s=2.0), at=0.0))
+    assert len(first) == 4 and slow.ticks and slow.ticks[-1] == pytest.approx(2.0)  # 4 tokens at 2/s
+
+
+def test_a_starting_sandbox_adopted_becomes_ready_at_its_binding() -> None:
+    d = Driver()
+    pods = d.pods(d.feed(pool(1), at=1.0))
+    s = d.statuses(d.feed(claim("a"), at=2.0))
+    assert s[0].path == "starting" and s[0].phase == "Pending"
+    d.bind_all(pods, at=3.0)
+    ready = [o.record for o in d.outputs if isinstance(o.record, SandboxClaimStatus) and o.record.phase == READY_PHASE]
+    assert ready and ready[-1].node == "n0"
+
+
+def test_deletions_shrink_and_lifecycles_delete_sandboxes() -> None:
+    d = warm(3)
+    d.feed(claim("a", shutdown_time=10.0), at=3.0)
+    r = d.feed(SandboxTick(namespace=NS, name="p", at=10.0), at=10.0)
+    assert any(isinstance(o.record, PodDeleted) and o.record.uid == tpl.sandbox_uid(NS, "p", 0) for o in r.outputs)
+    assert [s.phase for s in d.statuses(r)] == ["Expired"]
+    r = d.feed(pool(1), at=11.0)
+    assert sum(isinstance(o.record, PodDeleted) for o in r.outputs) >= 1
+    r = d.feed(SandboxWarmPoolDeleted(namespace=NS, name="p"), at=12.0)
+    assert d.state.unclaimed() == 0
+    d.feed(SandboxClaimDeleted(uid="u-a", namespace=NS, name="a", warm_pool="p"), at=13.0)
+    d.feed(at=100.0)
+    assert PoolCore.empty(d.state)
+
+
+def test_a_burst_becomes_reservations_once() -> None:
+    d = warm(1)
+    r = d.feed(SandboxBurst(namespace=NS, name="b", warm_pool="p", count=5, ttl_s=600), at=3.0)
+    rs = [o.record for o in r.outputs if isinstance(o.record, Reservation)]
+    assert len(rs) == 5 and all(o.topic == topics.PODS for o in r.outputs if isinstance(o.record, Reservation))
+    assert not [o for o in d.feed(SandboxBurst(namespace=NS, name="b", warm_pool="p", count=5), at=4.0).outputs
+                if isinstance(o.record, Reservation)]
+
+
+@pytest.mark.parametrize(("record", "field"), [
+    (claim("x", warm_pool="nope"), "spec.warmPoolRef.name"),
+    (pool(-1), "spec.replicas"),
+    (claim("y", shutdown_policy="Sometimes"), "spec.lifecycle.shutdownPolicy"),
+])
+def test_bad_input_is_refused_naming_the_field(record: Record, field: str) -> None:
+    d = warm(1)
+    if isinstance(record, SandboxClaim) and record.warm_pool != "p":
+        d = Driver(f"{NS}/{record.warm_pool}")  # its own pool's key: where the agent routes it
+    d.feed(record, at=5.0)
+    assert d.problems and d.problems[-1].field == field
+    statuses = d.statuses(PoolResult(outputs=[o for o in d.outputs]))
+    if isinstance(record, SandboxClaim):
+        assert statuses[-1].phase == REFUSED and field in statuses[-1].message
+
