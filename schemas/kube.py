@@ -369,6 +369,10 @@ def from_manifest(obj: Any) -> list[Record]:
         return [reservation_from_manifest(obj)]
     if kind == "PodDisruptionBudget":
         return [pdb_from_manifest(obj)]
+    from schemas import agent_sandbox  # it builds on this module: imported here, not at its top
+
+    if agent_sandbox.is_sandbox_manifest(obj):
+        return [agent_sandbox.sandbox_from_manifest(obj)]  # type: ignore[list-item]  # resolved by load_manifests
     if kind == "List" or (isinstance(kind, str) and kind.endswith("List")):
         out: list[Record] = []
         for i, item in enumerate(obj.get("items") or []):
@@ -377,7 +381,8 @@ def from_manifest(obj: Any) -> list[Record]:
             except SchemaError as exc:
                 raise exc.under(f"items[{i}]") from exc
         return out
-    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List, a Reservation or a PodDisruptionBudget")
+    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List, a Reservation, a PodDisruptionBudget, or an "
+                                    "agent-sandbox SandboxTemplate, SandboxWarmPool or SandboxClaim (or a SandboxBurst)")
 
 
 def load_manifests(text: str) -> list[Record]:
@@ -387,7 +392,9 @@ def load_manifests(text: str) -> list[Record]:
     for doc in docs:
         if doc is not None:
             out.extend(from_manifest(doc))
-    return out
+    from schemas import agent_sandbox
+
+    return agent_sandbox.resolve(out)  # pools given their templates from the same text
 
 
 def is_manifest(obj: Any) -> bool:

@@ -1,6 +1,8 @@
 """`koordstream publish FILE --topic TOPIC`: JSON lines of records, or Kubernetes manifests
-(a .yaml/.yml/.json file of Pods, Nodes, Koordinator Reservations or a List), validated before
-anything is sent. Reservations go to `pods`, like pods.
+(a .yaml/.yml/.json file of Pods, Nodes, Koordinator Reservations or a List; agent-sandbox's
+SandboxTemplates, SandboxWarmPools and SandboxClaims, which go to `sandbox`, each pool with its
+template from the same file), validated before anything is sent. Reservations go to `pods`,
+like pods.
 
 This is where a user's manifest enters, as kubectl's does at the API server, which stamps
 `metadata.creationTimestamp`: a Reservation without a creation time is stamped with the time
@@ -18,10 +20,11 @@ from pathlib import Path
 import orjson
 from aiokafka.errors import KafkaConnectionError
 
+from schemas.agent_sandbox import resolve
 from schemas.codec import decode_object
 from schemas.errors import SchemaError
 from schemas.kube import from_manifest, is_manifest, load_manifests
-from schemas.records import Record, Reservation
+from schemas.records import Record, Reservation, SandboxBurst, SandboxClaim
 from streams.connection import check, connect
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -47,13 +50,23 @@ def read_records(path: Path) -> list[Record]:
             raise ValueError(f"{path}:{number}: not JSON: {exc}") from exc
         except SchemaError as exc:
             raise ValueError(f"{path}:{number}: {exc}") from exc
-    return records
+    try:
+        return resolve(records)
+    except SchemaError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
 
 
 def stamped(records: list[Record], now: float) -> list[Record]:
-    """The records, a Reservation without a creation time given `now` as its creation time."""
-    return [dataclasses.replace(r, creation_timestamp=now) if isinstance(r, Reservation) and not r.creation_timestamp
-            else r for r in records]
+    """The records, a Reservation without a creation time given `now` as its creation time (a
+    SandboxClaim or SandboxBurst without one, as `created`)."""
+    out: list[Record] = []
+    for r in records:
+        if isinstance(r, Reservation) and not r.creation_timestamp:
+            r = dataclasses.replace(r, creation_timestamp=now)
+        elif isinstance(r, (SandboxClaim, SandboxBurst)) and not r.created:
+            r = dataclasses.replace(r, created=now)
+        out.append(r)
+    return out
 
 
 async def publish_file(path: Path, topic: str, settings: Settings, raw: bool = False,
