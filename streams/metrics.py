@@ -20,7 +20,7 @@ batches). What is exported, read from the scheduler core at each scrape:
 A worker with the state role serves, on its own `worker.metrics_port`, what the owners and
 deciders keep and write (the soak benchmark reads them, `perf/soak.py`):
 
-- `koordstream_table_keys{table}`, `koordstream_table_entries{table}` (holds at the owners,
+- `koordstream_table_keys{table}`, `koordstream_table_entries{table}` (sandboxes at the pools, holds at the owners,
   pods at the deciders), `koordstream_table_bytes{table}` and `koordstream_table_sized_keys`
   (the values as last written by this worker, and how many keys that covers);
 - `koordstream_changelog_bytes_total{table}`, `koordstream_changelog_records_total{table}`,
@@ -29,6 +29,15 @@ deciders keep and write (the soak benchmark reads them, `perf/soak.py`):
   with no records because they had something to forget);
 - `koordstream_future_records_total{agent}`: records stamped further ahead of the worker's
   clock than `worker.max_clock_skew_s`, judged at that bound (a producer's clock runs ahead).
+
+and what its warm pools keep (`agents.adapters.sandbox`), per pool (`namespace/name`) held here:
+
+- `koordstream_sandbox_pool_sandboxes{pool, state}`: ready (the pool's depth), starting, claimed;
+- `koordstream_sandbox_claims_total{pool, path}`: claims decided since the pool was created,
+  by how (warm: a ready sandbox adopted at once; starting; cold; refused), and
+  `koordstream_sandbox_warm_hit_ratio{pool}` (warm / all);
+- `koordstream_sandbox_claim_latency_seconds{pool}`: a histogram of the claims this worker
+  answered Ready, from the claim's publication to the log time of what decided it.
 
 A worker with the rebalancer role serves what its rebalancer did (on the leader; a follower
 counts nothing):
@@ -60,12 +69,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
     SummaryMetricFamily,
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from agents.adapters.loop import StatefulLoop
+from agents.adapters.sandbox import LATENCY_BUCKETS, SandboxCore
 from agents.rebalance.service import RebalancerService
 from agents.scheduler.core import SchedulerCore
 from streams import gaps
@@ -147,7 +158,7 @@ class StateMetrics(Collector):
 
         keys = family(GaugeMetricFamily, "koordstream_table_keys", "Keys in the table held here.", "table")
         entries = family(GaugeMetricFamily, "koordstream_table_entries",
-                         "Holds (owners) or pods (deciders) in the table held here.", "table")
+                         "Holds (owners), pods (deciders) or sandboxes (pools) in the table held here.", "table")
         stored = family(GaugeMetricFamily, "koordstream_table_bytes",
                         "Bytes of the table's values as last written here.", "table")
         sized = family(GaugeMetricFamily, "koordstream_table_sized_keys",
@@ -164,7 +175,8 @@ class StateMetrics(Collector):
             name = table.table.name
             states = [state for _, state in table.states()]
             keys.add_metric([name], len(states))
-            entries.add_metric([name], sum(len(st.get("holds") or st.get("pods") or ()) for st in states))
+            entries.add_metric([name], sum(len(st.get("holds") or st.get("pods") or st.get("sandboxes") or ())
+                                             for st in states))
             stored.add_metric([name], table.stored_bytes())
             sized.add_metric([name], table.sized_keys())
             written.add_metric([name], table.written_bytes)
@@ -174,6 +186,39 @@ class StateMetrics(Collector):
             swept.add_metric([loop.name], loop.swept)
             future.add_metric([loop.name], loop.future)
         yield from (keys, entries, stored, sized, written, records, deleted, batches, swept, future)
+
+
+class SandboxMetrics(Collector):
+    """The warm pools' depth, decisions and claim latency (see the module docstring)."""
+
+    def __init__(self, loop: StatefulLoop, core: SandboxCore) -> None:
+        self.loop, self.core = loop, core
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily("koordstream_sandbox_pool_sandboxes", "A pool's sandboxes by state.",
+                                 labels=["pool", "state"])
+        claims = CounterMetricFamily("koordstream_sandbox_claims", "Claims decided, by path.", labels=["pool", "path"])
+        ratio = GaugeMetricFamily("koordstream_sandbox_warm_hit_ratio", "Claims that adopted a ready sandbox at once, "
+                                  "of all decided.", labels=["pool"])
+        for key, raw in self.loop.table.states():
+            states = [str(s.get("state")) for s in (raw.get("sandboxes") or {}).values()]
+            for state in ("ready", "starting", "claimed"):
+                held.add_metric([key, state], states.count(state))
+            stats = raw.get("stats") or {}
+            for path, stat in (("warm", "warm_hits"), ("starting", "starting_hits"), ("cold", "cold"),
+                               ("refused", "refused")):
+                claims.add_metric([key, path], int(stats.get(stat, 0)))
+            if stats.get("claims"):
+                ratio.add_metric([key], int(stats.get("warm_hits", 0)) / int(stats["claims"]))
+        latency = HistogramMetricFamily("koordstream_sandbox_claim_latency_seconds",
+                                        "Claims answered Ready here: publication to decision.", labels=["pool"])
+        for key, (counts, total) in self.core.latency.items():
+            cumulative, buckets = 0, []
+            for bound, count in zip([*map(str, LATENCY_BUCKETS), "+Inf"], counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            latency.add_metric([key], buckets, total)
+        yield from (held, claims, ratio, latency)
 
 
 class RebalancerMetrics(Collector):
@@ -211,6 +256,9 @@ def registry_for(core: SchedulerCore | None = None, loops: list[StatefulLoop] | 
         registry.register(SchedulerMetrics(core))
     if loops:
         registry.register(StateMetrics(loops))
+        for loop in loops:
+            if isinstance(loop.core, SandboxCore):
+                registry.register(SandboxMetrics(loop, loop.core))
     if rebalancer is not None:
         registry.register(RebalancerMetrics(rebalancer))
     registry.register(ProcessMetrics())

@@ -37,9 +37,14 @@ from schemas.records import (
     SandboxBurst,
     SandboxClaim,
     SandboxClaimDeleted,
+    SandboxClaimStatus,
     SandboxTick,
     SchedulingFeedback,
 )
+
+# The claim latency histogram's upper bounds (seconds): a warm claim answers in milliseconds,
+# a cold one in a scheduling cycle or a few.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _MARK = f'"{UID_PREFIX}~'.encode()  # a sandbox pod's uid starts a JSON string so
 
@@ -66,6 +71,20 @@ class SandboxCore:
         self.core = PoolCore(retention_s)
         self.clock = clock  # the wall clock, here at the edge: timers' delays only
         self.decoded: dict[str, tuple[dict[str, Any], PoolState]] = {}
+        # pool -> (counts per bucket of LATENCY_BUCKETS and +Inf, sum of seconds): claims answered
+        # Ready by this worker, from the claim's publication to the log time of what decided it
+        self.latency: dict[str, tuple[list[int], float]] = {}
+
+    def observe(self, key: str, outputs: list[Output], times: list[float]) -> None:
+        """Count the claims this batch answered Ready (a re-sent answer is older than the batch)."""
+        first = min(times) if times else 0.0
+        for o in outputs:
+            r = o.record
+            if isinstance(r, SandboxClaimStatus) and r.phase == "Ready" and r.claimed_at and r.answered_at >= first:
+                seconds = max(0.0, r.answered_at - r.claimed_at)
+                counts, total = self.latency.setdefault(key, ([0] * (len(LATENCY_BUCKETS) + 1), 0.0))
+                counts[next((i for i, b in enumerate(LATENCY_BUCKETS) if seconds <= b), len(LATENCY_BUCKETS))] += 1
+                self.latency[key] = (counts, total + seconds)
 
     def key_of(self, record: Record) -> str:
         return pool_key_of(record)
@@ -84,6 +103,7 @@ class SandboxCore:
             state = read_state("sandbox-pools", key, stored, PoolState.from_json) if stored else PoolState(key)
         result = PoolResult()
         self.core.apply(state, records, times, now, result)
+        self.observe(key, result.outputs, times)
         outcome.first += [Output(o.topic, message_key(o.key), o.record) if o.topic == topics.SANDBOX else o
                           for o in result.outputs]
         outcome.problems += result.problems

@@ -25,11 +25,13 @@ from schemas.records import (
     SandboxWarmPool,
 )
 from tests.integration.harness import Harness
+from tests.integration.test_metrics import scrape, value
 
 pytestmark = pytest.mark.integration
 
 
-async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harness, run_id: str) -> None:
+async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harness, run_id: str,
+                                                                   metrics_port: int) -> None:
     ns, label = f"sbx-{run_id}", {"suite": f"sbx-{run_id}"}
     nodes = [Node(name=f"sbx-{run_id}-{i}", labels=label, allocatable=ResourceList(cpu=8000, memory=2**34, pods=110))
              for i in range(2)]
@@ -57,6 +59,13 @@ async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harn
     # The pool refills to its replicas.
     await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 6 and s.claims == 10,
                            timeout=60)
+    # The worker's metrics: the pool's depth, its decisions by path, the claims' latency.
+    _, body = await scrape(metrics_port)
+    pool_label = f'pool="{ns}/pool"'
+    assert value(body, f'koordstream_sandbox_claims_total{{path="warm",{pool_label}}}') == 6
+    assert value(body, f'koordstream_sandbox_pool_sandboxes{{{pool_label},state="ready"}}') == 6
+    assert value(body, f'koordstream_sandbox_warm_hit_ratio{{{pool_label}}}') == 0.6
+    assert value(body, f'koordstream_sandbox_claim_latency_seconds_count{{{pool_label}}}') == 10
     # A burst: reservations for the pool's cold path, placed on the pool's nodes.
     await harness.publish(topics.SANDBOX, [SandboxBurst(namespace=ns, name="b", warm_pool="pool", count=3, ttl_s=600)])
     events = await harness.wait_for(ReservationEvent, lambda e: e.phase == "Available" and f"~{ns}~" in e.uid,
