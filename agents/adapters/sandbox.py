@@ -38,6 +38,7 @@ from schemas.records import (
     SandboxClaim,
     SandboxClaimDeleted,
     SandboxClaimStatus,
+    SandboxPoolStatus,
     SandboxTick,
     SchedulingFeedback,
 )
@@ -104,8 +105,7 @@ class SandboxCore:
         result = PoolResult()
         self.core.apply(state, records, times, now, result)
         self.observe(key, result.outputs, times)
-        outcome.first += [Output(o.topic, message_key(o.key), o.record) if o.topic == topics.SANDBOX else o
-                          for o in result.outputs]
+        outcome.first += [routed(o) for o in result.outputs]
         outcome.problems += result.problems
         outcome.timers += [self.tick(key, at) for at in result.ticks]
         if PoolCore.empty(state):
@@ -128,6 +128,19 @@ class SandboxCore:
     def prune(self, keys: Collection[str]) -> None:
         for key in [k for k in self.decoded if k not in keys]:
             del self.decoded[key]
+
+
+def routed(output: Output) -> Output:
+    """A core's output with the catalogue's message key: a pool's name on `sandbox`, a claim's
+    uid or a pool's name on `sandbox-status` (the core addresses both by `namespace/name`)."""
+    record = output.record
+    if output.topic == topics.SANDBOX:
+        return Output(output.topic, message_key(output.key), record)
+    if isinstance(record, SandboxClaimStatus):
+        return Output(output.topic, record.uid, record)
+    if isinstance(record, SandboxPoolStatus):
+        return Output(output.topic, record.name, record)
+    return output
 
 
 def forwarded(records: list[Record]) -> list[Output]:
