@@ -49,7 +49,7 @@ async def test_bad_pod_record_is_dead_lettered_and_the_next_one_bound(
     await harness.wait_for(Binding, lambda b: b.uid == good.uid)
 
 
-@pytest.mark.parametrize("topic", [topics.NODES, topics.NODE_INBOX, topics.HOLDS])
+@pytest.mark.parametrize("topic", [topics.NODES, topics.NODE_INBOX, topics.HOLDS, topics.SANDBOX])
 async def test_every_agent_dead_letters_garbage_and_keeps_going(harness: Harness, run_id: str, topic: str) -> None:
     raw = f"garbage for {topic} {run_id}".encode()
     await harness.producer.send_raw(topic, raw, partition=0)

@@ -5,6 +5,7 @@ reservations are placed, and every claim is answered with a sandbox of its own."
 
 from __future__ import annotations
 
+import base64
 import time
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from schemas import topics
 from schemas.records import (
     Binding,
+    DeadLetter,
+    EnvVar,
     Node,
     NodeStateChange,
     Pod,
@@ -71,3 +74,26 @@ async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harn
     events = await harness.wait_for(ReservationEvent, lambda e: e.phase == "Available" and f"~{ns}~" in e.uid,
                                     count=3, timeout=60)
     assert {e.node for e in events} <= {n.name for n in nodes}
+
+
+async def test_bad_pools_and_claims_are_refused_naming_the_field_and_the_pool_goes_on(
+        harness: Harness, run_id: str) -> None:
+    ns = f"sbx-bad-{run_id}"
+    template = SandboxTemplate(namespace=ns, name="t", pod=Pod(uid="", name="", node_selector={"none": run_id},
+                                                               requests=ResourceList(cpu=100)))
+    negative = SandboxWarmPool(namespace=ns, name="neg", template=template, replicas=-1)
+    good = SandboxWarmPool(namespace=ns, name="ok", template=template, replicas=0, overflow="Deny")
+    unknown = SandboxClaim(uid=f"u1-{run_id}", namespace=ns, name="c1", warm_pool="missing")
+    env = SandboxClaim(uid=f"u2-{run_id}", namespace=ns, name="c2", warm_pool="ok", env=(EnvVar("A", "1"),))
+    await harness.publish(topics.SANDBOX, [negative, good, unknown, env])
+    letters = await harness.wait_for(DeadLetter, lambda d: d.topic == topics.SANDBOX and ns in base64.b64decode(
+        d.original).decode(), count=3)
+    assert {d.field for d in letters} == {"spec.replicas", "spec.warmPoolRef.name", "spec.env"}, letters
+    refused = await harness.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Refused", count=2)
+    assert {s.reason for s in refused} == {"WarmPoolNotFound", "InvalidClaim"}
+    # The pool goes on: a good claim on the Deny pool (empty) is refused with what to do.
+    late = SandboxClaim(uid=f"u3-{run_id}", namespace=ns, name="c3", warm_pool="ok")
+    await harness.publish(topics.SANDBOX, [late])
+    [answer] = await harness.wait_for(SandboxClaimStatus, lambda s: s.uid == late.uid)
+    assert answer.phase == "Refused" and answer.reason == "WarmPoolEmpty" and answer.next_step == "ScaleWarmPool"
+    assert [a.action for a in answer.alternatives] == ["ScaleWarmPool"]
