@@ -1,6 +1,7 @@
 """`koordstream publish FILE --topic TOPIC`: JSON lines of records, or Kubernetes manifests
 (a .yaml/.yml/.json file of Pods, Nodes, Koordinator Reservations or a List), validated before
-anything is sent. Reservations go to `pods`, like pods.
+anything is sent. Reservations go to `pods`, like pods. RuntimeClasses are refused: they are
+configuration that every scheduler worker reads at start (`sandbox.runtimes`), not events.
 
 This is where a user's manifest enters, as kubectl's does at the API server, which stamps
 `metadata.creationTimestamp`: a Reservation without a creation time is stamped with the time
@@ -21,7 +22,7 @@ from aiokafka.errors import KafkaConnectionError
 from schemas.codec import decode_object
 from schemas.errors import SchemaError
 from schemas.kube import from_manifest, is_manifest, load_manifests
-from schemas.records import Record, Reservation
+from schemas.records import Record, Reservation, RuntimeClass
 from streams.connection import check, connect
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -61,6 +62,11 @@ async def publish_file(path: Path, topic: str, settings: Settings, raw: bool = F
     """Validate the whole file first (nothing is sent if a line is bad), then publish it."""
     lines = [line.encode() for line in path.read_text().splitlines() if line.strip()] if raw else []
     records = [] if raw else stamped(read_records(path), clock())
+    configuration = [r.name for r in records if isinstance(r, RuntimeClass)]
+    if configuration:
+        raise ValueError(f"{path}: RuntimeClass {', '.join(configuration)}: runtime classes are not published; list "
+                         "them in the file the setting sandbox.runtimes names (every scheduler worker reads it at "
+                         "start)")
     conn = connect(settings.kafka)
     await check(conn)
     try:
