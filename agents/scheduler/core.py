@@ -3,13 +3,16 @@
 One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) and one
 `Framework` per profile over it, and one `SchedulingQueue`. Data flow:
 
-- `add(pod)`: a pod for one of our profiles (`schedulerName`) enters the queue, with
-  Koordinator's QoS class and priority defaults filled in (`koordinator`). Pods that can never
-  be placed as they are (an unknown profile, an unknown or negative resource, a QoS label
-  Koordinator does not know) get a final SchedulingFeedback at once and are not retried
-  until the pod changes. `add_reservation(r)`: a Reservation enters the same way, as a pod
-  made from its template; a reservation that cannot be valid (no owners, an unknown
-  allocatePolicy, ttl and expires both set) gets final feedback naming the field.
+- `add(pod)`: a pod for one of our profiles (`schedulerName`) enters the queue, admitted
+  through its runtime class first when it names one (`agents.sandbox.runtimes`: the class's
+  overhead, selector, tolerations and QoS rule; the pod as it was sent is kept beside it,
+  `SENT`), with Koordinator's QoS class and priority defaults filled in (`koordinator`). Pods
+  that can never be placed as they are (an unknown profile or runtime class, a refusal of
+  their runtime class, an unknown or negative resource, a QoS label Koordinator does not
+  know) get a final SchedulingFeedback at once and are not retried until the pod changes.
+  `add_reservation(r)`: a Reservation enters the same way, as a pod made from its template;
+  a reservation that cannot be valid (no owners, an unknown allocatePolicy, ttl and expires
+  both set) gets final feedback naming the field.
 - `schedule(limit)`: pops up to `limit` pods in queue order, hands each run of consecutive
   pods of one profile to that profile's framework (equivalence classes are found there), and
   turns the placements into records: Claims (Bind), Nominations and EvictionCommands
@@ -56,6 +59,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.ports import Clock, Output
+from agents.sandbox.runtimes import AdmissionError, RuntimeTable
 from agents.scheduler import koordinator
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework.interface import PodInfo
@@ -89,6 +93,7 @@ from schemas.records import (
 
 QUEUED, CLAIMED, WAITING, FAILED = "queued", "claimed", "waiting", "failed"
 SCHEDULER_NAMES = (DEFAULT_SCHEDULER, "koordstream")
+SENT = "sandbox/sent"  # PodInfo.derived: the pod as it was sent, when its runtime class changed it
 
 
 @dataclass
@@ -115,6 +120,7 @@ class SchedulerCore:
         flush_s: float = 30.0,
         batching: bool = True,
         gather: bool = True,
+        runtimes: RuntimeTable | None = None,
     ) -> None:
         self.space = space
         self.state = state
@@ -143,11 +149,15 @@ class SchedulerCore:
         self._gang_members: dict[str, int] = {}  # gang's decision key -> its uids in decision_keys
         # Request vectors by request map: pods of one template share one (read-only) vector.
         self._requests: dict[tuple[tuple[str, int], ...], tuple[Vector, npt.NDArray[np.intp], bytes]] = {}
+        self.runtimes = runtimes if runtimes is not None else RuntimeTable()
 
     # -- inputs -------------------------------------------------------------------------------
 
     def pod_info(self, pod: Pod) -> PodInfo:
         """The framework's view of a pod; raises ValueError naming the field for bad requests."""
+        return self._info(pod, self._key(pod))
+
+    def _info(self, pod: Pod, key: str) -> PodInfo:
         signature = tuple(pod.requests.items())
         known = self._requests.get(signature)
         if known is None:
@@ -161,7 +171,6 @@ class SchedulerCore:
             if len(self._requests) > 65536:
                 self._requests.clear()
             known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
-        key = self._key(pod)
         qos, priority = koordinator.defaults(pod)
         info = PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
                        priority=priority, qos=qos)
@@ -208,12 +217,22 @@ class SchedulerCore:
         tracked = self.pods.get(pod.uid)
         if tracked is not None and partition is not None:
             tracked.partition = partition
+        sent = pod
+        try:
+            pod = self.runtimes.admit(sent)
+        except AdmissionError as exc:
+            refusal: AdmissionError | None = exc
+        else:
+            refusal = None
         if tracked is not None and tracked.state in (CLAIMED, WAITING):
-            tracked.info.pod = pod  # an update while a claim is out: the next attempt uses it
+            if refusal is None:  # (a refused one: runtimeClassName cannot change on a pod)
+                tracked.info.pod = pod  # an update while a claim is out: the next attempt uses it
             return []
-        if pod.scheduler_name not in self.frameworks:
-            return self._refuse(pod, partition, f"no scheduler profile named {pod.scheduler_name!r} "
+        if sent.scheduler_name not in self.frameworks:
+            return self._refuse(sent, partition, f"no scheduler profile named {sent.scheduler_name!r} "
                                 f"(profiles: {', '.join(self.frameworks)})")
+        if refusal is not None:
+            return self._refuse(sent, partition, str(refusal))
         try:
             unsupported = [k for k in ("podAffinity", "podAntiAffinity") if pod.affinity.get(k)] if pod.affinity else ()
             if unsupported:
@@ -224,8 +243,10 @@ class SchedulerCore:
             info = self.pod_info(pod)
             if reservation is not None:
                 info.derived[RESERVATION] = reservation
+            if pod is not sent:
+                info.derived[SENT] = sent
         except ValueError as exc:
-            return self._refuse(pod, partition, str(exc))
+            return self._refuse(sent, partition, str(exc))
         if tracked is not None and tracked.state == QUEUED:
             info.attempt, info.arrival = tracked.info.attempt, tracked.info.arrival
             info.group_arrival = tracked.info.group_arrival
@@ -534,7 +555,7 @@ class SchedulerCore:
         fw = self.frameworks.get(pod.scheduler_name)
         if fw is None:
             raise ValueError(f"schedulerName={pod.scheduler_name!r}: no such profile (profiles: {', '.join(self.frameworks)})")
-        return fw.evaluate(self.pod_info(pod), partial=False)
+        return fw.evaluate(self.pod_info(self.runtimes.admit(pod)), partial=False)
 
     def timings(self) -> dict[tuple[str, str], int]:
         """Nanoseconds per (plugin, extension point), over every profile."""

@@ -6,7 +6,8 @@
     why = sched.explain(pending[0])      # per-node, per-plugin scores and rejections
 
 `Scheduler` wraps exactly the core the faust agents run (`SchedulerCore` over a
-`ClusterState`, profiles from YAML), and stands in for the node owners: a pod it places is
+`ClusterState`, profiles from YAML, runtime classes: the shipped ones unless given), and
+stands in for the node owners: a pod it places is
 treated as bound at once, so the next decisions see it. Bound pods (those with a `nodeName`)
 count as used capacity from the start.
 """
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.sandbox.runtimes import RuntimeTable
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore, schedule_all
 from agents.scheduler.framework import profiles as profile_config
@@ -65,7 +67,7 @@ class Explanation:
 class Scheduler:
     def __init__(self, nodes: Iterable[Node], bound: Iterable[Pod] = (), *,
                  profiles: str | SchedulerConfig | None = None, resources: Sequence[str] = (),
-                 batching: bool = True) -> None:
+                 batching: bool = True, runtimes: RuntimeTable | None = None) -> None:
         self.space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in resources if r not in DEFAULT_RESOURCES))
         by_node: dict[str, list[BoundPod]] = {}
         for pod in bound:
@@ -74,7 +76,8 @@ class Scheduler:
                 requests=ResourceList(devices.with_gpu_totals(pod.requests)), quota=pod.labels.get(QUOTA_LABEL, "")))
         self.state = ClusterState.from_records(self.space, nodes, by_node)
         config = profile_config.load(profiles) if isinstance(profiles, str) else profiles
-        self.core = SchedulerCore(self.space, self.state, lambda: 0.0, config=config, batching=batching)
+        self.core = SchedulerCore(self.space, self.state, lambda: 0.0, config=config, batching=batching,
+                                  runtimes=runtimes)
 
     @classmethod
     def from_manifests(cls, text: str, **kw: Any) -> tuple[Scheduler, list[Pod]]:

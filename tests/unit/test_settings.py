@@ -92,6 +92,18 @@ def test_sandbox_runtimes_come_from_the_file_the_settings_name(tmp_path: Path) -
     assert only.names == ["runc-sandbox"]
 
 
+def test_a_workers_scheduler_admits_pods_through_the_runtimes_of_its_settings(tmp_path: Path) -> None:
+    from schemas.records import Pod, ResourceList
+    from streams.app import build_core
+
+    runtimes = tmp_path / "runtimes.yaml"
+    runtimes.write_text(RUNC_SANDBOX)
+    core = build_core(load_settings(env={"KOORDSTREAM_SANDBOX_RUNTIMES": str(runtimes)}))
+    admitted = core.runtimes.admit(Pod(uid="p", name="p", runtime_class_name="runc-sandbox",
+                                       requests=ResourceList(cpu=100)))
+    assert admitted.requests == {"cpu": 150} and admitted.labels["koordinator.sh/qosClass"] == "BE"
+
+
 @pytest.mark.parametrize(("text", "message"), [
     (None, "sandbox.runtimes: cannot read"),
     (RUNC_SANDBOX.replace("cpu: 50m", "cpu: -50m"), "sandbox.runtimes: .*runtimes.yaml: overhead.podFixed.cpu: a "

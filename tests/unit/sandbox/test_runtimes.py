@@ -1,5 +1,6 @@
 """Runtime classes with QoS: the admission every pod naming one goes through (overhead once,
-selector and tolerations merged as Kubernetes merges them, the QoS rule) and the runtimes file."""
+selector and tolerations merged as Kubernetes merges them, the QoS rule), the runtimes file,
+and LSR sandboxes bound to CPUs through the real scheduling core."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from schemas.records import (
     RuntimeClass,
     Toleration,
 )
-from tests.unit.sandbox.conftest import KATA, MI, sandbox
+from tests.unit.sandbox.conftest import KATA, MI, claims, core_of, feedback, node, sandbox
 
 TABLE = RuntimeTable()
 
@@ -238,3 +239,50 @@ def test_a_table_refuses_a_record_that_cannot_be_used(record: RuntimeClass, says
     with pytest.raises(ValueError) as err:
         RuntimeTable([record])
     assert f"runtime class {record.name!r}: {says}" in str(err.value)
+
+
+# -- LSR sandboxes get bound CPUs (NodeNUMAResource, through the real core) ---------------------
+
+
+@pytest.mark.parametrize(("runtime", "qos", "cpu", "bound", "claimed_cpu"), [
+    ("kata-qemu", "LSR", 2000, ("cpuset/0/0,1",), 2250),  # whole CPUs asked: bound; the overhead's 250m is not
+    ("kata-fc", "LSR", 4000, ("cpuset/0/0,1,2,3",), 4250),
+    ("kata-clh", "LSR", 1500, (), 1750),  # not whole CPUs: not bound (Koordinator's rule)
+    ("kata-qemu", "LS", 2000, (), 2250),  # LS shares the CPUs
+    ("kata-qemu", "", 2000, (), 2250),  # no QoS asked: the runtime's default, LS
+    ("gvisor", "LS", 2000, (), 2000),
+], ids=["kata-qemu-lsr", "kata-fc-lsr-whole-cell", "kata-clh-fractional", "kata-ls", "kata-default", "gvisor-ls"])
+def test_an_lsr_sandbox_is_bound_to_whole_cpus_beside_its_overhead(
+        runtime: str, qos: str, cpu: int, bound: tuple[str, ...], claimed_cpu: int) -> None:
+    core = core_of(node("k1", cpu=8000, labels=KATA, numa=True))
+    assert core.add(sandbox("p", runtime, cpu=cpu, qos=qos, guaranteed=True)) == []
+    [claim] = claims(core.schedule())
+    assert (claim.devices, claim.requests["cpu"]) == (bound, claimed_cpu)
+
+
+# -- every pod that enters the scheduler is admitted first -------------------------------------
+
+
+@pytest.mark.parametrize(("pod", "says"), [
+    (sandbox("bad", "firecracker"), "spec.runtimeClassName='firecracker': no such RuntimeClass"),
+    (sandbox("bad", "gvisor", qos="LSR"), "metadata.labels.koordinator.sh/qosClass='LSR': RuntimeClass 'gvisor'"),
+    (sandbox("bad", "kata-qemu", node_selector={"katacontainers.io/kata-runtime": "no"}),
+     "spec.nodeSelector.katacontainers.io/kata-runtime='no': conflicts"),
+], ids=["unknown-class", "qos-refused", "selector-conflict"])
+def test_a_refused_pod_gets_final_feedback_naming_the_field_and_the_next_is_placed(pod: Pod, says: str) -> None:
+    core = core_of(node("k1", labels=KATA))
+    [refused] = feedback(core.add(pod))
+    assert refused.final and refused.message.startswith(says)
+    assert core.add(sandbox("good", "kata-qemu")) == []
+    assert [c.uid for c in claims(core.schedule())] == ["good"]
+    assert core.schedule() == []  # not retried
+
+
+def test_a_pod_the_api_server_admitted_claims_what_one_admitted_here_claims() -> None:
+    core = core_of(node("k1", labels=KATA))
+    sent = sandbox("here", "kata-qemu", cpu=1000)
+    bridged = dataclasses.replace(TABLE.admit(sent), uid="bridged", name="bridged")  # overhead set by the API server
+    core.add(sent)
+    core.add(bridged)
+    requests = {c.uid: c.requests for c in claims(core.schedule())}
+    assert requests["here"] == requests["bridged"] == {"cpu": 1250, "memory": (256 + 160) * MI, "pods": 1}
