@@ -142,6 +142,8 @@ class BoundPod:
     # Its claim's decision key, the key of the decider that bound it: where its deletion goes,
     # whatever the pod's later versions or its deletion record say ("": an owner older than it).
     decision_key: str = ""
+    sandbox: bool = False  # a sandbox for AI agents (its claim's; `agents.sandbox.runtimes.is_sandbox`)
+    warm_pool: str = ""  # the warm pool it belongs to, if any (its claim's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +369,11 @@ class Claim(Record):
     # refuse a claim (and its answer) that reaches them later than half the state retention
     # (docs/architecture.md, "How long state is kept"). 0: not stamped.
     scheduled_at: float = 0.0
+    # The pod is a sandbox (`agents.sandbox.runtimes.is_sandbox`), of this warm pool: owners keep
+    # both with the hold and report them with the bound pod, from which every scheduler replica
+    # learns how long sandboxes live and how many pods a pool has placed (`agents.sandbox.feedback`).
+    sandbox: bool = False
+    warm_pool: str = ""
     kind: str = field(default="Claim", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

@@ -257,7 +257,7 @@ def test_an_lsr_sandbox_is_bound_to_whole_cpus_beside_its_overhead(
     core = core_of(node("k1", cpu=8000, labels=KATA, numa=True))
     assert core.add(sandbox("p", runtime, cpu=cpu, qos=qos, guaranteed=True)) == []
     [claim] = claims(core.schedule())
-    assert (claim.devices, claim.requests["cpu"]) == (bound, claimed_cpu)
+    assert (claim.devices, claim.requests["cpu"], claim.sandbox) == (bound, claimed_cpu, True)
 
 
 # -- every pod that enters the scheduler is admitted first -------------------------------------
