@@ -9,6 +9,7 @@ from schemas.kube import (
     reservation_from_manifest,
 )
 from schemas.records import Node, Pod, PodDisruptionBudget, Reservation
+from tests.builders import KATA_QEMU_RUNTIME_CLASS
 
 POD_YAML = """
 apiVersion: v1
@@ -215,18 +216,7 @@ def test_records_to_manifests_and_back_give_the_records_again() -> None:
     assert seen == 400
 
 
-RUNTIME_CLASS_YAML = """
-apiVersion: node.k8s.io/v1
-kind: RuntimeClass
-metadata:
-  name: kata-qemu
-  annotations: {koordstream.io/qos-classes: "LSR, LS,BE", koordstream.io/default-qos-class: LS}
-handler: kata-qemu
-overhead: {podFixed: {memory: 160Mi, cpu: 250m}}
-scheduling:
-  nodeSelector: {katacontainers.io/kata-runtime: "true"}
-  tolerations: [{key: kata, operator: Exists, effect: NoSchedule}]
-"""
+RUNTIME_CLASS_YAML = KATA_QEMU_RUNTIME_CLASS
 
 
 def test_runtime_class_manifest_converts_with_its_qos_rule() -> None:

@@ -20,12 +20,12 @@ from agents.sandbox.runtimes import (
 )
 from schemas.records import (
     QOS_LABEL,
-    SANDBOX_TEMPLATE_LABEL,
     Pod,
     ResourceList,
     RuntimeClass,
     Toleration,
 )
+from tests.builders import KATA_QEMU_RUNTIME_CLASS
 from tests.unit.sandbox.conftest import KATA, MI, claims, core_of, feedback, node, sandbox
 
 TABLE = RuntimeTable()
@@ -176,24 +176,14 @@ def test_a_runtime_without_a_qos_rule_leaves_koordinators_default() -> None:
 
 def test_is_sandbox_is_a_template_hash_or_a_runtime_class() -> None:
     assert is_sandbox(Pod(uid="a", name="a", runtime_class_name="gvisor"))
-    assert is_sandbox(Pod(uid="b", name="b", labels={SANDBOX_TEMPLATE_LABEL: "h"}))
+    assert is_sandbox(sandbox("b"))  # the builder's pods carry their template's hash
     assert not is_sandbox(Pod(uid="c", name="c"))
 
 
 # -- the runtimes file (sandbox.runtimes) ----------------------------------------------------------
 
-RUNTIMES_FILE = """
-apiVersion: node.k8s.io/v1
-kind: RuntimeClass
-metadata:
-  name: kata-qemu
-  annotations: {koordstream.io/qos-classes: "LSR,LS", koordstream.io/default-qos-class: LSR}
-handler: kata-qemu
-overhead: {podFixed: {cpu: 500m, memory: 256Mi}}
-scheduling:
-  nodeSelector: {katacontainers.io/kata-runtime: "true"}
-  tolerations: [{key: kata, operator: Exists, effect: NoSchedule}]
----
+# The kata-qemu of the shipped runtimes with another overhead, and a runtime of the file's own.
+RUNTIMES_FILE = KATA_QEMU_RUNTIME_CLASS.replace("cpu: 250m", "cpu: 500m") + """---
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: runc-sandbox}
@@ -205,10 +195,9 @@ def test_a_runtimes_file_replaces_a_shipped_runtime_by_name_and_adds_its_own() -
     table = load_runtimes(RUNTIMES_FILE)
     assert set(table.names) == {rc.name for rc in DEFAULT_RUNTIMES} | {"runc-sandbox"}
     kata = table.get("kata-qemu")
-    assert kata is not None and kata.overhead == {"cpu": 500, "memory": 256 * MI}
-    assert (kata.qos_classes, kata.default_qos_class) == (("LSR", "LS"), "LSR")
+    assert kata is not None and kata.overhead == {"cpu": 500, "memory": 160 * MI}
     admitted = table.admit(sandbox("p", "kata-qemu"))
-    assert admitted.requests["cpu"] == 1000 and admitted.labels[QOS_LABEL] == "LSR"
+    assert admitted.requests["cpu"] == 1000 and admitted.labels[QOS_LABEL] == "LS"
     assert admitted.tolerations == (Toleration(key="kata", operator="Exists", effect="NoSchedule"),)
 
 
@@ -217,12 +206,9 @@ def test_without_the_shipped_runtimes_only_the_files_are_known() -> None:
 
 
 @pytest.mark.parametrize(("change", "field"), [
-    (("500m", "-500m"), "overhead.podFixed.cpu"),
-    (("handler: runc", 'handler: ""'), "handler"),
-    (('"LSR,LS"', '"LSR,FAST"'), "metadata.annotations.koordstream.io/qos-classes"),
-    (("default-qos-class: LSR", "default-qos-class: BE"), "metadata.annotations.koordstream.io/default-qos-class"),
+    (("cpu: 500m", "cpu: -500m"), "overhead.podFixed.cpu"),  # (every field's check: test_kube.py)
     (("kind: RuntimeClass\nmetadata: {name: runc-sandbox}", "kind: Pod\nmetadata: {name: runc-sandbox}"), "kind"),
-], ids=["negative-overhead", "empty-handler", "unknown-qos", "default-not-allowed", "not-a-runtime-class"])
+], ids=["negative-overhead", "not-a-runtime-class"])
 def test_a_bad_runtimes_file_names_the_field(change: tuple[str, str], field: str) -> None:
     with pytest.raises(ValueError) as err:
         load_runtimes(RUNTIMES_FILE.replace(*change))
