@@ -622,6 +622,30 @@ class SchedulerCore:
         key = (info.profile, unresolvable, shape(sent), _shape_key(sent) if signature is None else signature)
         return self.advisor.hint(key, info.pod, sent, reasons=reasons, unresolvable=unresolvable)
 
+    def advise(self, pod: Pod) -> Hint | None:
+        """The hint `pod` (as it would be sent: the warm pools ask with a pod made from their
+        template) would get if it were scheduled now, None if a node takes it now; for any pod,
+        sandbox or not. Changes nothing but the advisor's cache."""
+        try:
+            admitted = self.runtimes.admit(pod)
+        except AdmissionError as exc:
+            return self.advisor.hint(("refused", pod.scheduler_name, str(exc), _shape_key(pod)), pod, pod, refusal=exc)
+        probe = self._probe(admitted)
+        if probe is None:
+            error = FieldError("spec.schedulerName", pod.scheduler_name, "no such profile, or a request it cannot take")
+            return self.advisor.hint(("refused", pod.scheduler_name, str(error), _shape_key(pod)), pod, pod,
+                                     refusal=error)
+        fw, info = probe
+        ev = fw.evaluate(info, partial=False)
+        if ev.best() >= 0:
+            return None
+        diagnosis = ev.diagnosis
+        reasons = diagnosis.reasons if diagnosis is not None else {}
+        unresolvable = diagnosis is not None and diagnosis.status is not None
+        signature = fw.signature(info)
+        key = (info.profile, unresolvable, shape(pod), _shape_key(pod) if signature is None else signature)
+        return self.advisor.hint(key, admitted, pod, reasons=reasons, unresolvable=unresolvable)
+
     def _probe(self, pod: Pod) -> tuple[Framework, PodInfo] | None:
         fw = self.frameworks.get(pod.scheduler_name)
         if fw is None:

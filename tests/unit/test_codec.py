@@ -140,3 +140,21 @@ def test_feedback_hints_round_trip_and_feedback_written_before_them_still_decode
     with pytest.raises(SchemaError) as err:
         decode(orjson.dumps(bad))
     assert err.value.field == "alternatives[0].description"
+
+
+def test_the_json_schemas_of_hinted_feedback_and_runtime_classes_accept_what_the_codec_writes() -> None:
+    import jsonschema
+
+    from schemas.jsonschema import record_schema
+    from schemas.records import Alternative, RuntimeClass, SchedulingFeedback
+
+    hinted = SchedulingFeedback(uid="u", namespace="ns", name="n", attempt=0, message="m", reason="NoMatchingNode",
+                                next_step="ChangeRuntimeClass", alternatives=(
+                                    Alternative("RuntimeClass", "run it in gvisor", {"spec.runtimeClassName": "gvisor"}),))
+    runtime = RuntimeClass(name="gvisor", handler="runsc", overhead=ResourceList(memory=2**20))
+    for record in (hinted, runtime):
+        schema = record_schema(type(record))
+        jsonschema.validate(orjson.loads(encode(record)), schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**orjson.loads(encode(record)), "name": 5}, schema)
+    assert record_schema(RuntimeClass)["x-koordstream-config"] == "sandbox.runtimes"

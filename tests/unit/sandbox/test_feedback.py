@@ -258,3 +258,14 @@ def test_the_library_hands_back_the_hint() -> None:
 
     [decision] = Scheduler([node("n1", cpu=1000)]).schedule([sandbox("p", "gvisor", cpu=2000)])
     assert decision.feedback is not None and decision.feedback.next_step == "ShrinkRequest"
+
+
+def test_advise_answers_for_a_template_without_scheduling_it() -> None:
+    """How the warm pools ask: a pod made from a template, through the same core; nothing queued."""
+    core = core_of(node("n1", cpu=1000))
+    assert core.advise(sandbox("fits", "gvisor", cpu=500)) is None
+    hint = core.advise(sandbox("big", "gvisor", cpu=2000))
+    assert hint is not None and hint.next_step == "ShrinkRequest" and hint.reason == fb.INSUFFICIENT
+    refused = core.advise(sandbox("odd", "firecracker"))
+    assert refused is not None and refused.reason == "RuntimeClassNotFound"
+    assert core.pending == 0 and core.state.assumptions == {} and core.decision_keys == {}
