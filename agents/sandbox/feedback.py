@@ -10,14 +10,14 @@ somewhere):
 - QoSClass: another Koordinator QoS class its runtime allows (an LSR pod whose NUMA-bound
   CPUs are gone may run as LS);
 - RuntimeClass: another runtime of the table (re-admitted through it: its overhead, selector
-  and tolerations instead of the pod's own runtime's; `RuntimeTable.rerun`);
+  and tolerations instead of the pod's own runtime's; `RuntimeTable.rerun`), three at most;
 - SmallerRequest: the largest share of the pod's cpu and memory that places it: per node the
   share its free capacity leaves (numpy, over the nodes that pass every filter that does not
   depend on allocation), the largest tried through the core first, else, with the core as
   judge of what totals miss (NUMA cells, whole cores), one CPU less at a time for a pod whose
-  CPUs are bound, a short bisection down to a tenth for others; cpu rounded
-  down to 10m (whole CPUs for a pod whose CPUs are bound), memory to MiB, limits scaled alike;
-  the runtime's overhead is fixed and never shrinks;
+  CPUs are bound, a short bisection down to a tenth for others; cpu rounded down to 10m (whole
+  CPUs for a pod whose CPUs are bound), memory to MiB, limits scaled alike; the runtime's
+  overhead is fixed and never shrinks;
 - ScaleWarmPool: only for a pod of a warm pool (`WARM_POOL_LABEL`): the pool holds this many
   pods placed and the core placed no more: scale it to that, or the pods it adds wait;
 - Wait: when enough capacity is expected to free (`retry_after_s`). Each replica learns how long
@@ -27,8 +27,12 @@ somewhere):
   when it outlived them all); freeing them in that order, the first moment a node has room
   for the pod by totals is the estimate. Fewer than `MIN_OBSERVED` lifetimes: no estimate.
 
-Refused pods (their runtime class refused them, `runtimes.AdmissionError`) get the QoS and
-runtime alternatives only, and next step FixPod when there is none.
+The order of the alternatives is the order above (the least change first); the next step is
+the first one's (`NEXT_STEP`), else Wait with an estimate, else FixPod for a pod refused or
+rejected by a PreFilter (only a change of the pod helps) and AddCapacity for the others.
+Refused pods (their runtime class refused them, `runtimes.AdmissionError`) and pods a
+PreFilter rejects get the QoS and runtime alternatives only. The core asks for a hint
+(`SchedulerCore._hint`, `SchedulerCore.advise`); the advisor asks the core back (`Probe`).
 
 Cost: hints are computed only for sandboxes that failed, and once per equivalence class per
 batch: the core keys each by the pod's scheduling signature (or its whole shape) with what
@@ -56,6 +60,7 @@ from agents.sandbox.runtimes import (
     RuntimeTable,
     with_overhead,
 )
+from agents.scheduler import koordinator
 from agents.state.cpus import BOUND_QOS
 from schemas.errors import FieldError
 from schemas.quantity import format_canonical, to_canonical
@@ -85,7 +90,7 @@ SCALED = ("cpu", "memory")  # what a smaller request shrinks
 MIN_FRACTION = 0.1  # a smaller request below a tenth of the pod's is not offered
 SEARCH_STEPS = 5  # shares the core judges when the largest by totals does not place
 MIN_OBSERVED = 5  # lifetimes needed before a wait is estimated
-MAX_ALTERNATIVES = 8
+RUNTIMES_OFFERED = 3  # runtime classes offered at most (the first that place, by name)
 _GRAIN = {"cpu": 10, "memory": 2**20}
 _RESOURCE_PATH = re.compile(r"^spec\.(containers|initContainers)\[(\d+)\]\.resources\.(requests|limits)\.(.+)$")
 
@@ -220,8 +225,12 @@ def largest_fractions(capacity: Capacity, scaled: tuple[str, ...] = SCALED) -> n
 
 
 def bound_cpus(pod: Pod) -> bool:
-    """The pod's QoS class is one whose whole CPUs NodeNUMAResource binds (LSE, LSR)."""
-    return (pod.labels.get(QOS_LABEL) or pod.qos_class) in BOUND_QOS
+    """The pod's QoS class (Koordinator's default if it states none) is one whose whole CPUs
+    NodeNUMAResource binds (LSE, LSR)."""
+    try:
+        return koordinator.qos_class(pod) in BOUND_QOS
+    except ValueError:
+        return False
 
 
 def scale(pod: Pod, share: float) -> dict[str, str]:
@@ -337,7 +346,6 @@ class Advisor:
                     alternatives.append(Alternative(WAIT, (
                         f"wait about {retry_after:g}s: by then sandboxes running on {estimate[1]} are expected to "
                         "have ended, leaving room for it")))
-        alternatives = alternatives[:MAX_ALTERNATIVES]
         next_step = NEXT_STEP[alternatives[0].kind] if alternatives else FIX_POD if refusal is not None or \
             unresolvable else ADD_CAPACITY
         hint = self._cache[key] = Hint(reason, next_step, retry_after, tuple(alternatives))
@@ -364,8 +372,8 @@ class Advisor:
         return out
 
     def _runtimes(self, sent: Pod) -> list[Alternative]:
-        """Every other runtime class that would place it: as the QoS class it asked for, else
-        as that runtime's default."""
+        """Other runtime classes that would place it (the first `RUNTIMES_OFFERED` by name): as
+        the QoS class it asked for, else as that runtime's default."""
         out = []
         asked = sent.labels.get(QOS_LABEL) or sent.qos_class
         for name in self.runtimes.names:
@@ -379,6 +387,8 @@ class Advisor:
                 f" as QoS {changes[QOS_PATH]}" if QOS_PATH in changes else ""))
             if offer is not None:
                 out.append(offer)
+                if len(out) == RUNTIMES_OFFERED:
+                    break
         return out
 
     def _smaller(self, sent: Pod, capacity: Capacity) -> list[Alternative]:
