@@ -286,10 +286,7 @@ class SchedulerCore:
         self.queue.remove(pod.uid)
         self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED,
                                      partition=partition)
-        hint = None
-        if is_sandbox(pod):
-            key = ("refused", pod.scheduler_name, message, _shape_key(pod))
-            hint = self.advisor.hint(key, pod, pod, refusal=error or FieldError("", "", message))
+        hint = self._refused_hint(pod, error or FieldError("", "", message)) if is_sandbox(pod) else None
         return [self._feedback(pod, 0, message, {}, final=True, hint=hint)]
 
     def map_sizes(self) -> dict[str, int]:
@@ -617,10 +614,17 @@ class SchedulerCore:
         batch: pods with equal signatures, runtime, QoS class, pool and containers share it."""
         if not is_sandbox(info.pod):
             return None
-        sent: Pod = info.derived.get(SENT, info.pod)
-        signature = self.frameworks[info.profile].signature(info)
+        return self._failed_hint(self.frameworks[info.profile], info, info.derived.get(SENT, info.pod), reasons,
+                                 unresolvable)
+
+    def _failed_hint(self, fw: Framework, info: PodInfo, sent: Pod, reasons: dict[str, int],
+                     unresolvable: bool) -> Hint:
+        signature = fw.signature(info)
         key = (info.profile, unresolvable, shape(sent), _shape_key(sent) if signature is None else signature)
         return self.advisor.hint(key, info.pod, sent, reasons=reasons, unresolvable=unresolvable)
+
+    def _refused_hint(self, pod: Pod, error: FieldError) -> Hint:
+        return self.advisor.hint(("refused", pod.scheduler_name, str(error), _shape_key(pod)), pod, pod, refusal=error)
 
     def advise(self, pod: Pod) -> Hint | None:
         """The hint `pod` (as it would be sent: the warm pools ask with a pod made from their
@@ -629,22 +633,18 @@ class SchedulerCore:
         try:
             admitted = self.runtimes.admit(pod)
         except AdmissionError as exc:
-            return self.advisor.hint(("refused", pod.scheduler_name, str(exc), _shape_key(pod)), pod, pod, refusal=exc)
+            return self._refused_hint(pod, exc)
         probe = self._probe(admitted)
         if probe is None:
-            error = FieldError("spec.schedulerName", pod.scheduler_name, "no such profile, or a request it cannot take")
-            return self.advisor.hint(("refused", pod.scheduler_name, str(error), _shape_key(pod)), pod, pod,
-                                     refusal=error)
+            return self._refused_hint(pod, FieldError("spec.schedulerName", pod.scheduler_name,
+                                                      "no such profile, or a request it cannot take"))
         fw, info = probe
         ev = fw.evaluate(info, partial=False)
         if ev.best() >= 0:
             return None
         diagnosis = ev.diagnosis
-        reasons = diagnosis.reasons if diagnosis is not None else {}
-        unresolvable = diagnosis is not None and diagnosis.status is not None
-        signature = fw.signature(info)
-        key = (info.profile, unresolvable, shape(pod), _shape_key(pod) if signature is None else signature)
-        return self.advisor.hint(key, admitted, pod, reasons=reasons, unresolvable=unresolvable)
+        return self._failed_hint(fw, info, pod, diagnosis.reasons if diagnosis is not None else {},
+                                 diagnosis is not None and diagnosis.status is not None)
 
     def _probe(self, pod: Pod) -> tuple[Framework, PodInfo] | None:
         fw = self.frameworks.get(pod.scheduler_name)
