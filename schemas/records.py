@@ -13,6 +13,7 @@ forwarded deletions by decision key on `holds`; `QuotaAsk` / `QuotaReturn` by `q
 and `QuotaGranted` / `QuotaDenied` by the asker's decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
 `EvictionCommand` and `EvictionRefused` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` and
 `NominationLapsed` by node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
+`RuntimeClass` travels on no topic: it is configuration (`sandbox.runtimes`).
 """
 
 from __future__ import annotations
