@@ -55,6 +55,7 @@ from schemas.records import (
     GANG_MIN_AVAILABLE_ANNOTATION,
     GANG_NAME_ANNOTATION,
     GANG_WAITING_TIME_ANNOTATION,
+    QOS_CLASSES,
     QOS_LABEL,
     GpuDevice,
     Node,
@@ -72,7 +73,6 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPLETE_DELAY_ANNOTATION = "pod-complete.stage.kwok.x-k8s.io/delay"
 GPU_MODEL_LABEL = "node.koordinator.sh/gpu-model"
 RESERVATION_LEAD_S = 1.0  # a reserved pod's Reservation is published this long before it
-QOS_CLASSES = ("LSE", "LSR", "LS", "BE", "SYSTEM")
 
 
 class ScenarioError(ValueError):

@@ -6,7 +6,9 @@ are Kubernetes quantities (string or number). `write_schemas(dir)` writes one fi
 Each schema also says where the kind travels (`ROUTES`): `x-koordstream-topic` and
 `x-koordstream-key` (the field whose value is the message key there) for the topic a
 producer or outside reader meets it on, `x-koordstream-routes` for every topic it travels on,
-and `x-koordstream-partitioner`, the partitioner rule (`schemas.partitioner`).
+and `x-koordstream-partitioner`, the partitioner rule (`schemas.partitioner`). A kind that is
+configuration rather than an event (`CONFIGURED`) travels on no topic: `x-koordstream-config`
+names the setting whose file holds it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
     "ProfilingSample": ((topics.PROFILING, "plugin"),),
     "AttemptsSample": ((topics.PROFILING, "profile"),),
 }
+# Kinds read from a file a setting names, by every worker at start, never from a topic.
+CONFIGURED: dict[str, str] = {"RuntimeClass": "sandbox.runtimes"}
 PARTITIONER = (
     "The message key is the UTF-8 value of the record's x-koordstream-key field; the partition is "
     "murmur2(key) & 0x7fffffff modulo the topic's partition count: Kafka's default partitioner (the Java "
@@ -122,6 +126,8 @@ def record_schema(cls: type[Record]) -> dict[str, Any]:
         schema["x-koordstream-topic"], schema["x-koordstream-key"] = routes[0]
         schema["x-koordstream-routes"] = [{"topic": t, "key": k} for t, k in routes]
         schema["x-koordstream-partitioner"] = PARTITIONER
+    if cls.KIND in CONFIGURED:
+        schema["x-koordstream-config"] = CONFIGURED[cls.KIND]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": cls.KIND,
             "description": (cls.__doc__ or "").strip(), **schema}
 

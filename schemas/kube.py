@@ -1,5 +1,6 @@
-"""Plain Kubernetes v1 Pod and Node manifests, and Koordinator's
-`scheduling.koordinator.sh/v1alpha1` Reservation, (JSON or YAML) to koordstream records.
+"""Plain Kubernetes v1 Pod and Node manifests, `node.k8s.io/v1` RuntimeClasses, and
+Koordinator's `scheduling.koordinator.sh/v1alpha1` Reservation, (JSON or YAML) to koordstream
+records.
 
 The effective pod request follows Kubernetes (resource helpers, KEP-753 sidecars): for
 each resource, the larger of (sum of app containers + sum of sidecar init containers) and
@@ -14,6 +15,10 @@ annotation `node.koordinator.sh/cpu-topology` as Koordinator's koordlet writes i
 (`{"detail": [{"id": cpu, "core": core, "socket": socket, "node": numa cell}, ...]}`).
 A Reservation's `spec.template` is read as a pod's (its effective request, selector, affinity,
 tolerations, priority); `spec.ttl` is a Go duration ("1h"), `spec.expires` an RFC 3339 time.
+A RuntimeClass keeps its `handler`, `overhead.podFixed` and `scheduling` (nodeSelector,
+tolerations); koordstream's QoS rule for its pods comes from two annotations,
+`koordstream.io/qos-classes` (the Koordinator QoS classes allowed, comma-separated) and
+`koordstream.io/default-qos-class` (`validate_runtime_class` checks both).
 
 The other way (`pod_manifest`, `node_manifest`, `reservation_manifest`): records as the
 manifests a harness creates in a real API server; converting one back gives the record again
@@ -33,6 +38,7 @@ import yaml
 from schemas.errors import SchemaError
 from schemas.quantity import format_canonical, parse_duration, to_canonical
 from schemas.records import (
+    QOS_CLASSES,
     QOS_LABEL,
     ContainerResources,
     GpuDevice,
@@ -47,11 +53,18 @@ from schemas.records import (
     Reservation,
     ReservationOwner,
     ResourceList,
+    RuntimeClass,
     Taint,
     Toleration,
 )
 
 _DEFAULTED_FROM_LIMITS = ("cpu", "memory")
+RUNTIME_QOS_ANNOTATION = "koordstream.io/qos-classes"
+RUNTIME_DEFAULT_QOS_ANNOTATION = "koordstream.io/default-qos-class"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_OPERATORS = ("Equal", "Exists")
+_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def effective_requests(
@@ -119,6 +132,18 @@ def _container(raw: Any, path: str) -> ContainerResources:
     )
 
 
+def _tolerations(raw: Any, path: str) -> tuple[Toleration, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise SchemaError(path, raw, "must be a list of tolerations")
+    return tuple(
+        Toleration(key=str(t.get("key", "")), operator=str(t.get("operator", "Equal")), value=str(t.get("value", "")),
+                   effect=str(t.get("effect", "")), toleration_seconds=t.get("tolerationSeconds"))
+        for t in raw
+    )
+
+
 def _str_map(raw: Any, path: str) -> dict[str, str]:
     if raw is None:
         return {}
@@ -147,11 +172,7 @@ def pod_from_manifest(obj: dict[str, Any]) -> Pod:
                        controller=bool(o.get("controller", False)))
         for o in meta.get("ownerReferences") or []
     )
-    tolerations = tuple(
-        Toleration(key=str(t.get("key", "")), operator=str(t.get("operator", "Equal")), value=str(t.get("value", "")),
-                   effect=str(t.get("effect", "")), toleration_seconds=t.get("tolerationSeconds"))
-        for t in spec.get("tolerations") or []
-    )
+    tolerations = _tolerations(spec.get("tolerations"), "spec.tolerations")
     affinity = spec.get("affinity") or {}
     if not isinstance(affinity, dict):
         raise SchemaError("spec.affinity", affinity, "must be an object")
@@ -355,9 +376,76 @@ def pdb_from_manifest(obj: dict[str, Any]) -> PodDisruptionBudget:
                                namespace=namespace, selector=selector, min_available=least, max_unavailable=most)
 
 
+def runtime_class_from_manifest(obj: dict[str, Any]) -> RuntimeClass:
+    """A `node.k8s.io/v1` RuntimeClass manifest to a `RuntimeClass` record, checked
+    (`validate_runtime_class`)."""
+    meta = obj.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise SchemaError("metadata", meta, "must be an object")
+    overhead = obj.get("overhead") or {}
+    scheduling = obj.get("scheduling") or {}
+    if not isinstance(overhead, dict):
+        raise SchemaError("overhead", overhead, "must be an object {podFixed: {resource: quantity}}")
+    if not isinstance(scheduling, dict):
+        raise SchemaError("scheduling", scheduling, "must be an object {nodeSelector, tolerations}")
+    annotations = _str_map(meta.get("annotations"), "metadata.annotations")
+    allowed = annotations.get(RUNTIME_QOS_ANNOTATION, "")
+    record = RuntimeClass(
+        name=str(meta.get("name") or ""),
+        handler=str(obj.get("handler") or ""),
+        overhead=_resource_map(overhead.get("podFixed"), "overhead.podFixed"),
+        node_selector=_str_map(scheduling.get("nodeSelector"), "scheduling.nodeSelector"),
+        tolerations=_tolerations(scheduling.get("tolerations"), "scheduling.tolerations"),
+        qos_classes=tuple(c.strip() for c in allowed.split(",") if c.strip()),
+        default_qos_class=annotations.get(RUNTIME_DEFAULT_QOS_ANNOTATION, "").strip(),
+    )
+    return validate_runtime_class(record)
+
+
+# Where each field of a RuntimeClass record stands in its manifest (`validate_runtime_class`).
+RUNTIME_CLASS_PATHS = {"name": "metadata.name", "handler": "handler", "overhead": "overhead.podFixed",
+                       "tolerations": "scheduling.tolerations",
+                       "qos_classes": f"metadata.annotations.{RUNTIME_QOS_ANNOTATION}",
+                       "default_qos_class": f"metadata.annotations.{RUNTIME_DEFAULT_QOS_ANNOTATION}"}
+
+
+def validate_runtime_class(rc: RuntimeClass, paths: dict[str, str] | None = None) -> RuntimeClass:
+    """`rc` if it can be used, else a SchemaError naming the field (by its path in the
+    manifest; `paths={}`: by the record's field names) and the value: a name that is no DNS
+    subdomain, a handler that is no DNS label (empty included, as the API server refuses it),
+    a negative overhead, a toleration Kubernetes would refuse, an unknown QoS class, a default
+    QoS class that is not among the allowed ones (or missing when some are)."""
+    where = RUNTIME_CLASS_PATHS if paths is None else paths
+
+    def fail(name: str, value: Any, reason: str, suffix: str = "") -> SchemaError:
+        return SchemaError(where.get(name, name) + suffix, value, reason)
+
+    if not _DNS_SUBDOMAIN.match(rc.name):
+        raise fail("name", rc.name, "must be a DNS subdomain (lower-case letters, digits, '-' and '.')")
+    if not _DNS_LABEL.match(rc.handler):
+        raise fail("handler", rc.handler, "must name the CRI handler: a DNS label (lower-case letters, digits, '-')")
+    for resource, amount in rc.overhead.items():
+        if amount < 0:
+            raise fail("overhead", amount, "an overhead cannot be negative", f".{resource}")
+    for i, t in enumerate(rc.tolerations):
+        if t.operator not in _OPERATORS or t.effect not in _EFFECTS or (t.operator == "Exists" and t.value):
+            raise fail("tolerations", t, "operator must be Equal or Exists (Exists without a value), effect one of "
+                       "NoSchedule, PreferNoSchedule, NoExecute or empty", f"[{i}]")
+    unknown = [c for c in rc.qos_classes if c not in QOS_CLASSES]
+    if unknown:
+        raise fail("qos_classes", ",".join(rc.qos_classes), f"must name Koordinator QoS classes ({', '.join(QOS_CLASSES)})")
+    if rc.default_qos_class and rc.default_qos_class not in (rc.qos_classes or QOS_CLASSES):
+        raise fail("default_qos_class", rc.default_qos_class,
+                   f"must be one of the allowed classes ({', '.join(rc.qos_classes or QOS_CLASSES)})")
+    if rc.qos_classes and not rc.default_qos_class:
+        raise fail("default_qos_class", "", "a runtime that allows only some QoS classes needs a default among them "
+                   f"({', '.join(rc.qos_classes)})")
+    return rc
+
+
 def from_manifest(obj: Any) -> list[Record]:
-    """One parsed manifest (a Pod, a Node, a Reservation, a PodDisruptionBudget, or a List of
-    them) to records."""
+    """One parsed manifest (a Pod, a Node, a Reservation, a PodDisruptionBudget, a
+    RuntimeClass, or a List of them) to records."""
     if not isinstance(obj, dict):
         raise SchemaError("", obj, "a manifest must be an object")
     kind = obj.get("kind")
@@ -369,6 +457,8 @@ def from_manifest(obj: Any) -> list[Record]:
         return [reservation_from_manifest(obj)]
     if kind == "PodDisruptionBudget":
         return [pdb_from_manifest(obj)]
+    if kind == "RuntimeClass":
+        return [runtime_class_from_manifest(obj)]
     from schemas import agent_sandbox  # it builds on this module: imported here, not at its top
 
     if agent_sandbox.is_sandbox_manifest(obj):
@@ -381,8 +471,9 @@ def from_manifest(obj: Any) -> list[Record]:
             except SchemaError as exc:
                 raise exc.under(f"items[{i}]") from exc
         return out
-    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List, a Reservation, a PodDisruptionBudget, or an "
-                                    "agent-sandbox SandboxTemplate, SandboxWarmPool or SandboxClaim (or a SandboxBurst)")
+    raise SchemaError("kind", kind, "expected a v1 Pod, Node or List, a Reservation, a PodDisruptionBudget, a "
+                                    "RuntimeClass, or an agent-sandbox SandboxTemplate, SandboxWarmPool or SandboxClaim "
+                                    "(or a SandboxBurst)")
 
 
 def load_manifests(text: str) -> list[Record]:

@@ -13,6 +13,7 @@ forwarded deletions by decision key on `holds`; `QuotaAsk` / `QuotaReturn` by `q
 and `QuotaGranted` / `QuotaDenied` by the asker's decision key on `holds`; `Binding`, `Requeue`, `SchedulingFeedback`,
 `EvictionCommand` and `EvictionRefused` by uid; `ReservationEvent` by uid on `reservations`; `ReservationExpired` and
 `NominationLapsed` by node on `node-inbox`; `NodeStateChange` by node on `state-changes`.
+`RuntimeClass` travels on no topic: it is configuration (`sandbox.runtimes`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,13 @@ GANG_MODE_ANNOTATION = "gang.scheduling.koordinator.sh/mode"
 GANG_DEFAULT_WAITING_S = 600.0
 POD_GROUP_LABEL = "pod-group.scheduling.sigs.k8s.io"
 QOS_LABEL = "koordinator.sh/qosClass"
+QOS_CLASSES = ("LSE", "LSR", "LS", "BE", "SYSTEM")  # Koordinator's QoS classes, the label's values
 QUOTA_LABEL = "quota.scheduling.koordinator.sh/name"
 DEFAULT_SCHEDULER = "default-scheduler"
+# A sandbox for AI agents (`agents.sandbox`): a pod made from a sandbox template carries the
+# template's hash; one kept warm in a pool also names its pool (its name).
+SANDBOX_TEMPLATE_HASH_LABEL = "scheduling.koordinator.sh/sandbox-template-hash"
+SANDBOX_POOL_LABEL = "agents.x-k8s.io/warm-pool"
 
 
 class ResourceList(dict[str, int]):
@@ -137,6 +143,8 @@ class BoundPod:
     # Its claim's decision key, the key of the decider that bound it: where its deletion goes,
     # whatever the pod's later versions or its deletion record say ("": an owner older than it).
     decision_key: str = ""
+    sandbox: bool = False  # a sandbox for AI agents (its claim's; `agents.sandbox.runtimes.is_sandbox`)
+    warm_pool: str = ""  # the warm pool it belongs to, if any (its claim's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +317,30 @@ class ScaleDownEvent(Record):
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
 
+@dataclass(frozen=True, slots=True)
+class RuntimeClass(Record):
+    """A `node.k8s.io/v1` RuntimeClass, with koordstream's QoS rule for the pods that run in it.
+
+    `handler` names the CRI handler (`runsc`, `kata-qemu`, ...); `overhead` is the class's
+    `overhead.podFixed`, added to the request of every pod that names the class; `node_selector`
+    and `tolerations` are its `scheduling` (merged into such a pod's). `qos_classes`: the
+    Koordinator QoS classes (`koordinator.sh/qosClass`) a pod of the class may run as (empty:
+    any); `default_qos_class`: the class a pod that names none gets ("": Koordinator's default,
+    from the pod's Kubernetes QoS). Runtime classes are configuration (`sandbox.runtimes`,
+    `agents.sandbox.runtimes`), read by every scheduler worker at start, not events on a topic."""
+
+    KIND: ClassVar[str] = "RuntimeClass"
+    name: str
+    handler: str
+    overhead: ResourceList = field(default_factory=_resources)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] = ()
+    qos_classes: tuple[str, ...] = ()
+    default_qos_class: str = ""
+    kind: str = field(default="RuntimeClass", init=False)
+    schema_version: str = field(default=SCHEMA_VERSION, init=False)
+
+
 # --- the commit protocol ---------------------------------------------------------------------
 
 
@@ -338,6 +370,11 @@ class Claim(Record):
     # refuse a claim (and its answer) that reaches them later than half the state retention
     # (docs/architecture.md, "How long state is kept"). 0: not stamped.
     scheduled_at: float = 0.0
+    # The pod is a sandbox (`agents.sandbox.runtimes.is_sandbox`), of this warm pool: owners keep
+    # both with the hold and report them with the bound pod, from which every scheduler replica
+    # learns how long sandboxes live and how many pods a pool has placed (`agents.sandbox.feedback`).
+    sandbox: bool = False
+    warm_pool: str = ""
     kind: str = field(default="Claim", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -612,8 +649,29 @@ class Requeue(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Alternative:
+    """One way a pod that cannot be placed would be placed now, found by the scheduling core
+    (`agents.sandbox.feedback`): `kind` (SmallerRequest, QoSClass, RuntimeClass, ScaleWarmPool,
+    Wait), a sentence for people, and `changes`: the fields to change, by their path in the
+    pod's manifest (`spec.runtimeClassName`, `metadata.labels.koordinator.sh/qosClass`,
+    `spec.containers[0].resources.requests.cpu`, ...), to their new values (quantities as
+    Kubernetes writes them)."""
+
+    kind: str
+    description: str
+    changes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulingFeedback(Record):
-    """Why a pod could not be placed: reasons with the number of nodes that gave each."""
+    """Why a pod could not be placed: reasons with the number of nodes that gave each.
+
+    For a sandbox (`agents.sandbox.runtimes.is_sandbox`) it also carries a hint a program can
+    act on: `reason` (a code: InsufficientResources, NoMatchingNode, RuntimeClassNotFound,
+    QoSClassNotAllowed, ...), `next_step` (the kind of the first alternative, or Wait,
+    FixPod, AddCapacity), `retry_after_s` (when enough capacity is expected to free, None
+    when there is no estimate) and `alternatives`, each checked through the scheduling core
+    against the cluster as it was when the pod failed."""
 
     KIND: ClassVar[str] = "SchedulingFeedback"
     uid: str
@@ -623,6 +681,10 @@ class SchedulingFeedback(Record):
     message: str
     reasons: dict[str, int] = field(default_factory=dict)
     final: bool = False  # the pod will not be retried without a cluster change
+    reason: str = ""
+    next_step: str = ""
+    retry_after_s: float | None = None
+    alternatives: tuple[Alternative, ...] = ()
     kind: str = field(default="SchedulingFeedback", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -827,8 +889,6 @@ class PodDisruptionBudget(Record):
 
 # --- sandboxes (agent-sandbox's `extensions.agents.x-k8s.io/v1beta1`; `agents.sandbox`) -------
 
-SANDBOX_TEMPLATE_HASH_LABEL = "scheduling.koordinator.sh/sandbox-template-hash"
-SANDBOX_POOL_LABEL = "agents.x-k8s.io/warm-pool"  # on a pool's pods: the pool's name
 SANDBOX_CLAIM_UID_LABEL = "agents.x-k8s.io/claim-uid"  # on an adopted or cold pod: its claim's uid
 SANDBOX_NAME_ANNOTATION = "agents.x-k8s.io/sandbox-name"  # on a claim: the pod it got
 ENV_POLICIES = ("Disallowed", "Allowed", "Overrides")
@@ -1044,7 +1104,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     Pod, PodDeleted, Reservation, Node, NodeDeleted, ScaleDownEvent, Claim, Held, Rejected, GangTimeout, Commit, Release,
     PodTerminated, Nomination, NominationCleared, NominationLapsed, Binding, Yield, Requeue, SchedulingFeedback,
     EvictionCommand, EvictionRefused, ReservationEvent, ReservationExpired, NodeStateChange, DeadLetter, ProfilingSample, AttemptsSample,
-    MigrationJob, PodDisruptionBudget, QuotaAsk, QuotaGranted, QuotaDenied, QuotaReturn,
+    MigrationJob, PodDisruptionBudget, QuotaAsk, QuotaGranted, QuotaDenied, QuotaReturn, RuntimeClass,
     SandboxWarmPool, SandboxWarmPoolDeleted, SandboxClaim, SandboxClaimDeleted, SandboxBurst,
     SandboxTick, SandboxClaimStatus, SandboxPoolStatus,
 )

@@ -66,7 +66,7 @@ from streams.metrics import registry_for, serve_metrics
 from streams.outbox import PartitionedOutbox
 from streams.process import GcPacer
 from streams.reader import read_to_end
-from streams.settings import Settings
+from streams.settings import Settings, runtime_table
 
 CHANGELOG_BUFFER = 10_000
 log = logging.getLogger("koordstream.app")
@@ -317,14 +317,15 @@ def _serve_metrics(app: faust.App, registry: CollectorRegistry, port: int) -> No
 
 
 def build_core(settings: Settings) -> SchedulerCore:
-    """The scheduler core of a worker: resource space, cluster state, profiles, queue."""
+    """The scheduler core of a worker: resource space, cluster state, profiles, queue, runtime
+    classes."""
     s = settings.scheduling
     space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in s.resources if r not in DEFAULT_RESOURCES))
     config = profiles.load(Path(s.profiles).read_text()) if s.profiles else None
     return SchedulerCore(space, ClusterState(space), time.monotonic, config=config,
                          backoff_initial_s=s.backoff_initial_s, backoff_max_s=s.backoff_max_s,
                          flush_s=s.unschedulable_flush_s, batching=s.equivalence_batching,
-                         gather=s.gather_classes)
+                         gather=s.gather_classes, runtimes=runtime_table(settings))
 
 
 async def current_state(settings: Settings, kafka: KafkaConnection | None = None

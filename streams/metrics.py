@@ -15,7 +15,8 @@ batches). What is exported, read from the scheduler core at each scrape:
   summed over the plugins of each extension point;
 - `koordstream_replica_map_entries{map}`: what the scheduler replica keeps, map by map (pods
   tracked, decision keys, bound uids, requeues read ahead of their pods, gangs, assumptions,
-  pods held until their partition is read).
+  pods held until their partition is read, the starts of bound sandboxes the sandbox feedback
+  learns lifetimes from).
 
 A worker with the state role serves, on its own `worker.metrics_port`, what the owners and
 deciders keep and write (the soak benchmark reads them, `perf/soak.py`):

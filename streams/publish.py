@@ -2,7 +2,8 @@
 (a .yaml/.yml/.json file of Pods, Nodes, Koordinator Reservations or a List; agent-sandbox's
 SandboxTemplates, SandboxWarmPools and SandboxClaims, which go to `sandbox`, each pool with its
 template from the same file), validated before anything is sent. Reservations go to `pods`,
-like pods.
+like pods. RuntimeClasses are refused: they are configuration that every scheduler worker
+reads at start (`sandbox.runtimes`), not events.
 
 This is where a user's manifest enters, as kubectl's does at the API server, which stamps
 `metadata.creationTimestamp`: a Reservation without a creation time is stamped with the time
@@ -24,7 +25,7 @@ from schemas.agent_sandbox import resolve
 from schemas.codec import decode_object
 from schemas.errors import SchemaError
 from schemas.kube import from_manifest, is_manifest, load_manifests
-from schemas.records import Record, Reservation, SandboxBurst, SandboxClaim
+from schemas.records import Record, Reservation, RuntimeClass, SandboxBurst, SandboxClaim
 from streams.connection import check, connect
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -74,6 +75,11 @@ async def publish_file(path: Path, topic: str, settings: Settings, raw: bool = F
     """Validate the whole file first (nothing is sent if a line is bad), then publish it."""
     lines = [line.encode() for line in path.read_text().splitlines() if line.strip()] if raw else []
     records = [] if raw else stamped(read_records(path), clock())
+    configuration = [r.name for r in records if isinstance(r, RuntimeClass)]
+    if configuration:
+        raise ValueError(f"{path}: RuntimeClass {', '.join(configuration)}: runtime classes are not published; list "
+                         "them in the file the setting sandbox.runtimes names (every scheduler worker reads it at "
+                         "start)")
     conn = connect(settings.kafka)
     await check(conn)
     try:

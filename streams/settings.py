@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from agents.sandbox.runtimes import DEFAULT_RUNTIMES, RuntimeTable, load_runtimes
 from schemas.secret import Secret
 
 
@@ -271,12 +272,25 @@ class BridgeSettings:
 
 
 @dataclass(frozen=True)
+class SandboxSettings:
+    runtimes: str = ""
+    """Path of a YAML (or JSON) file of `node.k8s.io/v1` RuntimeClass manifests, each with its
+    Koordinator QoS rule in the annotations `koordstream.io/qos-classes` (allowed, comma-separated)
+    and `koordstream.io/default-qos-class`; they add to the shipped runtimes (gvisor, kata-qemu,
+    kata-fc, kata-clh, wasmtime, spin) and replace one of the same name. Every scheduler worker
+    reads it at start (`agents.sandbox.runtimes`). Empty: the shipped runtimes only."""
+    default_runtimes: bool = True
+    """Start from the shipped runtimes; false: only those of `runtimes`."""
+
+
+@dataclass(frozen=True)
 class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     rebalancer: RebalancerSettings = field(default_factory=RebalancerSettings)
     bridge: BridgeSettings = field(default_factory=BridgeSettings)
+    sandbox: SandboxSettings = field(default_factory=SandboxSettings)
 
     def validate(self) -> Settings:
         if self.kafka.partitions < 1:
@@ -332,7 +346,24 @@ class Settings:
             raise SettingsError(f"worker.metrics_port: must be a port number (0: off), got {self.worker.metrics_port}")
         if self.worker.loglevel not in ("crit", "error", "warn", "info", "debug"):
             raise SettingsError(f"worker.loglevel: must be crit, error, warn, info or debug, got {self.worker.loglevel!r}")
+        runtime_table(self)  # a runtimes file that cannot be read or used stops the start here
         return self
+
+
+def runtime_table(settings: Settings) -> RuntimeTable:
+    """The runtime classes every scheduler worker admits pods through (`sandbox.runtimes`,
+    `sandbox.default_runtimes`); raises SettingsError naming the file, field and value."""
+    s = settings.sandbox
+    if not s.runtimes:
+        return RuntimeTable(DEFAULT_RUNTIMES if s.default_runtimes else ())
+    try:
+        text = Path(s.runtimes).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"sandbox.runtimes: cannot read {s.runtimes!r}: {exc}") from None
+    try:
+        return load_runtimes(text, defaults=s.default_runtimes)
+    except ValueError as exc:
+        raise SettingsError(f"sandbox.runtimes: {s.runtimes}: {exc}") from None
 
 
 def dump(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -23,13 +23,12 @@ from agents.rebalance.args import INT32_MAX, duration_s, integer
 from agents.scheduler import koordinator
 from agents.scheduler.koordinator import KoordinatorError
 from agents.scheduler.plugins.args import ArgsError, reject_unknown
-from schemas.records import Pod
+from schemas.records import QOS_CLASSES, Pod
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 CRITICAL_CLASSES = frozenset({"system-cluster-critical", "system-node-critical"})
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 LOCAL_STORAGE = frozenset({"emptyDir", "hostPath"})
-QOS_CLASSES = ("LSE", "LSR", "LS", "BE", "SYSTEM")
 
 MIRROR = "mirror pod"
 TERMINATING = "terminating"

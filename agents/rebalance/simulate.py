@@ -41,7 +41,7 @@ def unsimulated(pod: Pod) -> str:
         return DEVICES
     try:
         qos = koordinator.qos_class(pod)
-        bound = cpus.cpu_request(qos, requests.get("cpu", 0), pod.annotations, requests.get("memory", 0))
+        bound = cpus.pod_cpu_request(qos, pod)
     except ValueError:
         return DEVICES
     return DEVICES if bound is not None else ""

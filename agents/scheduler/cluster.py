@@ -336,6 +336,8 @@ class BoundArrays:
     priorities: npt.NDArray[np.int64]
     vectors: npt.NDArray[np.int64]
     quotas: npt.NDArray[np.object_]
+    sandboxes: npt.NDArray[np.bool_]  # the sandboxes among them (`BoundPod.sandbox`)
+    pools: npt.NDArray[np.object_]  # each one's warm pool ("" for none)
 
 
 class ClusterState:
@@ -655,6 +657,8 @@ class ClusterState:
                 priorities=np.array([p.pod.priority for p in placed], dtype=np.int64),
                 vectors=np.array([p.vector for p in placed], dtype=np.int64).reshape(len(placed), len(self.space)),
                 quotas=np.array([p.pod.quota for p in placed], dtype=object),
+                sandboxes=np.array([p.pod.sandbox for p in placed], dtype=bool),
+                pools=np.array([p.pod.warm_pool for p in placed], dtype=object),
             )
         return self._bound_arrays
 

@@ -3,13 +3,16 @@
 One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) and one
 `Framework` per profile over it, and one `SchedulingQueue`. Data flow:
 
-- `add(pod)`: a pod for one of our profiles (`schedulerName`) enters the queue, with
-  Koordinator's QoS class and priority defaults filled in (`koordinator`). Pods that can never
-  be placed as they are (an unknown profile, an unknown or negative resource, a QoS label
-  Koordinator does not know) get a final SchedulingFeedback at once and are not retried
-  until the pod changes. `add_reservation(r)`: a Reservation enters the same way, as a pod
-  made from its template; a reservation that cannot be valid (no owners, an unknown
-  allocatePolicy, ttl and expires both set) gets final feedback naming the field.
+- `add(pod)`: a pod for one of our profiles (`schedulerName`) enters the queue, admitted
+  through its runtime class first when it names one (`agents.sandbox.runtimes`: the class's
+  overhead, selector, tolerations and QoS rule; the pod as it was sent is kept beside it,
+  `SENT`), with Koordinator's QoS class and priority defaults filled in (`koordinator`). Pods
+  that can never be placed as they are (an unknown profile or runtime class, a refusal of
+  their runtime class, an unknown or negative resource, a QoS label Koordinator does not
+  know) get a final SchedulingFeedback at once and are not retried until the pod changes.
+  `add_reservation(r)`: a Reservation enters the same way, as a pod made from its template;
+  a reservation that cannot be valid (no owners, an unknown allocatePolicy, ttl and expires
+  both set) gets final feedback naming the field.
 - `schedule(limit)`: pops up to `limit` pods in queue order, hands each run of consecutive
   pods of one profile to that profile's framework (equivalence classes are found there), and
   turns the placements into records: Claims (Bind), Nominations and EvictionCommands
@@ -36,6 +39,12 @@ One `SchedulerCore` per worker. It owns one `ClusterState` (with its nominator) 
   decide them, so their pods go back to the queue as on a requeue (same attempt: the decider
   never saw it), or, for a pod no longer tracked here, the assumption is dropped.
 
+Sandboxes (`agents.sandbox.runtimes.is_sandbox`) that fail get a hint on their feedback
+(`agents.sandbox.feedback`): the core is the advisor's `Probe` (`place`, `capacity`,
+`pool_size`: the same profile's filters over the same state, changing nothing), computes a hint
+once per equivalence class per batch (`_hint`), and tells the advisor's `Lifetimes` when a
+bound sandbox starts and ends (`apply_state_changes`, on the injected clock).
+
 Outstanding claims (`claims_out`, what `scheduling.max_outstanding_claims` limits): a claim is
 out from its placement until it is decided, as the owners report it (committed, released,
 rejected, terminated: not held), or its pod is requeued past it, deleted, or its send failed.
@@ -47,6 +56,7 @@ claimed -> queued on requeue or a failed send; waiting (Permit) -> claimed | que
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -56,6 +66,8 @@ import numpy as np
 import numpy.typing as npt
 
 from agents.ports import Clock, Output
+from agents.sandbox.feedback import Advisor, Capacity, Hint, Lifetimes, shape
+from agents.sandbox.runtimes import AdmissionError, RuntimeTable, is_sandbox
 from agents.scheduler import koordinator
 from agents.scheduler.cluster import ClusterEvent, ClusterState
 from agents.scheduler.framework.interface import PodInfo
@@ -69,6 +81,7 @@ from agents.state import reservations as rsv
 from agents.state.gangs import gang_spec
 from agents.state.resources import ResourceSpace, UnknownResource, Vector
 from schemas import topics
+from schemas.errors import FieldError
 from schemas.records import (
     DEFAULT_SCHEDULER,
     GANG_MIN_AVAILABLE_ANNOTATION,
@@ -89,6 +102,7 @@ from schemas.records import (
 
 QUEUED, CLAIMED, WAITING, FAILED = "queued", "claimed", "waiting", "failed"
 SCHEDULER_NAMES = (DEFAULT_SCHEDULER, "koordstream")
+SENT = "sandbox/sent"  # PodInfo.derived: the pod as it was sent, when its runtime class changed it
 
 
 @dataclass
@@ -115,6 +129,7 @@ class SchedulerCore:
         flush_s: float = 30.0,
         batching: bool = True,
         gather: bool = True,
+        runtimes: RuntimeTable | None = None,
     ) -> None:
         self.space = space
         self.state = state
@@ -143,11 +158,17 @@ class SchedulerCore:
         self._gang_members: dict[str, int] = {}  # gang's decision key -> its uids in decision_keys
         # Request vectors by request map: pods of one template share one (read-only) vector.
         self._requests: dict[tuple[tuple[str, int], ...], tuple[Vector, npt.NDArray[np.intp], bytes]] = {}
+        self.runtimes = runtimes if runtimes is not None else RuntimeTable()
+        self.lifetimes = Lifetimes()
+        self.advisor = Advisor(self, self.runtimes, self.lifetimes, clock)
 
     # -- inputs -------------------------------------------------------------------------------
 
     def pod_info(self, pod: Pod) -> PodInfo:
         """The framework's view of a pod; raises ValueError naming the field for bad requests."""
+        return self._info(pod, self._key(pod))
+
+    def _info(self, pod: Pod, key: str) -> PodInfo:
         signature = tuple(pod.requests.items())
         known = self._requests.get(signature)
         if known is None:
@@ -161,7 +182,6 @@ class SchedulerCore:
             if len(self._requests) > 65536:
                 self._requests.clear()
             known = self._requests[signature] = (request, np.flatnonzero(request), request.tobytes())
-        key = self._key(pod)
         qos, priority = koordinator.defaults(pod)
         info = PodInfo(pod, known[0], known[1], key, profile=pod.scheduler_name, request_key=known[2],
                        priority=priority, qos=qos)
@@ -208,12 +228,22 @@ class SchedulerCore:
         tracked = self.pods.get(pod.uid)
         if tracked is not None and partition is not None:
             tracked.partition = partition
+        sent = pod
+        try:
+            pod = self.runtimes.admit(sent)
+        except AdmissionError as exc:
+            refusal: AdmissionError | None = exc
+        else:
+            refusal = None
         if tracked is not None and tracked.state in (CLAIMED, WAITING):
-            tracked.info.pod = pod  # an update while a claim is out: the next attempt uses it
+            if refusal is None:  # (a refused one: runtimeClassName cannot change on a pod)
+                tracked.info.pod = pod  # an update while a claim is out: the next attempt uses it
             return []
-        if pod.scheduler_name not in self.frameworks:
-            return self._refuse(pod, partition, f"no scheduler profile named {pod.scheduler_name!r} "
+        if sent.scheduler_name not in self.frameworks:
+            return self._refuse(sent, partition, f"no scheduler profile named {sent.scheduler_name!r} "
                                 f"(profiles: {', '.join(self.frameworks)})")
+        if refusal is not None:
+            return self._refuse(sent, partition, str(refusal), refusal)
         try:
             unsupported = [k for k in ("podAffinity", "podAntiAffinity") if pod.affinity.get(k)] if pod.affinity else ()
             if unsupported:
@@ -224,8 +254,10 @@ class SchedulerCore:
             info = self.pod_info(pod)
             if reservation is not None:
                 info.derived[RESERVATION] = reservation
+            if pod is not sent:
+                info.derived[SENT] = sent
         except ValueError as exc:
-            return self._refuse(pod, partition, str(exc))
+            return self._refuse(sent, partition, str(exc), exc if isinstance(exc, FieldError) else None)
         if tracked is not None and tracked.state == QUEUED:
             info.attempt, info.arrival = tracked.info.attempt, tracked.info.arrival
             info.group_arrival = tracked.info.group_arrival
@@ -245,14 +277,17 @@ class SchedulerCore:
             self.queue.add(info)
         return []
 
-    def _refuse(self, pod: Pod, partition: int | None, message: str) -> list[Output]:
+    def _refuse(self, pod: Pod, partition: int | None, message: str, error: FieldError | None = None
+                ) -> list[Output]:
         """A version of a pod that no profile here can place: finally refused until a later
         version changes that. An earlier version still queued leaves the queue (else it would
-        be placed as it was, and its claim would make the refused pod claimed again)."""
+        be placed as it was, and its claim would make the refused pod claimed again). A
+        sandbox's feedback carries a hint (`error`: what refused it, naming the field)."""
         self.queue.remove(pod.uid)
         self.pods[pod.uid] = Tracked(PodInfo(pod, self.space.vector({}), np.empty(0, np.intp), pod.uid), FAILED,
                                      partition=partition)
-        return [self._feedback(pod, 0, message, {}, final=True)]
+        hint = self._refused_hint(pod, error or FieldError("", "", message)) if is_sandbox(pod) else None
+        return [self._feedback(pod, 0, message, {}, final=True, hint=hint)]
 
     def map_sizes(self) -> dict[str, int]:
         """How many entries each map of the replica keeps (`koordstream_replica_map_entries`):
@@ -262,6 +297,7 @@ class SchedulerCore:
             "requeued": len(self.requeued), "claims_out": len(self.claims_out), "gang_members": len(self._gang_members),
             "group_arrival": len(self._group_arrival), "assumptions": len(self.state.assumptions),
             "held": sum(len(h) for h in self.held.values()), "queue": len(self.queue),
+            "sandbox_starts": self.lifetimes.running,
         }
 
     def hold(self, partitions: Iterable[int]) -> None:
@@ -414,10 +450,18 @@ class SchedulerCore:
         `current`: the nodes as they are now (a replica's start), not reports in log order:
         a terminated hold was bound, tracked here or not (no deletion read before it to undo)."""
         event = ClusterEvent.NONE
+        now: float | None = None
         for change in changes:
             event |= self.state.apply(change)
+            for bound in change.committed:
+                if bound.sandbox:
+                    now = self.clock() if now is None else now
+                    self.lifetimes.start(bound.uid, now, known=not current)
             for hid, status in change.holds.items():
                 uid = HoldId.parse(hid).uid
+                if status == HoldStatus.TERMINATED:
+                    now = self.clock() if now is None else now
+                    self.lifetimes.end(uid, now)
                 if status != HoldStatus.HELD and self.claims_out.get(uid) == hid:
                     del self.claims_out[uid]  # decided (or refused by its owner)
                 if status == HoldStatus.COMMITTED or (status == HoldStatus.TERMINATED and (current or uid in self.pods)):
@@ -432,6 +476,8 @@ class SchedulerCore:
                     if self.pods.pop(uid, None) is not None:
                         self.queue.remove(uid)
                     self.state.nominator.clear(uid)  # its decider clears it at the owner
+        if event:
+            self.advisor.new_batch()  # hints computed before the change may no longer hold
         self.queue.on_event(event)
 
     # -- scheduling ---------------------------------------------------------------------------
@@ -448,6 +494,7 @@ class SchedulerCore:
     def schedule(self, limit: int = 512) -> list[Output]:
         """Place up to `limit` ready pods; returns Claims, preemption records and feedback."""
         outputs: list[Output] = []
+        self.advisor.new_batch()
         for fw in self.frameworks.values():
             for placement in fw.expire_waiting():
                 outputs += self._handle(placement)
@@ -499,14 +546,16 @@ class SchedulerCore:
             return [self._feedback(info.pod, info.attempt, placement.status.message(), {}, final=False)]
         if diagnosis.status is not None and diagnosis.status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
             tracked.state = FAILED  # a PreFilter found the pod itself wrong: only a change helps
-            return [self._feedback(info.pod, info.attempt, diagnosis.message(), {}, final=True)]
+            return [self._feedback(info.pod, info.attempt, diagnosis.message(), {}, final=True,
+                                   hint=self._hint(info, {}, unresolvable=True))]
         events = ClusterEvent.NONE
         fw = self.frameworks[info.profile]
         for plugin in fw.profile.filter:
             if plugin.NAME in diagnosis.rejected_by:
                 events |= getattr(plugin, "EVENTS", ClusterEvent.ANY)
         self.queue.park(info, events or ClusterEvent.ANY, tracked.failures)
-        outputs = [self._feedback(info.pod, info.attempt, diagnosis.message(), diagnosis.reasons, final=False)]
+        outputs = [self._feedback(info.pod, info.attempt, diagnosis.message(), diagnosis.reasons, final=False,
+                                  hint=self._hint(info, diagnosis.reasons))]
         if placement.preemption is not None:
             outputs += self._preempt(placement)
         return outputs
@@ -534,7 +583,7 @@ class SchedulerCore:
         fw = self.frameworks.get(pod.scheduler_name)
         if fw is None:
             raise ValueError(f"schedulerName={pod.scheduler_name!r}: no such profile (profiles: {', '.join(self.frameworks)})")
-        return fw.evaluate(self.pod_info(pod), partial=False)
+        return fw.evaluate(self.pod_info(self.runtimes.admit(pod)), partial=False)
 
     def timings(self) -> dict[tuple[str, str], int]:
         """Nanoseconds per (plugin, extension point), over every profile."""
@@ -545,11 +594,114 @@ class SchedulerCore:
         return out
 
     @staticmethod
-    def _feedback(pod: Pod, attempt: int, message: str, reasons: dict[str, int], *, final: bool) -> Output:
+    def _feedback(pod: Pod, attempt: int, message: str, reasons: dict[str, int], *, final: bool,
+                  hint: Hint | None = None) -> Output:
+        if hint is None:
+            return Output(topics.FEEDBACK, pod.uid, SchedulingFeedback(
+                uid=pod.uid, namespace=pod.namespace, name=pod.name, attempt=attempt,
+                message=message, reasons=reasons, final=final,
+            ))
         return Output(topics.FEEDBACK, pod.uid, SchedulingFeedback(
-            uid=pod.uid, namespace=pod.namespace, name=pod.name, attempt=attempt,
-            message=message, reasons=reasons, final=final,
+            uid=pod.uid, namespace=pod.namespace, name=pod.name, attempt=attempt, message=message, reasons=reasons,
+            final=final, reason=hint.reason, next_step=hint.next_step, retry_after_s=hint.retry_after_s,
+            alternatives=hint.alternatives,
         ))
+
+    # -- the sandbox feedback's probe (agents.sandbox.feedback.Probe) -------------------------
+
+    def _hint(self, info: PodInfo, reasons: dict[str, int], *, unresolvable: bool = False) -> Hint | None:
+        """The hint for a failed sandbox (None for other pods), once per equivalence class per
+        batch: pods with equal signatures, runtime, QoS class, pool and containers share it."""
+        if not is_sandbox(info.pod):
+            return None
+        return self._failed_hint(self.frameworks[info.profile], info, info.derived.get(SENT, info.pod), reasons,
+                                 unresolvable)
+
+    def _failed_hint(self, fw: Framework, info: PodInfo, sent: Pod, reasons: dict[str, int],
+                     unresolvable: bool) -> Hint:
+        signature = fw.signature(info)
+        key = (info.profile, unresolvable, shape(sent), _shape_key(sent) if signature is None else signature)
+        return self.advisor.hint(key, info.pod, sent, reasons=reasons, unresolvable=unresolvable)
+
+    def _refused_hint(self, pod: Pod, error: FieldError) -> Hint:
+        return self.advisor.hint(("refused", pod.scheduler_name, str(error), _shape_key(pod)), pod, pod, refusal=error)
+
+    def advise(self, pod: Pod) -> Hint | None:
+        """The hint `pod` (as it would be sent: the warm pools ask with a pod made from their
+        template) would get if it were scheduled now, None if a node takes it now; for any pod,
+        sandbox or not. Changes nothing but the advisor's cache."""
+        try:
+            admitted = self.runtimes.admit(pod)
+        except AdmissionError as exc:
+            return self._refused_hint(pod, exc)
+        probe = self._probe(admitted)
+        if probe is None:
+            return self._refused_hint(pod, FieldError("spec.schedulerName", pod.scheduler_name,
+                                                      "no such profile, or a request it cannot take"))
+        fw, info = probe
+        ev = fw.evaluate(info, partial=False)
+        if ev.best() >= 0:
+            return None
+        diagnosis = ev.diagnosis
+        return self._failed_hint(fw, info, pod, diagnosis.reasons if diagnosis is not None else {},
+                                 diagnosis is not None and diagnosis.status is not None)
+
+    def _probe(self, pod: Pod) -> tuple[Framework, PodInfo] | None:
+        fw = self.frameworks.get(pod.scheduler_name)
+        if fw is None:
+            return None
+        try:  # the key of the pod of that uid, if known: nothing is recorded for a pod only probed
+            return fw, self._info(pod, self.decision_keys.get(pod.uid) or pod.uid)
+        except ValueError:
+            return None
+
+    def place(self, pod: Pod) -> str:
+        """The node `pod` (admitted) would be placed on now by its profile, "" for none; the
+        state, the queue and the decision keys stay as they were."""
+        probe = self._probe(pod)
+        if probe is None:
+            return ""
+        row = probe[0].evaluate(probe[1], partial=False).best()
+        return self.state.names[row] if row >= 0 else ""
+
+    def capacity(self, pod: Pod) -> Capacity | None:
+        """What the advisor needs to shrink the pod's request or estimate a wait: the nodes
+        that pass its profile's filters that do not depend on allocation, their free capacity,
+        and the sandboxes bound there."""
+        probe = self._probe(pod)
+        if probe is None:
+            return None
+        fw, info = probe
+        ev = fw.evaluate(info, partial=False)
+        if ev.diagnosis is not None and ev.diagnosis.status is not None:
+            return None
+        state = self.state
+        candidates = state.schedulable_rows().copy()
+        for plugin in fw.profile.filter:
+            mask = ev.masks.get(plugin.NAME)
+            if mask is not None and not plugin.DYNAMIC:
+                candidates &= mask
+        rows = np.flatnonzero(candidates)
+        where = np.full(state.size, -1, dtype=np.intp)
+        where[rows] = np.arange(len(rows))
+        bound = state.bound_arrays()
+        running = bound.sandboxes & (where[bound.rows] >= 0) if len(bound.pods) else np.zeros(0, dtype=bool)
+        picked = np.flatnonzero(running)
+        return Capacity(nodes=[state.names[r] for r in rows.tolist()], free=state.free[rows].copy(),
+                        request=info.request, overhead=self.space.known(pod.overhead), columns=self.space.index,
+                        running_rows=where[bound.rows[picked]], running_vectors=bound.vectors[picked],
+                        running_uids=tuple(bound.pods[i].pod.uid for i in picked.tolist()))
+
+    def pool_size(self, pool: str) -> int:
+        """Bound pods of warm pool `pool`."""
+        bound = self.state.bound_arrays()
+        return int((bound.pools == pool).sum()) if len(bound.pods) else 0
+
+
+def _shape_key(pod: Pod) -> str:
+    """A pod's whole shape but its identity: what two pods of one template share."""
+    return repr(dataclasses.replace(pod, uid="", name="", resource_version="", creation_timestamp=0.0,
+                                    owner_references=()))
 
 
 def _cleared(uid: str, node: str) -> NominationCleared:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import dataclasses
 
 from schemas.errors import FieldError
-from schemas.records import QOS_LABEL, ContainerResources, Pod
+from schemas.records import QOS_CLASSES, QOS_LABEL, ContainerResources, Pod
 
-QOS_CLASSES = ("LSE", "LSR", "LS", "BE", "SYSTEM")
 PROD, MID, BATCH, FREE = "koord-prod", "koord-mid", "koord-batch", "koord-free"
 # class -> (lowest, highest, default value)
 PRIORITY_CLASSES: dict[str, tuple[int, int, int]] = {

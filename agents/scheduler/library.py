@@ -6,7 +6,8 @@
     why = sched.explain(pending[0])      # per-node, per-plugin scores and rejections
 
 `Scheduler` wraps exactly the core the faust agents run (`SchedulerCore` over a
-`ClusterState`, profiles from YAML), and stands in for the node owners: a pod it places is
+`ClusterState`, profiles from YAML, runtime classes: the shipped ones unless given), and
+stands in for the node owners: a pod it places is
 treated as bound at once, so the next decisions see it. Bound pods (those with a `nodeName`)
 count as used capacity from the start.
 """
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents.sandbox.runtimes import RuntimeTable, is_sandbox
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.core import SchedulerCore, schedule_all
 from agents.scheduler.framework import profiles as profile_config
@@ -27,6 +29,7 @@ from agents.state.resources import DEFAULT_RESOURCES, ResourceSpace
 from schemas.kube import load_manifests
 from schemas.records import (
     QUOTA_LABEL,
+    SANDBOX_POOL_LABEL,
     BoundPod,
     Claim,
     EvictionCommand,
@@ -50,6 +53,7 @@ class Decision:
     final: bool = False  # cannot be placed as it is (bad input)
     nominated: str = ""  # preemption nominated it here
     victims: tuple[str, ...] = ()  # the pods preemption would evict for it
+    feedback: SchedulingFeedback | None = None  # the last one, with a sandbox's hint (agents.sandbox.feedback)
 
 
 @dataclass(frozen=True)
@@ -65,16 +69,18 @@ class Explanation:
 class Scheduler:
     def __init__(self, nodes: Iterable[Node], bound: Iterable[Pod] = (), *,
                  profiles: str | SchedulerConfig | None = None, resources: Sequence[str] = (),
-                 batching: bool = True) -> None:
+                 batching: bool = True, runtimes: RuntimeTable | None = None) -> None:
         self.space = ResourceSpace(DEFAULT_RESOURCES + tuple(r for r in resources if r not in DEFAULT_RESOURCES))
         by_node: dict[str, list[BoundPod]] = {}
         for pod in bound:
             by_node.setdefault(pod.node_name, []).append(BoundPod(
                 uid=pod.uid, namespace=pod.namespace, name=pod.name, priority=pod.priority,
-                requests=ResourceList(devices.with_gpu_totals(pod.requests)), quota=pod.labels.get(QUOTA_LABEL, "")))
+                requests=ResourceList(devices.with_gpu_totals(pod.requests)), quota=pod.labels.get(QUOTA_LABEL, ""),
+                sandbox=is_sandbox(pod), warm_pool=pod.labels.get(SANDBOX_POOL_LABEL, "")))
         self.state = ClusterState.from_records(self.space, nodes, by_node)
         config = profile_config.load(profiles) if isinstance(profiles, str) else profiles
-        self.core = SchedulerCore(self.space, self.state, lambda: 0.0, config=config, batching=batching)
+        self.core = SchedulerCore(self.space, self.state, lambda: 0.0, config=config, batching=batching,
+                                  runtimes=runtimes)
 
     @classmethod
     def from_manifests(cls, text: str, **kw: Any) -> tuple[Scheduler, list[Pod]]:
@@ -95,13 +101,15 @@ class Scheduler:
                 self.state.forget(r.hold_id)
                 self.state.forget_quota(r.hold_id)
                 self.state.add_bound(BoundPod(uid=r.uid, namespace=r.namespace, name=r.name, priority=r.priority,
-                                              requests=r.requests, quota=r.quota), r.node,
+                                              requests=r.requests, quota=r.quota, sandbox=r.sandbox,
+                                              warm_pool=r.warm_pool), r.node,
                                      devices.decode(r.devices), devices.decode_rdma(r.devices))
                 self.core.bound.add(r.uid)
                 self.core.pods.pop(r.uid, None)
                 decisions[r.uid] = Decision(r.uid, r.name, node=r.node)
             elif isinstance(r, SchedulingFeedback) and r.uid in decisions:
-                decisions[r.uid] = Decision(r.uid, r.name, message=r.message, reasons=dict(r.reasons), final=r.final)
+                decisions[r.uid] = Decision(r.uid, r.name, message=r.message, reasons=dict(r.reasons), final=r.final,
+                                            feedback=r)
             elif isinstance(r, Nomination):
                 decisions[r.uid] = Decision(**{**decisions[r.uid].__dict__, "nominated": r.node})
             elif isinstance(r, EvictionCommand):

@@ -9,7 +9,8 @@ NUMA topology policy from the label `node.koordinator.sh/numa-topology-policy`:
 - `Restricted`: from as few cells as the request needs, or it does not fit;
 - `BestEffort` and `None` (the default): one cell when one has room, else as few as can.
 
-A pod is bound to CPUs when its Koordinator QoS is LSE or LSR and it asks for whole CPUs.
+A pod is bound to CPUs when its Koordinator QoS is LSE or LSR and its containers ask for
+whole CPUs (`pod_cpu_request`: a runtime class's overhead is not theirs and stays unbound).
 Its memory is then bound to the same cells: when the node states each cell's memory
 (`NumaCell.memory`), the cells chosen must also hold the pod's memory request (one cell under
 `SingleNUMANode`; otherwise the chosen cells in order, each giving what it has left); a node
@@ -30,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from schemas.errors import FieldError
+from schemas.records import Pod
 
 NUMA_POLICY_LABEL = "node.koordinator.sh/numa-topology-policy"
 RESOURCE_SPEC = "scheduling.koordinator.sh/resource-spec"
@@ -87,6 +89,18 @@ def cpu_request(qos: str, cpu_millis: int, annotations: Mapping[str, str], memor
     if qos not in BOUND_QOS or cpu_millis <= 0 or cpu_millis % 1000:
         return None
     return CpuRequest(cpu_millis // 1000, policy, memory)
+
+
+def pod_cpu_request(qos: str, pod: Pod) -> CpuRequest | None:
+    """The pod's CPU binding request (`cpu_request`) by what its containers ask: its effective
+    request less its overhead. A runtime class's overhead (a Kata VM's 250m) runs on the
+    node's shared CPUs, as the kubelet's CPU manager gives exclusive CPUs by container
+    requests, never by the pod's overhead; so an LSR sandbox asking whole CPUs is bound to
+    them. (Koordinator counts the overhead in and refuses such a pod: "the requested CPUs
+    must be integer".)"""
+    requests, overhead = pod.requests, pod.overhead
+    return cpu_request(qos, requests.get("cpu", 0) - overhead.get("cpu", 0), pod.annotations,
+                       requests.get("memory", 0) - overhead.get("memory", 0))
 
 
 def cells_of(numa: Sequence[object]) -> list[Cell]:

@@ -177,6 +177,8 @@ class HoldEntry:
     # A reservation without a creation time (a user's manifest): the log time its claim was
     # first read here, from which its ttl counts (`NodeState.expires_at`).
     seen: float = 0.0
+    sandbox: bool = False  # as claimed: reported with the bound pod
+    warm_pool: str = ""
 
     def __setattr__(self, name: str, value: Any) -> None:
         attributes = self.__dict__  # (plain attributes: a store in the dict is what object.__setattr__ does)
@@ -728,7 +730,7 @@ class NodeOwner:
             committed=tuple(
                 BoundPod(uid=h.uid, namespace=h.namespace, name=h.name, priority=h.priority,
                          requests=ResourceList(h.requests), quota=h.quota, devices=tuple(h.devices),
-                         decision_key=h.decision_key)
+                         decision_key=h.decision_key, sandbox=h.sandbox, warm_pool=h.warm_pool)
                 for _, h in reported if h.status == COMMITTED and h.reserving is None  # a reservation is no victim
             ),
             reservations=state.available_reservations() if state.reservations else (),

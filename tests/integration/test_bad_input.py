@@ -134,3 +134,19 @@ async def test_unplaceable_pod_gets_final_feedback_and_the_next_pod_is_bound(
     assert feedback.final and says in feedback.message
     await harness.wait_for(Binding, lambda b: b.uid == good.uid)
     assert len(harness.seen(SchedulingFeedback, lambda f: f.uid == bad.uid)) == 1  # not retried in a loop
+
+
+async def test_a_pod_naming_an_unknown_runtime_class_gets_final_feedback_naming_the_field(
+        harness: Harness, run_id: str) -> None:
+    """Admission through the runtimes table at the scheduler's edge: refused with a hint, never
+    a crash; the worker goes on and the next sandbox (a shipped runtime class) binds."""
+    bad = Pod(uid=f"no-runtime-{run_id}", name="no-runtime", runtime_class_name="no-such-runtime",
+              requests=ResourceList(cpu=10))
+    good = Pod(uid=f"gvisor-{run_id}", name="gvisor", runtime_class_name="gvisor", requests=ResourceList(cpu=10))
+    await harness.publish(topics.PODS, [bad, good])
+    [feedback] = await harness.wait_for(SchedulingFeedback, lambda f: f.uid == bad.uid)
+    assert feedback.final and feedback.message.startswith("spec.runtimeClassName='no-such-runtime': no such RuntimeClass")
+    assert feedback.reason == "RuntimeClassNotFound" and feedback.next_step in ("ChangeRuntimeClass", "FixPod")
+    assert {a.kind for a in feedback.alternatives} <= {"RuntimeClass"}  # decoded from the topic, nested records and all
+    await harness.wait_for(Binding, lambda b: b.uid == good.uid)
+    assert len(harness.seen(SchedulingFeedback, lambda f: f.uid == bad.uid)) == 1  # not retried in a loop

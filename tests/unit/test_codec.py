@@ -115,3 +115,46 @@ def test_decoding_arbitrary_objects_never_raises(kind: str, fields: dict) -> Non
 def test_a_hold_id_parses_back_into_its_parts_even_when_the_uid_has_a_slash() -> None:
     assert HoldId.parse(hold_id("ns/pod-1", 3, "node-a")) == HoldId("ns/pod-1", 3, "node-a")
     assert HoldId.parse(make_claim("u", cpu=100).hold_id).uid == "u"
+
+
+def test_feedback_hints_round_trip_and_feedback_written_before_them_still_decodes() -> None:
+    from schemas.records import Alternative, RuntimeClass, SchedulingFeedback, Toleration
+
+    hinted = SchedulingFeedback(
+        uid="u", namespace="ns", name="n", attempt=1, message="0/2 nodes are available: 2 Insufficient cpu",
+        reasons={"Insufficient cpu": 2}, reason="InsufficientResources", next_step="ShrinkRequest", retry_after_s=15.0,
+        alternatives=(Alternative("SmallerRequest", "ask for 50%", {"requests.cpu": "500m"}),
+                      Alternative("Wait", "wait about 15s")))
+    runtime = RuntimeClass(name="kata-qemu", handler="kata-qemu", overhead=ResourceList(cpu=250),
+                           tolerations=(Toleration(key="k", operator="Exists"),), qos_classes=("LS",),
+                           default_qos_class="LS")
+    for record in (hinted, runtime):
+        assert decode(encode(record)) == record
+        assert decode_message(encode_batch([record, record])) == [record, record]  # (the fast path too)
+    old = orjson.loads(encode(hinted))
+    for name in ("reason", "next_step", "retry_after_s", "alternatives"):
+        del old[name]
+    assert decode(orjson.dumps(old)) == SchedulingFeedback(uid="u", namespace="ns", name="n", attempt=1,
+                                                           message=hinted.message, reasons=hinted.reasons)
+    bad = {**orjson.loads(encode(hinted)), "alternatives": [{"kind": "Wait"}]}
+    with pytest.raises(SchemaError) as err:
+        decode(orjson.dumps(bad))
+    assert err.value.field == "alternatives[0].description"
+
+
+def test_the_json_schemas_of_hinted_feedback_and_runtime_classes_accept_what_the_codec_writes() -> None:
+    import jsonschema
+
+    from schemas.jsonschema import record_schema
+    from schemas.records import Alternative, RuntimeClass, SchedulingFeedback
+
+    hinted = SchedulingFeedback(uid="u", namespace="ns", name="n", attempt=0, message="m", reason="NoMatchingNode",
+                                next_step="ChangeRuntimeClass", alternatives=(
+                                    Alternative("RuntimeClass", "run it in gvisor", {"spec.runtimeClassName": "gvisor"}),))
+    runtime = RuntimeClass(name="gvisor", handler="runsc", overhead=ResourceList(memory=2**20))
+    for record in (hinted, runtime):
+        schema = record_schema(type(record))
+        jsonschema.validate(orjson.loads(encode(record)), schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**orjson.loads(encode(record)), "name": 5}, schema)
+    assert record_schema(RuntimeClass)["x-koordstream-config"] == "sandbox.runtimes"

@@ -9,6 +9,7 @@ from schemas.kube import (
     reservation_from_manifest,
 )
 from schemas.records import Node, Pod, PodDisruptionBudget, Reservation
+from tests.builders import KATA_QEMU_RUNTIME_CLASS
 
 POD_YAML = """
 apiVersion: v1
@@ -213,3 +214,35 @@ def test_records_to_manifests_and_back_give_the_records_again() -> None:
             assert dataclasses.replace(back_r, uid=named.uid) == named
         seen += 1
     assert seen == 400
+
+
+RUNTIME_CLASS_YAML = KATA_QEMU_RUNTIME_CLASS
+
+
+def test_runtime_class_manifest_converts_with_its_qos_rule() -> None:
+    from schemas.records import RuntimeClass, Toleration
+
+    [rc] = load_manifests(RUNTIME_CLASS_YAML)
+    assert rc == RuntimeClass(name="kata-qemu", handler="kata-qemu", overhead={"cpu": 250, "memory": 160 * 2**20},
+                              node_selector={"katacontainers.io/kata-runtime": "true"},
+                              tolerations=(Toleration(key="kata", operator="Exists", effect="NoSchedule"),),
+                              qos_classes=("LSR", "LS", "BE"), default_qos_class="LS")
+    [plain] = load_manifests("{apiVersion: node.k8s.io/v1, kind: RuntimeClass, metadata: {name: gvisor}, handler: runsc}")
+    assert (plain.overhead, plain.node_selector, plain.qos_classes, plain.default_qos_class) == ({}, {}, (), "")
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (("cpu: 250m", "cpu: -250m"), "overhead.podFixed.cpu"),
+    (("handler: kata-qemu", "handler: ''"), "handler"),
+    (("handler: kata-qemu", "handler: Kata_QEMU"), "handler"),
+    (("name: kata-qemu", "name: ''"), "metadata.name"),
+    (("operator: Exists", "operator: Matches"), "scheduling.tolerations[0]"),
+    (('"LSR, LS,BE"', '"LSR,TURBO"'), "metadata.annotations.koordstream.io/qos-classes"),
+    (("default-qos-class: LS", "default-qos-class: LSE"), "metadata.annotations.koordstream.io/default-qos-class"),
+    (("podFixed: {memory: 160Mi, cpu: 250m}", "podFixed: [160Mi]"), "overhead.podFixed"),
+], ids=["negative-overhead", "empty-handler", "handler-not-a-label", "no-name", "bad-toleration", "unknown-qos",
+        "default-not-allowed", "overhead-not-a-map"])
+def test_a_bad_runtime_class_names_the_field(change: tuple[str, str], field: str) -> None:
+    with pytest.raises(SchemaError) as err:
+        load_manifests(RUNTIME_CLASS_YAML.replace(*change))
+    assert err.value.field == field, str(err.value)

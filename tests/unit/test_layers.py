@@ -76,3 +76,11 @@ def test_mypy_clean() -> None:
     done = subprocess.run([sys.executable, "-m", "mypy", "schemas", "agents", "streams", "perf", "cli"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout
+
+
+def test_the_sandbox_core_is_pure(tmp_path: Path) -> None:
+    """agents.sandbox is among the pure cores: no streams (nor Kafka or Kubernetes clients)."""
+    done = lint_with_probe(tmp_path, "agents.sandbox.probe", "import streams.settings")
+    assert done.returncode != 0, done.stdout
+    assert "The decision core imports no Kafka, faust or Kubernetes client BROKEN" in done.stdout, done.stdout
+    assert "agents.sandbox.probe -> streams" in done.stdout, done.stdout

@@ -74,3 +74,14 @@ def test_the_secured_kafka_example_loads_and_logs_in_with_scram_over_tls(tmp_pat
     assert (conn.security_protocol, conn.sasl_mechanism, conn.sasl_username) == ("SASL_SSL", "SCRAM-SHA-512",
                                                                                    "koordstream")
     assert conn.sasl_password.reveal() == "from-a-file" and conn.ssl_context is not None
+
+
+def test_the_sandbox_runtimes_example_loads_and_admits() -> None:
+    from agents.sandbox.runtimes import load_runtimes
+    from schemas.records import Pod, ResourceList
+
+    block = re.search(r"### Sandbox runtimes.*?```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block
+    pod = load_runtimes(block.group(1)).admit(Pod(uid="p", name="p", runtime_class_name="gvisor",
+                                                  requests=ResourceList(cpu=100)))
+    assert pod.node_selector == {"sandbox.gke.io/runtime": "gvisor"} and pod.labels["koordinator.sh/qosClass"] == "LS"

@@ -70,6 +70,68 @@ def test_scheduler_profiles_come_from_the_file_the_settings_name(tmp_path) -> No
         build_core(load_settings(env={"KOORDSTREAM_SCHEDULING_PROFILES": str(bad)}))
 
 
+RUNC_SANDBOX = """
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: runc-sandbox, annotations: {koordstream.io/qos-classes: "LS,BE", koordstream.io/default-qos-class: BE}}
+handler: runc
+overhead: {podFixed: {cpu: 50m}}
+"""
+
+
+def test_sandbox_runtimes_come_from_the_file_the_settings_name(tmp_path: Path) -> None:
+    from streams.settings import runtime_table
+
+    assert "kata-qemu" in runtime_table(load_settings(env={})).names  # the shipped ones, by default
+    runtimes = tmp_path / "runtimes.yaml"
+    runtimes.write_text(RUNC_SANDBOX)
+    table = runtime_table(load_settings(env={"KOORDSTREAM_SANDBOX_RUNTIMES": str(runtimes)}))
+    assert {"runc-sandbox", "gvisor"} <= set(table.names)
+    only = runtime_table(load_settings(env={"KOORDSTREAM_SANDBOX_RUNTIMES": str(runtimes),
+                                            "KOORDSTREAM_SANDBOX_DEFAULT_RUNTIMES": "false"}))
+    assert only.names == ["runc-sandbox"]
+
+
+def test_a_workers_scheduler_admits_pods_through_the_runtimes_of_its_settings(tmp_path: Path) -> None:
+    from schemas.records import Pod, ResourceList
+    from streams.app import build_core
+
+    runtimes = tmp_path / "runtimes.yaml"
+    runtimes.write_text(RUNC_SANDBOX)
+    core = build_core(load_settings(env={"KOORDSTREAM_SANDBOX_RUNTIMES": str(runtimes)}))
+    admitted = core.runtimes.admit(Pod(uid="p", name="p", runtime_class_name="runc-sandbox",
+                                       requests=ResourceList(cpu=100)))
+    assert admitted.requests == {"cpu": 150} and admitted.labels["koordinator.sh/qosClass"] == "BE"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (None, "sandbox.runtimes: cannot read"),
+    (RUNC_SANDBOX.replace("cpu: 50m", "cpu: -50m"), "sandbox.runtimes: .*runtimes.yaml: overhead.podFixed.cpu: a "
+                                                    "quantity must not be negative"),
+    (RUNC_SANDBOX.replace("handler: runc", "handler: ''"), "sandbox.runtimes: .*: handler: must name the CRI handler"),
+], ids=["missing-file", "negative-overhead", "empty-handler"])
+def test_a_bad_runtimes_file_stops_the_start_naming_the_setting_and_the_field(
+        tmp_path: Path, text: str | None, message: str) -> None:
+    runtimes = tmp_path / "runtimes.yaml"
+    if text is not None:
+        runtimes.write_text(text)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(env={"KOORDSTREAM_SANDBOX_RUNTIMES": str(runtimes)})
+
+
+def test_publishing_a_runtime_class_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    import asyncio
+
+    from streams.publish import publish_file
+
+    manifest = tmp_path / "runtimes.yaml"
+    manifest.write_text(RUNC_SANDBOX)
+    settings = load_settings(env={"KOORDSTREAM_KAFKA_BOOTSTRAP": "127.0.0.1:1"})  # nothing listens: never reached
+    with pytest.raises(ValueError, match="RuntimeClass runc-sandbox: runtime classes are not published; list them "
+                                         "in the file the setting sandbox.runtimes names"):
+        asyncio.run(publish_file(manifest, "pods", settings))
+
+
 # Kafka security (issue 29): the fields agree with kafka.security_protocol, files they name are
 # there, and a secret never shows in a message, a repr or a dump.
 

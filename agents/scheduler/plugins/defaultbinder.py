@@ -4,7 +4,8 @@ It produces the Claim for the node's owner (hold id = pod uid, attempt, node), w
 request, the priority, the decision key, the gang's min-available, waiting time and mode, and the node the pod is
 nominated to (the decider clears that nomination when it accepts the pod), the devices the Reserve
 plugins chose (`CycleState.allocated`), the reservation the pod consumes (`CycleState.reservation`),
-and, for a reservation itself, the Reservation. The Binding itself
+and, for a reservation itself, the Reservation; whether the pod is a sandbox, and its warm
+pool (`agents.sandbox.feedback` learns from them). The Binding itself
 is the decider's to write, once the owner holds the claim.
 """
 
@@ -13,13 +14,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 from agents.ports import Output
+from agents.sandbox.runtimes import is_sandbox
 from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.interface import CycleState, PodInfo
 from agents.scheduler.plugins import reservation
 from agents.scheduler.plugins.args import NoArgs
 from agents.state.gangs import gang_spec
 from schemas import topics
-from schemas.records import QUOTA_LABEL, Claim, ResourceList
+from schemas.records import QUOTA_LABEL, SANDBOX_POOL_LABEL, Claim, ResourceList
 
 NAME = "DefaultBinder"
 
@@ -48,4 +50,5 @@ class DefaultBinder:
             nominated_node=nominated.node if nominated is not None else "",
             devices=cycle.allocated(), quota=p.labels.get(QUOTA_LABEL, ""),
             reservation=cycle.reservation, reserving=pod.derived.get(reservation.DERIVED),
+            sandbox=is_sandbox(p), warm_pool=p.labels.get(SANDBOX_POOL_LABEL, ""),
         ))]

@@ -149,7 +149,7 @@ class DefaultPreemption:
             nics = devices.choose_vfs(vfs, minors, [free(keys.rdma_vfs(m), f) for m, f in zip(minors, room, strict=True)])
             out += [n.encode() for n in nics or ()]
         try:
-            cpu = cpus.cpu_request(pod.qos, requests.get("cpu", 0), pod.pod.annotations, requests.get("memory", 0))
+            cpu = cpus.pod_cpu_request(pod.qos, pod.pod)
         except cpus.CpuError:
             cpu = None
         cells = state.cpus.cells.get(row)

@@ -1,7 +1,7 @@
 """NodeNUMAResource (PreFilter, Filter, Reserve / Unreserve): CPUs bound on NUMA nodes.
 
-PreFilter decides whether the pod is bound to CPUs (Koordinator QoS LSE or LSR, whole CPUs;
-`agents.state.cpus.cpu_request`) and with which bind policy; a malformed
+PreFilter decides whether the pod is bound to CPUs (Koordinator QoS LSE or LSR, whole CPUs
+asked by its containers, a runtime class's overhead aside; `agents.state.cpus.pod_cpu_request`) and with which bind policy; a malformed
 `scheduling.koordinator.sh/resource-spec` rejects it as unresolvable; other pods skip the
 plugin. Filter: the node has a NUMA topology and the exact choice (`cpus.choose`, honouring
 the node's NUMA topology policy and the bind policy) finds CPUs for the pod there, and room
@@ -52,8 +52,7 @@ class NodeNUMAResource(ParsedPlugin):
     def parse(self, pod: PodInfo) -> cpus.CpuRequest | None:
         if reservation.DERIVED in pod.derived:  # a reservation holds CPUs by totals only
             return None
-        requests = pod.pod.requests
-        return cpus.cpu_request(pod.qos, requests.get("cpu", 0), pod.pod.annotations, requests.get("memory", 0))
+        return cpus.pod_cpu_request(pod.qos, pod.pod)
 
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
         st = super().pre_filter(cycle, pod, state)
