@@ -1033,15 +1033,6 @@ class SandboxTick(Record):
 
 
 @dataclass(frozen=True, slots=True)
-class SandboxAlternative:
-    """Something the claimant can do that would work in this cluster now (checked before offered)."""
-
-    action: str  # e.g. ScaleWarmPool, Wait, SmallerRequest, OtherRuntime
-    description: str
-    changes: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
 class SandboxClaimStatus(Record):
     """A claim's answer, keyed `namespace/name` on `sandbox-status`. `phase`: Ready (its
     sandbox is `sandbox` on `node`), Pending (a sandbox is starting for it), Refused (with
@@ -1067,7 +1058,7 @@ class SandboxClaimStatus(Record):
     message: str = ""
     next_step: str = ""
     retry_after_s: float | None = None
-    alternatives: tuple[SandboxAlternative, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()
     claimed_at: float = 0.0
     answered_at: float = 0.0
     kind: str = field(default="SandboxClaimStatus", init=False)

@@ -52,10 +52,10 @@ from schemas import topics
 from schemas.codec import decode_object, to_plain
 from schemas.errors import FieldError
 from schemas.records import (
+    Alternative,
     Binding,
     PodDeleted,
     Record,
-    SandboxAlternative,
     SandboxBurst,
     SandboxClaim,
     SandboxClaimDeleted,
@@ -318,10 +318,10 @@ class PoolCore:
             self._count(st, "cold")
         else:
             wait = self._refill_eta(st, t)
-            alternatives = [SandboxAlternative("ScaleWarmPool", f"raise spec.replicas of {pool.name} above "
+            alternatives = [Alternative("ScaleWarmPool", f"raise spec.replicas of {pool.name} above "
                                                f"{pool.replicas}", {"spec.replicas": str(pool.replicas + 1)})]
             if wait is not None:
-                alternatives.insert(0, SandboxAlternative(
+                alternatives.insert(0, Alternative(
                     "Wait", f"a sandbox of the pool is expected ready in {wait:.1f}s", {"retryAfterSeconds": f"{wait:.1f}"}))
             status = dataclasses.replace(
                 base, phase=REFUSED, reason=POOL_EMPTY, retry_after_s=wait, alternatives=tuple(alternatives),
@@ -362,13 +362,9 @@ class PoolCore:
         old = _status(entry)
         if old.phase != PENDING:
             return
-        hint: dict[str, Any] = {"reason": getattr(fb, "reason", "") or UNSCHEDULABLE,
-                                "next_step": getattr(fb, "next_step", "") or "Wait",
-                                "retry_after_s": getattr(fb, "retry_after_s", None)}
-        alts = tuple(SandboxAlternative(str(getattr(a, "action", getattr(a, "kind", ""))),
-                                        str(getattr(a, "description", "")),
-                                        {str(k): str(v) for k, v in dict(getattr(a, "changes", {}) or {}).items()})
-                     for a in getattr(fb, "alternatives", ()))
+        hint: dict[str, Any] = {"reason": fb.reason or UNSCHEDULABLE, "next_step": fb.next_step or "Wait",
+                                "retry_after_s": fb.retry_after_s}
+        alts = fb.alternatives
         status = dataclasses.replace(old, message=fb.message, alternatives=alts, answered_at=t, **hint)
         if status != dataclasses.replace(old, answered_at=t):
             self._update(st, ck, status, result)

@@ -96,4 +96,4 @@ async def test_bad_pools_and_claims_are_refused_naming_the_field_and_the_pool_go
     await harness.publish(topics.SANDBOX, [late])
     [answer] = await harness.wait_for(SandboxClaimStatus, lambda s: s.uid == late.uid)
     assert answer.phase == "Refused" and answer.reason == "WarmPoolEmpty" and answer.next_step == "ScaleWarmPool"
-    assert [a.action for a in answer.alternatives] == ["ScaleWarmPool"]
+    assert [a.kind for a in answer.alternatives] == ["ScaleWarmPool"]

@@ -118,7 +118,7 @@ def test_claims_beyond_the_ready_take_starting_then_go_cold_or_are_refused() -> 
     deny.feed(pool(0, overflow="Deny"), at=1.0)
     refused = deny.statuses(deny.feed(claim("x"), at=2.0))
     assert refused[0].phase == REFUSED and refused[0].reason == "WarmPoolEmpty"
-    assert any(a.action == "ScaleWarmPool" for a in refused[0].alternatives)
+    assert any(a.kind == "ScaleWarmPool" for a in refused[0].alternatives)
 
 
 def test_refill_happens_at_ticks_within_the_rate_limit() -> None:
