@@ -281,6 +281,10 @@ class SandboxSettings:
     reads it at start (`agents.sandbox.runtimes`). Empty: the shipped runtimes only."""
     default_runtimes: bool = True
     """Start from the shipped runtimes; false: only those of `runtimes`."""
+    pools: str = ""
+    """Path of a YAML file of agent-sandbox manifests (SandboxTemplates and the
+    SandboxWarmPools that use them) that `koordstream up` publishes to `sandbox` once the topics
+    exist; a pool published again is an update. Empty: none."""
 
 
 @dataclass(frozen=True)
