@@ -96,4 +96,3 @@ def test_a_worker_keeps_its_data_out_of_the_directory_it_started_from(bootstrap:
             stop(proc, 10)  # type: ignore[arg-type]
         assert list(start.iterdir()) == []
     assert [p.name for p in state.iterdir()] == ["datadir-probe-data"]
-
