@@ -29,7 +29,7 @@ from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState
-from agents.sandbox.templates import UID_PREFIX, pool_of
+from agents.sandbox.templates import UID_MARK, pool_of
 from schemas import topics
 from schemas.records import (
     Binding,
@@ -40,8 +40,6 @@ from schemas.records import (
     SandboxTick,
     SchedulingFeedback,
 )
-
-_MARK = f'"{UID_PREFIX}~'.encode()  # a sandbox pod's uid starts a JSON string so
 
 
 def pool_key_of(record: Record) -> str:
@@ -127,7 +125,7 @@ def register(app: faust.App, outcomes: faust.TopicT, sandbox: faust.TopicT, outb
     @app.agent(outcomes, name="koordstream.sandbox-outcomes")
     async def forward_outcomes(stream: faust.StreamT[Any]) -> None:
         async for messages in micro_batches(stream, config):
-            mine = [m for m in messages if m.value is not None and _MARK in m.value]
+            mine = [m for m in messages if m.value is not None and UID_MARK in m.value]
             if mine:  # what does not decode is dead-lettered by the topics' own readers, not here
                 await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
 

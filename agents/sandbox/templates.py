@@ -45,6 +45,7 @@ from schemas.records import (
 
 UID_PREFIX = "sbx"
 SEP = "~"
+UID_MARK = f'"{UID_PREFIX}{SEP}'.encode()  # in the bytes of every message that holds a sandbox uid (a JSON string)
 ACCOUNTING_LABEL = "sandbox.koordstream.io/accounting-only"  # no pod carries it: nothing consumes such a reservation
 # What scheduling reads of a pod (the template's hash covers these and nothing else).
 _SIGNED = ("requests", "overhead", "runtime_class_name", "qos_class", "priority", "priority_class_name",
