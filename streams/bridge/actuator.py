@@ -33,9 +33,10 @@
   precondition). A sandbox pod's uid in koordstream is not the API server's: every call with a
   UID precondition (a Binding, an eviction) and every Event about a pod takes the API server's
   (`api_uid`, the mirror's map).
-- **SandboxClaimStatus** -> the claim's `status` (`Ready` condition, `sandbox.name`) and its
-  annotation `agents.x-k8s.io/sandbox-name`, by merge patches that carry the claim's uid (a
-  claim made again under the name is not written); written when the answer changes.
+- **SandboxClaimStatus** -> the claim's annotation `agents.x-k8s.io/sandbox-name` (a merge
+  patch) and its `status` (`Ready` condition, `sandbox.name`: a JSON patch), each with the
+  claim's uid as precondition (a claim made again under the name is not written); written when
+  the answer changes.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from streams.bridge.sandboxes import (
     claim_status_patch,
     claims_path,
 )
-from streams.kubeapi import MERGE_PATCH, STRATEGIC_PATCH, KubeApi, KubeError
+from streams.kubeapi import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeApi, KubeError
 
 log = logging.getLogger("koordstream.bridge")
 
@@ -370,11 +371,11 @@ class Actuator:
                     "PATCH", path, body=claim_annotation_patch(s), content_type=MERGE_PATCH), _transient)
             await self._retrying("claim_status", lambda: self.api.request(
                 "PATCH", path + "/status", body=claim_status_patch(s, _now_rfc3339(self.clock)),
-                content_type=MERGE_PATCH), _transient)
+                content_type=JSON_PATCH), _transient)
             self._claims[s.uid] = written
             self._count("claim_status")
         except KubeError as exc:
-            if exc.status not in (404, 409, 422):  # gone, or another claim of the name (its uid differs)
+            if exc.status not in (404, 422):  # gone, or another claim of the name (its uid differs)
                 log.warning("status of claim %s/%s not written: %s", s.namespace, s.name, exc)
 
     async def deletion_cost(self, pod: Pod) -> None:

@@ -333,13 +333,17 @@ def claim_condition(s: SandboxClaimStatus, now: str) -> dict[str, Any]:
             "lastTransitionTime": now}
 
 
-def claim_status_patch(s: SandboxClaimStatus, now: str) -> dict[str, Any]:
-    """A merge patch of the claim's status (the claim's uid in it: a claim made again under the
-    name is not written)."""
-    return {"metadata": {"uid": s.uid}, "status": {
-        "conditions": [claim_condition(s, now)],
-        "sandbox": {"name": s.sandbox} if s.sandbox and s.phase in (pools.READY_PHASE, pools.PENDING) else None}}
+def claim_status_patch(s: SandboxClaimStatus, now: str) -> list[dict[str, Any]]:
+    """A JSON patch of the claim's whole status, whose `test` of `metadata.uid` keeps it off a
+    claim made again under the name (on `/status`, a merge patch's `metadata.uid` is dropped
+    with the rest of the metadata, and the write goes through)."""
+    status: dict[str, Any] = {"conditions": [claim_condition(s, now)]}
+    if s.sandbox and s.phase in (pools.READY_PHASE, pools.PENDING):
+        status["sandbox"] = {"name": s.sandbox}
+    return [{"op": "test", "path": "/metadata/uid", "value": s.uid}, {"op": "add", "path": "/status", "value": status}]
 
 
 def claim_annotation_patch(s: SandboxClaimStatus) -> dict[str, Any]:
+    """A merge patch of the claim's sandbox annotation; its `metadata.uid` makes it fail (422:
+    immutable) on a claim made again under the name."""
     return {"metadata": {"uid": s.uid, "annotations": {SANDBOX_NAME_ANNOTATION: s.sandbox}}}

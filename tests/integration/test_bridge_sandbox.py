@@ -5,8 +5,9 @@ SandboxTemplate and a SandboxWarmPool created as custom resources fill the pool 
 SandboxClaim is answered in its status (Ready with a sandbox of its own, its name in
 `status.sandbox.name` and in the annotation `agents.x-k8s.io/sandbox-name`); a claim deleted
 takes its pod with it and the pool refills; a claim of a pool that does not exist is Ready=False
-naming `spec.warmPoolRef.name`; a template changed is a pool updated (Recreate); and the bridge
-killed -9 while the pool fills loses no sandbox and makes none twice.
+naming `spec.warmPoolRef.name`; a template changed is a pool updated (Recreate); an answer is
+never written onto a claim made again under its name; and the bridge killed -9 while the pool
+fills loses no sandbox and makes none twice.
 
 Each test has its own namespace and Kwok nodes (labelled and tainted for its pods only, as in
 test_bridge.py)."""
@@ -14,6 +15,7 @@ test_bridge.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import time
 from collections import Counter
@@ -22,7 +24,8 @@ from typing import Any
 import pytest
 
 from schemas.agent_sandbox import REFILL_BATCH_ANNOTATION, REFILL_RATE_ANNOTATION
-from schemas.records import SANDBOX_NAME_ANNOTATION, SANDBOX_POOL_LABEL, Binding
+from schemas.records import SANDBOX_NAME_ANNOTATION, SANDBOX_POOL_LABEL, Binding, SandboxClaimStatus
+from streams.bridge.actuator import Actuator
 from streams.bridge.sandboxes import API_VERSION, UID_ANNOTATION, claims_path
 from streams.kube_cluster import ControlPlane
 from streams.kubeapi import KubeApi, KubeError
@@ -190,6 +193,24 @@ async def test_a_template_changed_recreates_the_pools_sandboxes_and_a_pool_delet
     await api.request("DELETE", f"{BASE}/namespaces/{group}/sandboxwarmpools/pool")
     left = await pool_running(api, group, 1)
     assert [p["metadata"]["name"] for p in left] == [kept]  # a claimed sandbox stays with its claim
+
+
+async def test_a_claims_answer_is_never_written_onto_a_claim_made_again_under_its_name(api: KubeApi) -> None:
+    """The answer to a claim that was deleted and made again (another uid) under its name: its
+    uid is the precondition of both writes, the status's too (a merge patch of `/status` drops
+    the uid it carries and writes anyway)."""
+    group = unique("swu")
+    await create_namespace(api, group)
+    made = await create(api, group, "sandboxclaims", claim(group, "c", pool="elsewhere"))
+    stale = SandboxClaimStatus(uid="an-older-claim", namespace=group, name="c", warm_pool="elsewhere",
+                               phase="Ready", sandbox="elsewhere-0", node="n1")
+    await Actuator(api).claim_status(stale)
+    got = await api.request("GET", claims_path(group, "c"))
+    assert SANDBOX_NAME_ANNOTATION not in (got["metadata"].get("annotations") or {})
+    assert "sandbox" not in (got.get("status") or {}) and (ready_condition(got) or {}).get("status") != "True"
+    await Actuator(api).claim_status(dataclasses.replace(stale, uid=made["metadata"]["uid"]))
+    got = await api.request("GET", claims_path(group, "c"))
+    assert got["metadata"]["annotations"][SANDBOX_NAME_ANNOTATION] == "elsewhere-0"
 
 
 async def test_the_bridge_killed_while_a_pool_fills_loses_no_sandbox_and_makes_none_twice(

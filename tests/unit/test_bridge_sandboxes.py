@@ -232,6 +232,7 @@ def test_a_claims_answer_as_its_ready_condition(status: SandboxClaimStatus, expe
     condition = claim_condition(status, "2026-12-07T10:00:00Z")
     assert (condition["status"], condition["reason"], condition["message"]) == expected
     assert condition["type"] == "Ready" and condition["lastTransitionTime"] == "2026-12-07T10:00:00Z"
-    patch = claim_status_patch(status, "2026-12-07T10:00:00Z")
-    assert patch["metadata"] == {"uid": "k1"}  # not written onto a claim made again under the name
-    assert patch["status"]["sandbox"] == ({"name": "pool-0"} if status.sandbox else None)
+    test, write = claim_status_patch(status, "2026-12-07T10:00:00Z")
+    assert test == {"op": "test", "path": "/metadata/uid", "value": "k1"}  # not onto a claim made again
+    assert write["path"] == "/status" and write["value"]["conditions"] == [condition]
+    assert write["value"].get("sandbox") == ({"name": "pool-0"} if status.sandbox else None)
