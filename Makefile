@@ -1,14 +1,14 @@
 # The two commands: `make demo` and `make test`. Both build .venv on first use; `make test`
 # also fetches Apache Kafka (`make kafka`: Maven Central, into .cache/kafka, once), Kwok's
-# stock Stage files (`make kwok-stages`) and Koordinator's CRDs (`make koordinator-crds`) from
-# the Go module proxy, and builds the Kubernetes control plane the bridge's tests run against
+# stock Stage files (`make kwok-stages`), Koordinator's CRDs (`make koordinator-crds`) and
+# agent-sandbox's CRDs (`make agent-sandbox-crds`) from the Go module proxy, and builds the Kubernetes control plane the bridge's tests run against
 # (`make k8s`: kube-apiserver, etcd and Kwok with Go, into .cache/k8s, once).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck clean venv kafka k8s koordinator-crds kwok-stages
+.PHONY: demo test e2e lint typecheck clean venv kafka k8s koordinator-crds agent-sandbox-crds kwok-stages
 
 venv: $(STAMP)
 
@@ -31,6 +31,10 @@ k8s:
 koordinator-crds:
 	bash infra/k8s/koordinator-crds.sh
 
+# agent-sandbox's own CRD manifests (SandboxTemplate, SandboxWarmPool, SandboxClaim), from the Go module proxy.
+agent-sandbox-crds:
+	bash infra/k8s/agent-sandbox-crds.sh
+
 # Kwok's stock Stage files and CRDs (sigs.k8s.io/kwok, infra/k8s/versions.env), which the
 # Kwok-compatible lifecycle loads unchanged and its tests check against Kwok's testdata (needs go).
 kwok-stages:
@@ -39,7 +43,7 @@ kwok-stages:
 demo: $(STAMP)
 	$(BIN)/koordstream demo --nodes 1000 --pods 10000 --rate 2000 --json out/demo.json
 
-test: $(STAMP) kafka kwok-stages koordinator-crds k8s
+test: $(STAMP) kafka kwok-stages koordinator-crds agent-sandbox-crds k8s
 	$(BIN)/python -m pytest -q --durations=15
 
 # The longer end-to-end runs CI adds after `make test`: the quick chaos run (workers and the
@@ -48,7 +52,7 @@ test: $(STAMP) kafka kwok-stages koordinator-crds k8s
 # variants of the shipped perf scenarios (in-process, and one through the real API server and
 # Kwok), the rebalancer on Apache Kafka with its leader killed, the longest crash and takeover
 # runs (tests/integration/conftest.py, E2E_ONLY), and the bridge's longest runs.
-e2e: $(STAMP) kafka kwok-stages koordinator-crds k8s
+e2e: $(STAMP) kafka kwok-stages koordinator-crds agent-sandbox-crds k8s
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
 		tests/integration/test_perf_kwok.py tests/integration/test_rebalancer.py tests/integration/test_restart.py \
 		tests/integration/test_transactions.py tests/integration/test_bridge.py tests/integration/test_bridge_adversary.py

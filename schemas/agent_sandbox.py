@@ -1,6 +1,7 @@
 """agent-sandbox manifests (`extensions.agents.x-k8s.io/v1beta1`) to records.
 
-SandboxTemplate (`spec.podTemplate`, `spec.envVarsInjectionPolicy`), SandboxWarmPool
+SandboxTemplate (`spec.podTemplate`, its `spec` kept whole for the pods the bridge creates;
+`spec.envVarsInjectionPolicy`), SandboxWarmPool
 (`spec.replicas`, `spec.sandboxTemplateRef.name`, `spec.updateStrategy.type`) and
 SandboxClaim (`spec.warmPoolRef.name`, `spec.lifecycle.shutdownTime` / `shutdownPolicy`,
 `spec.additionalPodMetadata`, `spec.env`), converted like Pods are (`schemas.kube`), plus
@@ -105,7 +106,7 @@ def template_from_manifest(obj: dict[str, Any]) -> SandboxTemplate:
                               for e in (c.get("env") or []) if isinstance(e, dict)} - {""}))
     policy = str(spec.get("envVarsInjectionPolicy") or "Disallowed")
     return SandboxTemplate(namespace=namespace, name=name, pod=dataclasses.replace(pod, uid="", name=""),
-                           env_policy=policy, env_names=env_names)
+                           env_policy=policy, env_names=env_names, pod_spec=dict(pod_template["spec"]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -914,8 +914,11 @@ class SandboxTemplate(Record):
     (`env_policy`: Disallowed, Allowed, Overrides; `env_names`: the variables its containers
     define, which Allowed keeps a claim from overriding). `hash` is the pods' equivalence signature
     (`agents.sandbox.templates.template_hash`), set where the template is converted; its pods
-    carry it as the label `scheduling.koordinator.sh/sandbox-template-hash`. It travels inside
-    the SandboxWarmPools that use it, never alone on a topic (so it is not in `RECORD_TYPES`)."""
+    carry it as the label `scheduling.koordinator.sh/sandbox-template-hash`. `pod_spec` is the
+    podTemplate's `spec` as the manifest has it (containers, images, volumes: what a Pod record
+    does not carry), from which the bridge creates the pool's pods in the API server; empty for
+    a template published without a manifest. It travels inside the SandboxWarmPools that use
+    it, never alone on a topic (so it is not in `RECORD_TYPES`)."""
 
     KIND: ClassVar[str] = "SandboxTemplate"
     namespace: str
@@ -924,6 +927,7 @@ class SandboxTemplate(Record):
     env_policy: str = "Disallowed"
     env_names: tuple[str, ...] = ()
     hash: str = ""
+    pod_spec: dict[str, Any] = field(default_factory=dict)
     kind: str = field(default="SandboxTemplate", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

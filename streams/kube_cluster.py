@@ -4,7 +4,9 @@ The binaries come from `make k8s` (infra/k8s/install.sh builds them with the Go 
 the Go module proxy into .cache/k8s/<version>/bin, or the folder named by KOORDSTREAM_K8S_DIR);
 Kwok's CRDs and stock Stage files from `make kwok-stages` (.cache/kwok/<version>); Koordinator's
 CRDs (Reservation, PodGroup, ElasticQuota) from `make koordinator-crds`
-(.cache/koordinator/<version>/crd). Versions: infra/k8s/versions.env.
+(.cache/koordinator/<version>/crd); agent-sandbox's (SandboxTemplate, SandboxWarmPool,
+SandboxClaim) from `make agent-sandbox-crds` (.cache/agent-sandbox/<version>/crd). Versions:
+infra/k8s/versions.env.
 
 `ControlPlane` starts, in a folder the caller owns (a temporary one by default, removed by
 `stop()`): etcd (its data in `etcd/`, fsync off: a test cluster), kube-apiserver with a serving
@@ -12,7 +14,7 @@ certificate and a service-account signing key generated at start (`streams.pki`)
 admin token (group system:masters), AlwaysAllow or RBAC authorization, and the admission
 plugins that wait for a controller-manager off (none runs here: ServiceAccount, which needs
 default service accounts, and TaintNodesByCondition, whose not-ready taint only the node
-lifecycle controller takes off); then Koordinator's CRDs, Kwok's Stage CRD and the chosen stock stages (with
+lifecycle controller takes off); then Koordinator's and agent-sandbox's CRDs, Kwok's Stage CRD and the chosen stock stages (with
 `extra_stages`, the caller's Stage resources too, each replacing a stock one of its name), and Kwok
 managing the nodes annotated `kwok.x-k8s.io/node: fake` (`kwok_options`: the options of a
 KwokConfiguration file it is given, such as its stage workers' parallelism). It writes an admin kubeconfig
@@ -55,6 +57,8 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 DEFAULT_STAGES = ("node/fast", "pod/fast")
 KOORDINATOR_CRDS = ("scheduling.koordinator.sh_reservations.yaml", "scheduling.sigs.k8s.io_podgroups.yaml",
                     "scheduling.sigs.k8s.io_elasticquotas.yaml")
+AGENT_SANDBOX_CRDS = tuple(f"extensions.agents.x-k8s.io_{plural}.yaml"
+                           for plural in ("sandboxtemplates", "sandboxwarmpools", "sandboxclaims"))
 
 
 class K8sNotInstalled(RuntimeError):
@@ -92,6 +96,13 @@ def koordinator_crds() -> Path:
     folder = ROOT / ".cache" / "koordinator" / versions()["KOORDINATOR_VERSION"] / "crd"
     if not (folder / KOORDINATOR_CRDS[0]).is_file():
         raise K8sNotInstalled(f"Koordinator's CRDs are not in {folder}: run `make koordinator-crds`")
+    return folder
+
+
+def agent_sandbox_crds() -> Path:
+    folder = ROOT / ".cache" / "agent-sandbox" / versions()["AGENT_SANDBOX_VERSION"] / "crd"
+    if not all((folder / name).is_file() for name in AGENT_SANDBOX_CRDS):
+        raise K8sNotInstalled(f"agent-sandbox's CRDs are not in {folder}: run `make agent-sandbox-crds`")
     return folder
 
 
@@ -218,6 +229,8 @@ class ControlPlane:
                 documents = []
                 if self.crds:
                     documents += [yaml.safe_load((koordinator_crds() / name).read_text()) for name in KOORDINATOR_CRDS]
+                    documents += [yaml.safe_load((agent_sandbox_crds() / name).read_text())
+                                  for name in AGENT_SANDBOX_CRDS]
                 if self.kwok:
                     documents.append(yaml.safe_load((kwok_dir() / "crd" / "bases" / "kwok.x-k8s.io_stages.yaml")
                                                     .read_text()))

@@ -33,6 +33,7 @@ from kubernetes_asyncio.client import Configuration
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 
 

@@ -29,7 +29,7 @@ from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState
-from agents.sandbox.templates import UID_PREFIX, pool_of
+from agents.sandbox.templates import UID_MARK, pool_of
 from schemas import topics
 from schemas.records import (
     Binding,
@@ -46,8 +46,6 @@ from schemas.records import (
 # The claim latency histogram's upper bounds (seconds): a warm claim answers in milliseconds,
 # a cold one in a scheduling cycle or a few.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-_MARK = f'"{UID_PREFIX}~'.encode()  # a sandbox pod's uid starts a JSON string so
 
 
 def pool_key_of(record: Record) -> str:
@@ -160,7 +158,7 @@ def register(app: faust.App, outcomes: faust.TopicT, sandbox: faust.TopicT, outb
     @app.agent(outcomes, name="koordstream.sandbox-outcomes")
     async def forward_outcomes(stream: faust.StreamT[Any]) -> None:
         async for messages in micro_batches(stream, config):
-            mine = [m for m in messages if m.value is not None and _MARK in m.value]
+            mine = [m for m in messages if m.value is not None and UID_MARK in m.value]
             if mine:  # what does not decode is dead-lettered by the topics' own readers, not here
                 await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
 

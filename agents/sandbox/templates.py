@@ -9,7 +9,8 @@
   (n counts up per pool), `sbx~<namespace>~<pool>~c-<claim uid>` for a claim's cold start, and
   `sbx~<namespace>~<pool>~r-<burst>-<i>` for a burst's reservations. `~` is in no Kubernetes
   name and in no hold id's separator, so `pool_of` reads the pool back from a Binding or a
-  SchedulingFeedback alone: that is how they are forwarded to the pool's own partition.
+  SchedulingFeedback alone: that is how they are forwarded to the pool's own partition;
+  `is_pod_uid` tells a pod's from a reservation's.
 - `validate_pool`, `validate_claim`, `validate_burst`: the first field that makes a record
   unusable, as a `FieldError` (the agent sends it to the dead-letter topic).
 - `sandbox_pod`: the pod a pool starts (the template's, with the pool's labels) or a claim
@@ -44,6 +45,7 @@ from schemas.records import (
 
 UID_PREFIX = "sbx"
 SEP = "~"
+UID_MARK = f'"{UID_PREFIX}{SEP}'.encode()  # in the bytes of every message that holds a sandbox uid (a JSON string)
 ACCOUNTING_LABEL = "sandbox.koordstream.io/accounting-only"  # no pod carries it: nothing consumes such a reservation
 # What scheduling reads of a pod (the template's hash covers these and nothing else).
 _SIGNED = ("requests", "overhead", "runtime_class_name", "qos_class", "priority", "priority_class_name",
@@ -89,6 +91,11 @@ def pool_of(uid: str) -> str | None:
     if len(parts) != 4 or not parts[1] or not parts[2]:
         return None
     return pool_key(parts[1], parts[2])
+
+
+def is_pod_uid(uid: str) -> bool:
+    """A sandbox pod's uid (a pool's own, or a claim's cold start), not a burst's reservation's."""
+    return pool_of(uid) is not None and not uid.rsplit(SEP, 1)[1].startswith("r-")
 
 
 def _check_name(field: str, value: str) -> None:

@@ -27,6 +27,16 @@
   `controller.kubernetes.io/pod-deletion-cost` differs from the live pod's is patched onto it.
 - **ReservationEvent** -> the Reservation's status (phase, node, current owners, allocated),
   for reservations that exist in the API server.
+- **Sandbox pods** (`streams.bridge.sandboxes`): a pool's pod is created (`create_sandbox`; one
+  already there with its `koordstream.io/uid` is done; one of an older pod of the name being
+  deleted is waited for) and deleted (`delete_sandbox`, with the API server's uid as
+  precondition). A sandbox pod's uid in koordstream is not the API server's: every call with a
+  UID precondition (a Binding, an eviction) and every Event about a pod takes the API server's
+  (`api_uid`, the mirror's map).
+- **SandboxClaimStatus** -> the claim's annotation `agents.x-k8s.io/sandbox-name` (a merge
+  patch) and its `status` (`Ready` condition, `sandbox.name`: a JSON patch), each with the
+  claim's uid as precondition (a claim made again under the name is not written); written when
+  the answer changes.
 """
 
 from __future__ import annotations
@@ -50,10 +60,17 @@ from schemas.records import (
     Pod,
     PodTerminated,
     ReservationEvent,
+    SandboxClaimStatus,
     SchedulingFeedback,
 )
 from streams.bridge.mirror import HOLD_ANNOTATION
-from streams.kubeapi import MERGE_PATCH, STRATEGIC_PATCH, KubeApi, KubeError
+from streams.bridge.sandboxes import (
+    UID_ANNOTATION,
+    claim_annotation_patch,
+    claim_status_patch,
+    claims_path,
+)
+from streams.kubeapi import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeApi, KubeError
 
 log = logging.getLogger("koordstream.bridge")
 
@@ -75,9 +92,11 @@ def pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
-def binding_body(b: Binding) -> dict[str, Any]:
+def binding_body(b: Binding, api_uid: str = "") -> dict[str, Any]:
+    """The Binding of `b`'s pod, whose uid in the API server (its precondition) is `api_uid`
+    (by default the Binding's)."""
     return {"apiVersion": "v1", "kind": "Binding",
-            "metadata": {"name": b.name, "namespace": b.namespace, "uid": b.uid,
+            "metadata": {"name": b.name, "namespace": b.namespace, "uid": api_uid or b.uid,
                          "annotations": {**b.annotations, HOLD_ANNOTATION: b.hold_id}},
             "target": {"apiVersion": "v1", "kind": "Node", "name": b.node}}
 
@@ -88,14 +107,15 @@ def condition_patch(f: SchedulingFeedback, clock: Callable[[], float]) -> dict[s
         "message": f.message, "lastProbeTime": None, "lastTransitionTime": _now_rfc3339(clock)}]}}
 
 
-def event_body(f: SchedulingFeedback, clock: Callable[[], float], instance: str) -> dict[str, Any]:
+def event_body(f: SchedulingFeedback, clock: Callable[[], float], instance: str, api_uid: str = "") -> dict[str, Any]:
     """A `FailedScheduling` Warning event about the pod (events.k8s.io/v1), as kube-scheduler
-    records one."""
+    records one (`api_uid`: the pod's uid in the API server, by default the feedback's)."""
     return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": f"{f.name}.{int(clock() * 1e9):x}", "namespace": f.namespace},
             "eventTime": _micro_rfc3339(clock), "reportingController": COMPONENT, "reportingInstance": instance,
             "action": "Scheduling", "reason": "FailedScheduling", "type": "Warning", "note": f.message[:1024],
-            "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": f.namespace, "name": f.name, "uid": f.uid}}
+            "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": f.namespace, "name": f.name,
+                          "uid": api_uid or f.uid}}
 
 
 def reservation_status(e: ReservationEvent) -> dict[str, Any]:
@@ -113,8 +133,8 @@ def reservation_status(e: ReservationEvent) -> dict[str, Any]:
 
 @dataclass
 class Actuator:
-    """See the module docstring. `live(uid)` is the mirror's last view of a pod (its
-    annotations), for the deletion costs."""
+    """See the module docstring. `live_annotations(uid)` is the mirror's last view of a pod (its
+    annotations), for the deletion costs; `api_uid(uid)` a pod's uid in the API server."""
 
     api: KubeApi
     clock: Callable[[], float] = time.time
@@ -125,9 +145,11 @@ class Actuator:
     events: bool = True
     live_annotations: Callable[[str], dict[str, str] | None] = lambda uid: None
     is_bound: Callable[[str], bool] = lambda uid: False  # the mirror's view: the pod has a node
+    api_uid: Callable[[str], str] = lambda uid: uid
     counts: dict[str, int] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)  # uids this bridge bound (feedback for them is late)
     _feedback: dict[str, str] = field(default_factory=dict)  # uid -> the message last written
+    _claims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> the answer last written
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -149,20 +171,22 @@ class Actuator:
 
     # -- bindings -----------------------------------------------------------------------------
 
-    async def bind(self, b: Binding) -> list[Output]:
-        """Carry out one Binding; what to report (a refusal), else nothing."""
+    async def bind(self, b: Binding, api_uid: str = "") -> list[Output]:
+        """Carry out one Binding (of the pod whose uid in the API server is `api_uid`: by
+        default the mirror's); what to report (a refusal), else nothing."""
         path = pod_path(b.namespace, b.name)
+        uid = api_uid or self.api_uid(b.uid)
         delay = self.retry_initial_s
         while True:
             try:
                 await self._retrying("binding", lambda: self.api.request(
-                    "POST", path + "/binding", body=binding_body(b)), _transient)
+                    "POST", path + "/binding", body=binding_body(b, uid)), _transient)
                 self._count("bound")
                 self.bound.add(b.uid)
                 return []
             except KubeError as exc:
                 if exc.status == 404:
-                    return self._refused(b, "the pod is gone")
+                    return self.refused(b, "the pod is gone")
                 if exc.status == 409:
                     conflict = exc
                     break
@@ -170,9 +194,9 @@ class Actuator:
                 # admission webhook's denial, ...): only the pod's own state may refuse the
                 # Binding (a refusal tombstones the pod at its node: it is never scheduled
                 # again); a pod that is there and may still run is bound later, not dropped.
-                why = await self._unbindable(b, exc)
+                why = await self._unbindable(b, uid, exc)
                 if why:
-                    return self._refused(b, why)
+                    return self.refused(b, why)
                 self._count("binding_retries")
                 log.warning("binding of %s/%s to %s: %s; retrying in %.1f s", b.namespace, b.name, b.node, exc, delay)
                 await asyncio.sleep(delay)
@@ -181,20 +205,20 @@ class Actuator:
             pod = await self._retrying("binding", lambda: self.api.request("GET", path), _transient)
         except KubeError as exc:
             if exc.status == 404:
-                return self._refused(b, "the pod is gone")
+                return self.refused(b, "the pod is gone")
             raise
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        if meta.get("uid") != b.uid:
-            return self._refused(b, "the pod is gone (another pod has its name)")
+        if meta.get("uid") != uid:
+            return self.refused(b, "the pod is gone (another pod has its name)")
         if spec.get("nodeName") == b.node and (meta.get("annotations") or {}).get(HOLD_ANNOTATION) == b.hold_id:
             self._count("bound_before")
             self.bound.add(b.uid)
             return []
         if not spec.get("nodeName"):  # (the API server refuses to bind a pod that is being deleted)
-            return self._refused(b, f"{conflict.status} {conflict.reason}: {conflict.message}")
-        return self._refused(b, f"the pod is bound to node {spec.get('nodeName')!r} already")
+            return self.refused(b, f"{conflict.status} {conflict.reason}: {conflict.message}")
+        return self.refused(b, f"the pod is bound to node {spec.get('nodeName')!r} already")
 
-    async def _unbindable(self, b: Binding, exc: KubeError) -> str:
+    async def _unbindable(self, b: Binding, uid: str, exc: KubeError) -> str:
         """Why the pod can never be bound, after an answer that is not the pod's own (see
         `bind`): its namespace is being deleted (NamespaceLifecycle refuses new content), or
         the pod is gone or being deleted; "" when it is there and may still run."""
@@ -206,13 +230,14 @@ class Actuator:
         except KubeError as again:
             return "the pod is gone" if again.status == 404 else ""
         meta = pod.get("metadata") or {}
-        if meta.get("uid") != b.uid:
+        if meta.get("uid") != uid:
             return "the pod is gone (another pod has its name)"
         if meta.get("deletionTimestamp"):
             return f"the pod is being deleted ({exc.status} {exc.reason}: {exc.message})"
         return ""
 
-    def _refused(self, b: Binding, why: str) -> list[Output]:
+    def refused(self, b: Binding, why: str) -> list[Output]:
+        """The report of a Binding that will never be carried out: the hold's capacity is freed."""
         self._count("binding_refused")
         log.warning("binding of %s/%s to %s refused: %s", b.namespace, b.name, b.node, why)
         return [Output(topics.NODE_INBOX, b.node, PodTerminated(uid=b.uid, node=b.node, decision_key=b.decision_key,
@@ -222,14 +247,15 @@ class Actuator:
 
     async def evict(self, e: EvictionCommand) -> list[Output]:
         path = pod_path(e.namespace, e.name)
+        uid = self.api_uid(e.uid)
         try:
             if e.preemptor_uid:  # preemption deletes its victims, as kube-scheduler does
                 await self._retrying("deletion", lambda: self.api.request(
-                    "DELETE", path, body={"preconditions": {"uid": e.uid}}), _transient)
+                    "DELETE", path, body={"preconditions": {"uid": uid}}), _transient)
             else:
                 body = {"apiVersion": "policy/v1", "kind": "Eviction",
                         "metadata": {"name": e.name, "namespace": e.namespace},
-                        "deleteOptions": {"preconditions": {"uid": e.uid}}}
+                        "deleteOptions": {"preconditions": {"uid": uid}}}
                 deadline = time.monotonic() + self.eviction_retry_s
                 await self._retrying("eviction", lambda: self.api.request("POST", path + "/eviction", body=body),
                                      lambda exc: exc.status == 429 or _transient(exc), deadline)
@@ -268,7 +294,7 @@ class Actuator:
             if self.events:
                 await self._retrying("event", lambda: self.api.request(
                     "POST", f"/apis/events.k8s.io/v1/namespaces/{f.namespace}/events",
-                    body=event_body(f, self.clock, self.instance)), _transient)
+                    body=event_body(f, self.clock, self.instance, self.api_uid(f.uid))), _transient)
         except KubeError as exc:
             if exc.status != 404:
                 log.warning("feedback for %s/%s not written: %s", f.namespace, f.name, exc)
@@ -276,6 +302,81 @@ class Actuator:
     def forget(self, uid: str) -> None:
         self._feedback.pop(uid, None)
         self.bound.discard(uid)
+        self._claims.pop(uid, None)
+
+    # -- sandbox pods and claims -------------------------------------------------------------
+
+    async def create_sandbox(self, uid: str, manifest: dict[str, Any], wait_s: float = 60.0) -> str:
+        """Create a pool's sandbox pod; its uid in the API server, or "" when it cannot be made
+        (its namespace gone or going, the manifest refused, its name held by another pod that
+        is not being deleted, or an older one of the name still going after `wait_s`)."""
+        meta = manifest["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods"
+        deadline = time.monotonic() + wait_s
+        delay = self.retry_initial_s
+        while True:
+            try:
+                created = await self._retrying("sandbox_creation", lambda: self.api.request(
+                    "POST", path, body=manifest), _transient)
+                self._count("sandboxes_created")
+                return str((created.get("metadata") or {}).get("uid", ""))
+            except KubeError as exc:
+                if exc.status != 409:
+                    log.warning("sandbox pod %s/%s not created: %s", meta["namespace"], meta["name"], exc)
+                    return ""
+            try:  # 409: made before (a batch carried out again after a crash), or the name is taken
+                pod = await self._retrying("sandbox_creation", lambda: self.api.request(
+                    "GET", pod_path(meta["namespace"], meta["name"])), _transient)
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+                continue  # gone in between: create it again
+            found = pod.get("metadata") or {}
+            if (found.get("annotations") or {}).get(UID_ANNOTATION) == uid:
+                return str(found.get("uid", ""))
+            if not found.get("deletionTimestamp") or time.monotonic() + delay > deadline:
+                log.warning("sandbox pod %s/%s not created: another pod has the name", meta["namespace"], meta["name"])
+                return ""
+            await asyncio.sleep(delay)  # an older pod of the name is being deleted
+            delay = min(delay * 2, self.retry_max_s)
+
+    async def delete_sandbox(self, uid: str, namespace: str, name: str, api_uid: str = "") -> None:
+        """Delete a pool's sandbox pod (its uid in the API server `api_uid`, else found by name
+        and its `koordstream.io/uid`); one gone already is done."""
+        path = pod_path(namespace, name)
+        try:
+            if not api_uid:
+                pod = await self._retrying("sandbox_deletion", lambda: self.api.request("GET", path), _transient)
+                found = pod.get("metadata") or {}
+                if (found.get("annotations") or {}).get(UID_ANNOTATION) != uid:
+                    return
+                api_uid = str(found.get("uid", ""))
+            await self._retrying("sandbox_deletion", lambda: self.api.request(
+                "DELETE", path, body={"preconditions": {"uid": api_uid}}), _transient)
+            self._count("sandboxes_deleted")
+        except KubeError as exc:
+            if exc.status not in (404, 409):  # gone, or another pod has the name now
+                log.warning("sandbox pod %s/%s not deleted: %s", namespace, name, exc)
+
+    async def claim_status(self, s: SandboxClaimStatus) -> None:
+        """Write a pool's answer to a claim (see the module docstring); the annotation first, so
+        that a reader who sees the claim Ready finds its sandbox's name on it too."""
+        written = (s.phase, s.sandbox, s.node, s.reason, s.message)
+        if self._claims.get(s.uid) == written:
+            return
+        path = claims_path(s.namespace, s.name)
+        try:
+            if s.sandbox:
+                await self._retrying("claim_status", lambda: self.api.request(
+                    "PATCH", path, body=claim_annotation_patch(s), content_type=MERGE_PATCH), _transient)
+            await self._retrying("claim_status", lambda: self.api.request(
+                "PATCH", path + "/status", body=claim_status_patch(s, _now_rfc3339(self.clock)),
+                content_type=JSON_PATCH), _transient)
+            self._claims[s.uid] = written
+            self._count("claim_status")
+        except KubeError as exc:
+            if exc.status not in (404, 422):  # gone, or another claim of the name (its uid differs)
+                log.warning("status of claim %s/%s not written: %s", s.namespace, s.name, exc)
 
     async def deletion_cost(self, pod: Pod) -> None:
         cost = pod.annotations.get(DELETION_COST)

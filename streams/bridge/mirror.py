@@ -24,6 +24,14 @@ it: min-available from `spec.minMember`, waiting-time from `spec.scheduleTimeout
 pod whose PodGroup is not known yet waits for it unpublished (Koordinator's coscheduling
 waits for it too): published as a single pod, it would bind without its gang.
 
+A pool's sandbox pod (its object carries the annotation `koordstream.io/uid`, see
+`sandboxes`) is known by that uid, not by the API server's (`api_uid` maps it back): it is
+ours, published only once koordstream bound it (its pool published it pending), and then as
+every pod of ours (changes, its end, its deletion).
+
+agent-sandbox's SandboxTemplates, SandboxWarmPools and SandboxClaims go to `sandbox`
+(`sandboxes.SandboxObjects`).
+
 Also: Nodes and their deletions (`nodes`), Koordinator Reservations (`pods`, deleted as a
 pod is), PodDisruptionBudgets (`disruption-budgets`, a deletion as `deleted`), and ReplicaSets
 whose `spec.replicas` went down (`scale-down`: `ScaleDownEvent("ReplicaSet/<name>", by how
@@ -32,7 +40,7 @@ goes to the dead-letter topic with the field and value, and the rest of the batc
 After a relist (`relisted`), what the list no longer has is taken as deleted.
 
 A new leader starts from what the bridges published before (`seed`: the records stamped with
-the bridge's origin, read back from `pods`, `nodes` and `disruption-budgets`): an object deleted
+the bridge's origin, read back from `pods`, `nodes`, `disruption-budgets` and `sandbox`): an object deleted
 while no bridge ran is then missing from the first list and its deletion is published, and an
 object unchanged since is not published again.
 """
@@ -41,7 +49,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +83,8 @@ from schemas.records import (
     ResourceList,
     ScaleDownEvent,
 )
+from streams.bridge import sandboxes
+from streams.bridge.sandboxes import SandboxObjects, sandbox_uid
 
 HOLD_ANNOTATION = "koordstream.io/hold-id"  # on a pod koordstream bound: the hold id of its Binding
 TERMINAL = ("Succeeded", "Failed")
@@ -98,8 +108,9 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _key(obj: Mapping[str, Any]) -> str:
+    """An object's key: its uid (a sandbox pod's: its uid in koordstream, `sandboxes`)."""
     meta = _meta(obj)
-    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return sandbox_uid(meta) or str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
 
 
 def _bound_by_us(uid: str, node: str, annotations: Mapping[str, Any]) -> bool:
@@ -142,6 +153,7 @@ class _PodSeen:
     record: Pod | None = None  # the last published (ours)
     terminated: bool = False  # its PodTerminated was sent
     orphaned: bool = False  # bound by us to a node object since deleted: the owner terminated it, it counts as foreign
+    api_uid: str = ""  # the API server's uid (a sandbox pod's key is its uid in koordstream)
 
 
 @dataclass
@@ -161,6 +173,7 @@ class Mirror:
     podgroup_names: dict[str, str] = field(default_factory=dict)  # PodGroup key (uid) -> ns/name
     waiting: dict[str, dict[str, Mapping[str, Any]]] = field(default_factory=dict)  # ns/name -> uid -> pod object
     known: dict[str, set[str]] = field(default_factory=dict)  # kind -> keys seen since the last list
+    sandboxes: SandboxObjects = field(default_factory=SandboxObjects)  # agent-sandbox's objects
 
     # -- the entry points ---------------------------------------------------------------------
 
@@ -184,6 +197,8 @@ class Mirror:
                 return self._replicaset(event, obj, key)
             if kind == PODGROUP:
                 return self._podgroup(event, obj)
+            if kind in sandboxes.KINDS:
+                return self.sandboxes.apply(kind, event, obj, key)
         except SchemaError as exc:
             return [dead_letter(kind, obj, exc)]
         raise ValueError(f"kind={kind!r}: not a resource the bridge mirrors")
@@ -213,7 +228,8 @@ class Mirror:
                 out += self.apply(kind, "DELETED", gone)
         yield out
 
-    def vanished(self, reports: Iterable[NodeStateChange]) -> list[Output]:
+    def vanished(self, reports: Iterable[NodeStateChange],
+                 to_come: Callable[[str], bool] = lambda uid: False) -> list[Output]:
         """The pods that koordstream's owners hold committed (`reports`: each node as its
         owner has it now) on a node the API server has, and that the API server no longer has:
         deleted while no bridge led, so no term's watch or relist saw them go (each term's
@@ -221,13 +237,15 @@ class Mirror:
         key) and terminated at its node (`node-inbox`), as a deletion seen by the watch would;
         both are idempotent. Called once the pods and nodes are listed, and compared with what
         the mirror has at that moment, the watch included: a pod committed at all was published
-        by a bridge first, so one created after the list is here too (or was seen deleted)."""
+        by a bridge first, so one created after the list is here too (or was seen deleted).
+        Not a pod that may be `to_come`: a pool's sandbox pod that no bridge published bound may
+        not have been created yet (its Binding, carried out again, creates it)."""
         out: list[Output] = []
         for report in reports:
             if report.node not in self.nodes or report.deleted:
                 continue  # not a node of this API server (a pod published straight onto the topics)
             for bound in report.committed:
-                if bound.uid in self.pods:
+                if bound.uid in self.pods or to_come(bound.uid):
                     continue
                 out.append(Output(topics.PODS, bound.uid, PodDeleted(
                     uid=bound.uid, name=bound.name, namespace=bound.namespace, decision_key=bound.decision_key)))
@@ -265,6 +283,16 @@ class Mirror:
             else:
                 self.published[(PDB, record.uid)] = record
                 self.known.setdefault(PDB, set()).add(record.uid)
+        else:
+            seeded = self.sandboxes.seed(record)
+            if seeded is not None:
+                kind, key, present = seeded
+                (self.known.setdefault(kind, set()).add if present else self.known.get(kind, set()).discard)(key)
+
+    def api_uid(self, uid: str) -> str:
+        """The API server's uid of a pod the mirror knows by `uid` (they differ for sandbox pods)."""
+        seen = self.pods.get(uid)
+        return seen.api_uid if seen is not None and seen.api_uid else uid
 
     def flush_nodes(self) -> list[Output]:
         """The nodes whose foreign pods changed, published again."""
@@ -293,26 +321,33 @@ class Mirror:
         status = obj.get("status") or {}
         node = str(spec.get("nodeName") or "")
         phase = str(status.get("phase") or "Pending")
-        annotations = _meta(obj).get("annotations") or {}
+        meta = _meta(obj)
+        annotations = meta.get("annotations") or {}
         bound_by_us = bool(node) and _bound_by_us(uid, node, annotations)
+        sandbox = uid != str(meta.get("uid") or uid)  # a pool's pod, known by its uid in koordstream
         # Ours: published, its deletion forwarded. One of ours that someone else bound stays
         # ours (its scheduler and decider must forget it when it goes), and counts as foreign.
-        ours = (spec.get("schedulerName", "default-scheduler") in self.profiles and (not node or bound_by_us)) or (
-            seen is not None and seen.ours)
+        # A sandbox pod is ours; its pool published it pending, the mirror only once we bound it.
+        ours = sandbox or (spec.get("schedulerName", "default-scheduler") in self.profiles
+                           and (not node or bound_by_us)) or (seen is not None and seen.ours)
         orphaned = seen is not None and seen.orphaned and seen.node == node
         counts = bool(node) and (not bound_by_us or orphaned) and phase not in TERMINAL
-        group = self._missing_group(obj) if ours and not node and (seen is None or seen.record is None) else ""
+        group = self._missing_group(obj) if ours and not sandbox and not node and (seen is None or seen.record is None) \
+            else ""
         if group:  # a member of a PodGroup not seen yet: it waits for it, as Koordinator's coscheduling does
             self.waiting.setdefault(group, {})[uid] = obj
             self.pods.setdefault(uid, _PodSeen(True))
             return []
         record = pod_from_manifest(self._with_gang(dict(obj))) if ours or counts else None
+        if record is not None and sandbox:
+            record = dataclasses.replace(record, uid=uid)
         if seen is None:
             seen = self.pods[uid] = _PodSeen(ours)
         seen.ours = ours
+        seen.api_uid = str(meta.get("uid") or seen.api_uid)
         out: list[Output] = []
         self._set_foreign(uid, seen, record.requests if counts and record is not None else None, node)
-        if ours and record is not None:
+        if ours and record is not None and (not sandbox or bound_by_us or seen.record is not None):
             if seen.record is None or _bare(seen.record) != _bare(record):
                 out.append(Output(topics.PODS, uid, record))
             seen.record = record
@@ -514,4 +549,6 @@ class Mirror:
                     "spec": {"selector": last.selector}}
         if kind == RESERVATION and last is not None:
             return {"metadata": {"uid": key, "name": getattr(last, "name", "")}}
+        if kind in sandboxes.KINDS:
+            return self.sandboxes.last_object(kind, key)
         return {"metadata": {"uid": key}}

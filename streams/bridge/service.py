@@ -4,22 +4,29 @@ One bridge leads at a time (`lease.LeaderElection`); every record it publishes c
 origin (`bridge`, with the time it took the Lease as the epoch), so that readers drop
 what a deposed leader still writes. The leader:
 
-0. reads back what the bridges published before (the records of that origin on `pods`, `nodes`
-   and `disruption-budgets`) into the `Mirror` (`Mirror.seed`), so that the first lists
-   publish only what changed, and the deletions that happened while no bridge ran;
+0. reads back what the bridges published before (the records of that origin on `pods`, `nodes`,
+   `disruption-budgets` and `sandbox`) into the `Mirror` (`Mirror.seed`), so that the first
+   lists publish only what changed, and the deletions that happened while no bridge ran; and
+   what `pods` says of the pools' sandbox pods (`sandboxes.SandboxPods`);
 1. lists and then watches, in this order (each listed whole before the next starts, so that
-   a node is first published knowing every pod that runs on it): PodGroups and Koordinator
-   Reservations where their CRDs are installed, pods, nodes, PodDisruptionBudgets and
-   ReplicaSets (`reflector.Reflector`); each batch of events goes through the `Mirror` and
+   a node is first published knowing every pod that runs on it, and a pool before its
+   claims): PodGroups, Koordinator Reservations, agent-sandbox's SandboxTemplates,
+   SandboxWarmPools and SandboxClaims where their CRDs are installed, pods, nodes,
+   PodDisruptionBudgets and ReplicaSets (`reflector.Reflector`); each batch of events goes through the `Mirror` and
    its records are published (acknowledged before the next batch); once all are listed, the
    pods koordstream's owners hold committed that the API server no longer has (deleted while
    no bridge led) are deleted and terminated (`Mirror.vanished`);
 2. then consumes, each in a consumer group of its own so that a slow eviction never holds up a
    Binding, with `read_committed` (a decider's Binding counts only once its transaction
-   committed): `bindings`; `evictions`; and `feedback`, `reservations` and `pods` (for the
-   rebalancer's deletion costs). Only what concerns pods of the API server's (those the mirror
-   holds) is carried out: pods that other producers publish straight onto the topics are not
-   the bridge's to bind or evict. Each batch is carried out (`actuator.Actuator`: calls in
+   committed): `bindings`; `evictions`; `feedback`, `reservations` and `pods` (for the
+   rebalancer's deletion costs); `pods` again for the sandbox pods (created and deleted in the
+   API server as their pools publish them); and `sandbox-status` (the claims' answers, written
+   into their status). Only what concerns objects of the API server's (the pods the mirror
+   holds, the pods of its pools, its claims) is carried out: pods that other producers publish
+   straight onto the topics are not the bridge's to bind or evict. A sandbox pod's Binding
+   creates the pod first when it is not there yet (its creation may be behind, on its own
+   consumer), unless `pods` says it was deleted, or bound and since gone: then it is refused,
+   never made again. Each batch is carried out (`actuator.Actuator`: calls in
    parallel within the client's rate limit and concurrency), what it reports is published and
    acknowledged, and only then are the batch's offsets committed. A bridge killed in between
    carries the batch out again: a Binding already done is recognised (same node, same hold
@@ -47,6 +54,7 @@ from agents.adapters.connection import KafkaConnection
 from agents.intake import RawMessage, intake, origin_from_headers
 from agents.ports import Origin, Output
 from agents.rebalance.binpack import DELETION_COST
+from agents.sandbox.templates import UID_MARK, is_pod_uid, pool_of
 from agents.scheduler.core import SCHEDULER_NAMES
 from agents.scheduler.framework import profiles as scheduler_profiles
 from schemas import topics
@@ -60,12 +68,16 @@ from schemas.records import (
     Pod,
     PodDeleted,
     ReservationEvent,
+    SandboxClaimDeleted,
+    SandboxClaimStatus,
     SchedulingFeedback,
 )
+from streams.bridge import sandboxes
 from streams.bridge.actuator import Actuator
 from streams.bridge.lease import LeaderElection
 from streams.bridge.mirror import NODE, PDB, POD, PODGROUP, REPLICASET, RESERVATION, Mirror
 from streams.bridge.reflector import Reflector
+from streams.bridge.sandboxes import CLAIM, TEMPLATE, WARMPOOL, SandboxPods, pod_manifest
 from streams.catalogue import TABLE_NODE_STATE
 from streams.connection import connect
 from streams.kubeapi import KubeApi, KubeError, Limits
@@ -79,13 +91,17 @@ log = logging.getLogger("koordstream.bridge")
 WATCHED: tuple[tuple[str, str, str], ...] = (
     (PODGROUP, "scheduling.sigs.k8s.io/v1alpha1", "/apis/scheduling.sigs.k8s.io/v1alpha1/podgroups"),
     (RESERVATION, "scheduling.koordinator.sh/v1alpha1", "/apis/scheduling.koordinator.sh/v1alpha1/reservations"),
+    (TEMPLATE, sandboxes.API_VERSION, f"/apis/{sandboxes.API_VERSION}/sandboxtemplates"),
+    (WARMPOOL, sandboxes.API_VERSION, f"/apis/{sandboxes.API_VERSION}/sandboxwarmpools"),
+    (CLAIM, sandboxes.API_VERSION, f"/apis/{sandboxes.API_VERSION}/sandboxclaims"),
     (POD, "v1", "/api/v1/pods"),
     (NODE, "v1", "/api/v1/nodes"),
     (PDB, "policy/v1", "/apis/policy/v1/poddisruptionbudgets"),
     (REPLICASET, "apps/v1", "/apis/apps/v1/replicasets"),
 )
-OPTIONAL = (PODGROUP, RESERVATION)  # CRDs: watched where installed
+OPTIONAL = (PODGROUP, RESERVATION, TEMPLATE, WARMPOOL, CLAIM)  # CRDs: watched where installed
 ORIGIN = "bridge"  # the origin of every record a bridge publishes (its epoch: when its leader took the Lease)
+SANDBOX_WAIT_S = 120.0  # how long a sandbox pod's Binding waits for the pod's record on `pods`
 
 
 def profile_names(path: str) -> frozenset[str]:
@@ -117,6 +133,7 @@ class Bridge:
     profiles: frozenset[str]
     mirror: Mirror = field(init=False)
     actuator: Actuator = field(init=False)
+    sandbox_pods: SandboxPods = field(default_factory=SandboxPods)
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # listed everything, consuming
     election: LeaderElection | None = None
 
@@ -124,7 +141,8 @@ class Bridge:
         self.mirror = Mirror(self.profiles)
         b = self.settings.bridge
         self.actuator = Actuator(self.api, instance=identity(self.settings), eviction_retry_s=b.eviction_retry_s,
-                                 events=b.events, live_annotations=self._live_annotations, is_bound=self._is_bound)
+                                 events=b.events, live_annotations=self._live_annotations, is_bound=self._is_bound,
+                                 api_uid=lambda uid: self.mirror.api_uid(uid))
 
     def _live_annotations(self, uid: str) -> dict[str, str] | None:
         seen = self.mirror.pods.get(uid)
@@ -162,9 +180,10 @@ class Bridge:
     async def lead(self) -> None:
         k = self.settings.kafka
         self.mirror = Mirror(self.profiles)  # every term starts from what was published and a full list
+        self.sandbox_pods = SandboxPods()
         self.ready.clear()
         origin = Origin(ORIGIN, self.election.epoch if self.election is not None else 0)
-        await read_back(connect(k), k.partitions, self.mirror)
+        await read_back(connect(k), k.partitions, self.mirror, self.sandbox_pods)
         async with RecordProducer(connect(k), k.partitions) as producer:
             publish = self._publisher(producer, origin)
             tasks: list[asyncio.Task[None]] = []
@@ -186,6 +205,9 @@ class Bridge:
                     asyncio.create_task(self._consume("evictions", [topics.EVICTIONS], self._evictions, publish)),
                     asyncio.create_task(self._consume("status", [topics.FEEDBACK, topics.RESERVATIONS, topics.PODS],
                                                       self._status, publish)),
+                    asyncio.create_task(self._consume("sandbox-pods", [topics.PODS], self._sandbox_pods, publish)),
+                    asyncio.create_task(self._consume("sandbox-status", [topics.SANDBOX_STATUS], self._claims,
+                                                      publish)),
                 ]
                 self.ready.set()
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -215,7 +237,7 @@ class Bridge:
             log.error("the owners' changelog cannot be read (%s): pods deleted while no bridge led are not looked "
                       "for", exc)
             return
-        out = self.mirror.vanished(reports)
+        out = self.mirror.vanished(reports, self.sandbox_pods.to_come)
         if out:
             log.info("%d pods bound by koordstream were deleted while no bridge led: deleted and terminated now",
                      len(out) // 2)
@@ -238,8 +260,10 @@ class Bridge:
                 futures = await producer.outbox.send([Output(o.topic, o.key, o.record, origin) for o in outputs])
                 await producer.flush(futures)
                 for o in outputs:
+                    if isinstance(o.record, (PodDeleted, SandboxClaimDeleted)):
+                        self.actuator.forget(o.record.uid)  # (what it wrote about a pod or claim gone)
                     if isinstance(o.record, PodDeleted):
-                        self.actuator.forget(o.record.uid)  # (what it wrote about a pod gone)
+                        self.sandbox_pods.deleted(o.record.uid)  # (never made again)
         return publish
 
     def _on_list(self, kind: str, publish: Callable[[list[Output]], Awaitable[None]]
@@ -267,9 +291,43 @@ class Bridge:
         got = intake(messages, expect=(Binding,))
         # (A reservation's Binding is not of a pod the mirror holds: its phase and node reach the
         # Reservation's status from its owner's ReservationEvents.)
-        results = await asyncio.gather(*(self.actuator.bind(b) for b in got.records
-                                         if isinstance(b, Binding) and b.uid in self.mirror.pods))
+        calls = []
+        for b in got.records:
+            if not isinstance(b, Binding):
+                continue
+            if b.uid in self.mirror.pods:
+                calls.append(self.actuator.bind(b))
+            elif is_pod_uid(b.uid) and self.mirror.sandboxes.pool_live(pool_of(b.uid) or ""):
+                calls.append(self._bind_sandbox(b))
+        results = await asyncio.gather(*calls)
         return [o for r in results for o in r] + got.dead_letters
+
+    async def _bind_sandbox(self, b: Binding) -> list[Output]:
+        """A Binding of a pool's sandbox pod that the mirror has not seen in the API server:
+        the pod is created first (see the module docstring), unless it may not be."""
+        seen = await self.sandbox_pods.wait(b.uid, SANDBOX_WAIT_S)
+        if b.uid in self.mirror.pods:  # (seen meanwhile)
+            return await self.actuator.bind(b)
+        if seen is None or not seen.creatable() or seen.pod is None:
+            why = "no record of the sandbox pod" if seen is None or seen.pod is None else "the sandbox pod is gone"
+            return self.actuator.refused(b, why)
+        api_uid = await self._create_sandbox(seen.pod)
+        if not api_uid:
+            return self.actuator.refused(b, "the sandbox pod cannot be created")
+        return await self.actuator.bind(b, api_uid=api_uid)
+
+    async def _create_sandbox(self, pod: Pod) -> str:
+        """Create a sandbox pod from its template's spec; its uid in the API server, else "". Not
+        a pod of another scheduler (a template without koordstream's `schedulerName`): koordstream's
+        scheduler refuses it (the pool hears why), and in the API server another would bind it
+        behind its pool's back."""
+        spec = self.mirror.sandboxes.spec_for(pod)
+        if spec is None or pod.scheduler_name not in self.profiles:
+            log.warning("sandbox pod %s/%s not created: %s", pod.namespace, pod.name,
+                        "no pod spec of its template is known" if spec is None else
+                        f"its scheduler {pod.scheduler_name!r} is none of koordstream's")
+            return ""
+        return await self.actuator.create_sandbox(pod.uid, pod_manifest(pod, spec))
 
     async def _evictions(self, messages: list[RawMessage]) -> list[Output]:
         got = intake(messages, expect=(EvictionCommand, EvictionRefused))
@@ -293,6 +351,41 @@ class Bridge:
                 calls.append(self.actuator.deletion_cost(r))
         calls += [self.actuator.feedback(f) for f in last_feedback.values()]
         await asyncio.gather(*calls)
+        return []
+
+    async def _sandbox_pods(self, messages: list[RawMessage]) -> list[Output]:
+        """The pools' sandbox pods on `pods`: each created in the API server when its pool
+        publishes it, deleted when its pool deletes it (of the API server's pools, or pods the
+        mirror holds), what happened last to each in the batch only."""
+        touched: set[str] = set()
+        for m in messages:
+            if m.value is None or UID_MARK not in m.value:
+                continue
+            by_bridge = m.origin is not None and m.origin.source == ORIGIN
+            for i, record in enumerate(decode_message(m.value)):
+                if isinstance(record, (Pod, PodDeleted)) and is_pod_uid(record.uid):
+                    self.sandbox_pods.read(record, by_bridge, m.offset, i)  # (read before: by the read-back)
+                    touched.add(record.uid)
+        calls: list[Awaitable[object]] = []
+        for uid in touched:  # what `pods` says of it now, whatever record was read
+            seen, wanted = self.mirror.pods.get(uid), self.sandbox_pods.pods[uid]
+            live = self.mirror.sandboxes.pool_live(pool_of(uid) or "")
+            if wanted.deleted and (seen is not None or live):
+                calls.append(self.actuator.delete_sandbox(uid, wanted.namespace, wanted.name,
+                                                          seen.api_uid if seen is not None else ""))
+            elif seen is None and live and wanted.creatable() and wanted.pod is not None:
+                calls.append(self._create_sandbox(wanted.pod))
+        await asyncio.gather(*calls)
+        return []
+
+    async def _claims(self, messages: list[RawMessage]) -> list[Output]:
+        """The pools' answers to the API server's claims, written into them (the last of each
+        claim in the batch)."""
+        last: dict[str, SandboxClaimStatus] = {}
+        for r in intake(messages).records:
+            if isinstance(r, SandboxClaimStatus) and self.mirror.sandboxes.claim_live(r.uid):
+                last[r.uid] = r
+        await asyncio.gather(*(self.actuator.claim_status(s) for s in last.values()))
         return []
 
     async def _consume(self, name: str, topic_names: Sequence[str],
@@ -319,22 +412,30 @@ class Bridge:
             await consumer.stop()
 
 
-async def read_back(kafka: KafkaConnection, partitions: int, mirror: Mirror) -> int:
-    """Seed `mirror` with the records a bridge published (its origin) on `pods`, `nodes` and
-    `disruption-budgets`, in log order per key; how many."""
+async def read_back(kafka: KafkaConnection, partitions: int, mirror: Mirror,
+                    sandbox_pods: SandboxPods | None = None) -> int:
+    """Seed `mirror` with the records a bridge published (its origin) on `pods`, `nodes`,
+    `disruption-budgets` and `sandbox`, in log order per key, and `sandbox_pods` with every
+    record of a sandbox pod on `pods`; how many records were seeded."""
     seen = 0
 
     def one(message: Any) -> None:
         nonlocal seen
         origin = origin_from_headers(message.headers)
-        if origin is None or origin.source != ORIGIN:
+        ours = origin is not None and origin.source == ORIGIN
+        sandbox = sandbox_pods is not None and message.topic == topics.PODS and UID_MARK in (message.value or b"")
+        if not ours and not sandbox:
             return
-        for record in decode_message(message.value):
-            if not isinstance(record, SchemaError):
+        for i, record in enumerate(decode_message(message.value)):
+            if isinstance(record, SchemaError):
+                continue
+            if sandbox and sandbox_pods is not None:
+                sandbox_pods.read(record, ours, message.offset, i)
+            if ours:
                 mirror.seed(record)
                 seen += 1
 
-    await read_to_end(kafka, [topics.PODS, topics.NODES, topics.DISRUPTION_BUDGETS], partitions, one)
+    await read_to_end(kafka, [topics.PODS, topics.NODES, topics.DISRUPTION_BUDGETS, topics.SANDBOX], partitions, one)
     return seen
 
 

@@ -9,9 +9,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from schemas.records import Taint
+from schemas.records import Binding, Taint
 from streams.kube_cluster import kwok_node as cluster_node
 from streams.kubeapi import KubeApi, KubeError
+from tests.integration.harness import Harness
 
 TEST_TAINT = "koordstream.io/bridge-test"  # keeps the other tests' pods (published on the topics) off Kwok's nodes
 
@@ -90,3 +91,11 @@ async def nodes_ready(api: KubeApi, names: list[str]) -> bool:
 
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+def no_pod_bound_twice(h: Harness, uids: set[str]) -> None:
+    """Each pod has one Binding target on the topic (a Binding sent again names the same node)."""
+    targets: dict[str, set[str]] = {}
+    for b in h.seen(Binding, lambda b: b.uid in uids):
+        targets.setdefault(b.uid, set()).add(b.node)
+    assert {u: n for u, n in targets.items() if len(n) > 1} == {}

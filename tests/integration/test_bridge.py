@@ -43,6 +43,7 @@ from tests.integration.kube import (
     create_all,
     create_namespace,
     kwok_node,
+    no_pod_bound_twice,
     nodes_ready,
     pod_manifest,
     pods,
@@ -72,14 +73,6 @@ async def bound(api: KubeApi, namespace: str, count: int, timeout: float = 120.0
         return found if len(found) >= count else None
     result: list[dict[str, Any]] = await wait_until(f"{count} pods of {namespace} bound", check, timeout)
     return result
-
-
-def no_pod_bound_twice(h: Harness, uids: set[str]) -> None:
-    """Each pod has one Binding target on the topic (a Binding sent again names the same node)."""
-    targets: dict[str, set[str]] = {}
-    for b in h.seen(Binding, lambda b: b.uid in uids):
-        targets.setdefault(b.uid, set()).add(b.node)
-    assert {u: n for u, n in targets.items() if len(n) > 1} == {}
 
 
 async def test_pods_created_in_the_api_server_are_bound_through_pods_binding(api: KubeApi, bootstrap: str) -> None:
@@ -303,8 +296,12 @@ async def test_the_bridge_runs_with_least_privilege_and_a_verb_not_granted_is_re
     async with await KubeApi.connect(str(bridge_kubeconfig)) as limited:
         await limited.request("GET", "/api/v1/pods", params={"limit": 1})  # granted: list pods
         refused = [
-            ("POST", f"/api/v1/namespaces/{group}/pods", pod_manifest("sneaky", group, group)),
+            ("PUT", f"/api/v1/namespaces/{group}/pods/anything", pod_manifest("anything", group, group)),
             ("DELETE", "/api/v1/nodes/anything", None),
+            ("POST", f"/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{group}/sandboxwarmpools",
+             {"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+              "metadata": {"name": "x"}, "spec": {"sandboxTemplateRef": {"name": "x"}}}),
+            ("DELETE", f"/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{group}/sandboxclaims/x", None),
             ("GET", "/api/v1/namespaces/kube-system/secrets", None),
             ("POST", f"/apis/coordination.k8s.io/v1/namespaces/{group}/leases",
              {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "x"}}),

@@ -51,17 +51,19 @@ def test_make_test_fetches_kafka_first() -> None:
 
 
 def test_make_test_and_e2e_fetch_what_their_tests_need_first() -> None:
-    """Kwok's stages, Koordinator's CRDs and the control plane the bridge's tests run against;
-    `make demo` needs none of them (it runs no lifecycle and no API server)."""
+    """Kwok's stages, Koordinator's and agent-sandbox's CRDs and the control plane the bridge's
+    tests run against; `make demo` needs none of them (it runs no lifecycle and no API server)."""
     makefile = (ROOT / "Makefile").read_text()
     for target in ("test", "e2e"):
         rule = re.search(rf"^{target}:(.*)$", makefile, re.M)
-        assert rule and {"kwok-stages", "koordinator-crds", "k8s"} <= set(rule.group(1).split()), target
+        needed = {"kwok-stages", "koordinator-crds", "agent-sandbox-crds", "k8s"}
+        assert rule and needed <= set(rule.group(1).split()), target
     demo = re.search(r"^demo:(.*)$", makefile, re.M)
     assert demo and demo.group(1).split() == ["$(STAMP)"]
     assert re.search(r"^kwok-stages:\n\t.*infra/k8s/kwok-stages\.sh", makefile, re.M)
     assert re.search(r"^k8s:\n\t.*infra/k8s/install\.sh", makefile, re.M)
     assert re.search(r"^koordinator-crds:\n\t.*infra/k8s/koordinator-crds\.sh", makefile, re.M)
+    assert re.search(r"^agent-sandbox-crds:\n\t.*infra/k8s/agent-sandbox-crds\.sh", makefile, re.M)
 
 
 def test_the_kwok_stages_step_fetches_the_module_into_a_complete_folder_once(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def test_a_pool_a_claim_and_a_burst_convert_with_the_template_resolved() -> None
     t = pool.template
     assert (t.name, t.env_policy, t.env_names, t.pod.runtime_class_name) == ("python", "Allowed", ("HOME",), "gvisor")
     assert t.pod.requests == {"cpu": 250, "memory": 512 << 20} and t.pod.labels == {"app": "sandbox"}
+    assert t.pod_spec["containers"][0]["image"] == "registry.k8s.io/agent-sandbox/python-runtime-sandbox:v0.1.1"
     assert (claim.uid, claim.warm_pool, claim.env) == ("agents.task-17", "python-pool", (EnvVar("TASK_ID", "17"),))
     assert claim.labels == {"task": "17"} and claim.annotations == {"trace": "abc"}
     assert claim.shutdown_policy == "Delete" and claim.shutdown_time == pytest.approx(1796637600.0)

@@ -88,7 +88,8 @@ def test_a_pool_starts_its_replicas_labelled_with_template_hash_and_pool() -> No
     assert [p.uid for p in pods] == [tpl.sandbox_uid(NS, "p", n) for n in range(3)]
     h = tpl.template_hash(TEMPLATE)
     assert all(p.labels[SANDBOX_TEMPLATE_HASH_LABEL] == h and p.runtime_class_name == "gvisor" for p in pods)
-    assert all(tpl.pool_of(p.uid) == f"{NS}/p" for p in pods)
+    assert all(tpl.pool_of(p.uid) == f"{NS}/p" and tpl.is_pod_uid(p.uid) for p in pods)
+    assert tpl.is_pod_uid(tpl.cold_uid(NS, "p", "k1")) and not tpl.is_pod_uid(tpl.reservation_uid(NS, "p", "b", 0))
 
 
 def test_a_claim_adopts_a_ready_sandbox_at_once_and_a_redelivery_gets_the_same_answer() -> None:
