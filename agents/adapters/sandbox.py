@@ -7,10 +7,12 @@
 - **The pools** run `agents.sandbox.pool.PoolCore` in the shared loop
   (`agents.adapters.loop`) over `sandbox`, keyed by `namespace/pool` (the message key is the
   pool's name: records of one pool share a partition): one writer per pool. The claims'
-  recorded answers and the sandboxes are split fields of the table value (written entry by
-  entry). A pool's ticks (refill rounds, shutdown times) are timers on the event loop that
-  append `SandboxTick` to the pool's partition; one is armed again for every pool that needs
-  one after a restore.
+  recorded answers (live and replaced) and the sandboxes are split fields of the table value
+  (written entry by entry). A pool's ticks (refill rounds, shutdown times, bursts' ends) are
+  timers on the event loop that append `SandboxTick` to the pool's partition; one is armed again
+  for every pool that needs one after a restore (the ticks a pool asked for are not in its
+  state: they died with the worker that armed them). A pool's key leaves the table once the
+  pool is deleted and nothing of it is left to answer for (`PoolCore.empty`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from agents.adapters.tables import read_state
 from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
-from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState
+from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState, forget_at
 from agents.sandbox.templates import UID_PREFIX, pool_of
 from schemas import topics
 from schemas.records import (
@@ -60,7 +62,7 @@ def message_key(pool: str) -> str:
 
 class SandboxCore:
     kinds: tuple[type[Record], ...] = POOL_KINDS
-    split: tuple[str, ...] = ("sandboxes", "claims")
+    split: tuple[str, ...] = ("sandboxes", "claims", "ended")
 
     def __init__(self, retention_s: float, clock: Callable[[], float] = time.time) -> None:
         self.core = PoolCore(retention_s)
@@ -102,8 +104,8 @@ class SandboxCore:
         return [self.tick(key, due)] if due is not None else []
 
     def expires(self, key: str, raw: dict[str, Any]) -> float:
-        gone = [float(c["gone"]) for c in (raw.get("claims") or {}).values() if c.get("gone") is not None]
-        return min(gone) + self.core.retention_s if gone else 0.0
+        return forget_at(raw.get("claims") or {}, raw.get("ended") or {}, raw.get("bursts") or {},
+                         raw.get("sent") or (), self.core.retention_s)
 
     def prune(self, keys: Collection[str]) -> None:
         for key in [k for k in self.decoded if k not in keys]:

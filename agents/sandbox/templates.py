@@ -5,8 +5,9 @@
   scheduler name, the template's labels): two templates that would schedule alike hash alike.
   Its pods carry it as `scheduling.koordinator.sh/sandbox-template-hash`, so the scheduler's
   equivalence classes and the reservations of a burst (`owners` select it) find them.
-- The uids of a pool's pods name their pool: `sbx~<namespace>~<pool>~<n>` for the pool's own
-  (n counts up per pool), `sbx~<namespace>~<pool>~c-<claim uid>` for a claim's cold start, and
+- The uids of a pool's pods name their pool: `sbx~<namespace>~<pool>~<life>-<n>` for the pool's
+  own (n counts up per life of the pool, `life` names that life: `pool.incarnation`; their
+  names are `<pool>-<life>-<n>`), `sbx~<namespace>~<pool>~c-<claim uid>` for a claim's cold start, and
   `sbx~<namespace>~<pool>~r-<burst>-<i>` for a burst's reservations. `~` is in no Kubernetes
   name and in no hold id's separator, so `pool_of` reads the pool back from a Binding or a
   SchedulingFeedback alone: that is how they are forwarded to the pool's own partition.
@@ -69,8 +70,12 @@ def with_hash(template: SandboxTemplate) -> SandboxTemplate:
     return dataclasses.replace(template, hash=template_hash(template))
 
 
-def sandbox_uid(namespace: str, pool: str, n: int) -> str:
-    return SEP.join((UID_PREFIX, namespace, pool, str(n)))
+def sandbox_uid(namespace: str, pool: str, n: int, life: str = "") -> str:
+    return SEP.join((UID_PREFIX, namespace, pool, f"{life}-{n}" if life else str(n)))
+
+
+def sandbox_name(pool: str, n: int, life: str = "") -> str:
+    return f"{pool}-{life}-{n}" if life else f"{pool}-{n}"
 
 
 def cold_uid(namespace: str, pool: str, claim_uid: str) -> str:
