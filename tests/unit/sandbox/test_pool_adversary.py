@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
 
 from agents.adapters.loop import Outcome
 from agents.adapters.sandbox import SandboxCore
+from agents.adapters.timers import TimerRequest
 from agents.sandbox import templates as tpl
 from agents.sandbox.pool import PoolCore, PoolResult, PoolState
 from schemas.codec import to_plain
@@ -199,6 +200,10 @@ def test_log_times_that_go_back_refund_no_tokens() -> None:
     assert started == 0  # no time passed since the round at 1.0
 
 
+def tick_at(request: TimerRequest) -> float:
+    return cast(SandboxTick, request.output.record).at
+
+
 def sandbox_core(clock: list[float]) -> SandboxCore:
     return SandboxCore(retention_s=60.0, clock=lambda: clock[0])
 
@@ -215,7 +220,7 @@ def restore(core: SandboxCore, stored: dict[str, Any] | None) -> dict[str, Any] 
 
 
 def ticks(outcome: Outcome) -> list[float]:
-    return [t.output.record.at for t in outcome.timers]
+    return [tick_at(t) for t in outcome.timers]
 
 
 def test_a_restore_on_a_worker_whose_clock_is_behind_the_log_leaves_no_pool_below_its_replicas() -> None:
@@ -285,10 +290,10 @@ def test_a_deleted_pool_with_a_burst_leaves_the_table() -> None:
     for _ in range(5):  # the loop: fire what is asked for, visit what expires
         if s is None:
             break
-        due = [t.output.record for t in core.timers(KEY, s)]
+        due: list[Record] = [t.output.record for t in core.timers(KEY, s)]
         expires = core.expires(KEY, s)
         if due:
-            at = max(at, due[0].at)
+            at = max(at, tick_at(core.timers(KEY, s)[0]))
             s, out = core_apply(core, s, due, at)
         elif expires:
             at = max(at, expires + 1)
