@@ -37,11 +37,14 @@ from; the refill rate limiter's tokens; the last batch's outputs (`sent`). Rules
    decides as the same claims one by one. A pool above its replicas (shrunk, deleted) deletes
    unclaimed sandboxes, starting ones first. Recreate deletes unclaimed sandboxes of an older
    template at once; OnReplenish lets them be claimed. A pool's pods are numbered per life of
-   the pool (`incarnation`, its creation's log time), so a pool created again after its state
+   the pool (`life`, named by its creation's log time), so a pool created again after its state
    was forgotten never publishes a uid or name of its earlier life.
 4. **Lifecycles**: a claim's `shutdown_time` deletes its sandbox (status Expired with Retain,
    Deleted otherwise); a deleted claim deletes its sandbox. Ended claims are kept for
-   `retention_s` of log time (a redelivery in that window still gets its answer), then dropped.
+   `retention_s` of log time (a redelivery in that window still gets its answer), then dropped:
+   a claim published again after that is decided as a new one (redeliveries come within
+   seconds, docs/architecture.md "How long state is kept"; a producer must not publish a
+   deleted claim again, or its new sandbox waits for a deletion that never comes).
 5. **Bursts** become Reservations (`templates.burst_reservations`) once per burst name; a burst
    counts as reserved until its ttl and is remembered for `retention_s` more (a redelivery then
    reserves nothing again).
@@ -69,13 +72,10 @@ asks again for what the restored state needs (`agents.adapters.sandbox.SandboxCo
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
-
-import orjson
 
 from agents.ports import Entries, Output, Problem
 from agents.sandbox import templates as tpl
@@ -125,22 +125,6 @@ def _ident(ref: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(ref[:3]) if ref[0] in (ANSWER, GONE) else tuple(ref[:2])
 
 
-def template_key(template: SandboxTemplate) -> str:
-    """A template's identity in a pool's state: a digest of all of it (its `hash` covers only
-    what scheduling reads)."""
-    return hashlib.sha256(orjson.dumps(to_plain(template), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
-def incarnation(t: float) -> str:
-    """A pool's life, named by its creation's log time (milliseconds, base 36)."""
-    n, digits = max(0, int(round(t * 1000))), ""
-    while True:
-        n, d = divmod(n, 36)
-        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
-        if not n:
-            return digits
-
-
 def forget_at(claims: Mapping[str, Any], ended: Mapping[str, Any], bursts: Mapping[str, Any],
               sent: Sequence[Sequence[Any]], retention_s: float) -> float:
     """The log time after which a pool's state (as `PoolState` holds it, or as stored) has
@@ -177,7 +161,7 @@ class PoolState:
     key: str
     pool: SandboxWarmPool | None = None
     deleted: bool = False
-    incarnation: str = ""  # this life of the pool, in its pods' uids and names (rule 3)
+    life: str = ""  # this life of the pool, in its pods' uids and names (rule 3)
     seq: int = 0  # the next sandbox's number
     order: int = 0  # the last pick-order stamp given (`k` of a sandbox: when it entered its set)
     # uid -> {name, state, node, claim, since, hash, tpl, n, k[, cold][, fb]}
@@ -210,7 +194,7 @@ class PoolState:
         self._starting = {u: None for u in sorted(
             (u for u, s in self.sandboxes.items() if s["state"] == STARTING), key=order)}
         self._uids = {c["uid"]: ck for ck, c in self.claims.items()}
-        self._tpl = template_key(self.pool.template) if self.pool is not None else ""
+        self._tpl = tpl.template_key(self.pool.template) if self.pool is not None else ""
 
     def unclaimed(self) -> int:
         return len(self._ready) + len(self._starting)
@@ -234,7 +218,7 @@ class PoolState:
             "key": self.key,
             "pool": to_plain(self.pool) if self.pool is not None else None,
             "deleted": self.deleted,
-            "incarnation": self.incarnation,
+            "life": self.life,
             "seq": self.seq,
             "order": self.order,
             "sandboxes": self._entries("sandboxes", self.sandboxes),
@@ -257,7 +241,7 @@ class PoolState:
             key=str(raw["key"]),
             pool=cast(SandboxWarmPool, decode_object(pool, SandboxWarmPool)) if pool else None,
             deleted=bool(raw.get("deleted", False)),
-            incarnation=str(raw.get("incarnation", "")),
+            life=str(raw.get("life", "")),
             seq=int(raw.get("seq", 0)),
             order=int(raw.get("order", 0)),
             sandboxes=Tracked({k: dict(v) for k, v in (raw.get("sandboxes") or {}).items()}),
@@ -376,10 +360,10 @@ class PoolCore:
             return
         if st.pool is None or st.deleted:
             st.tokens = float(pool.refill_batch)  # a new pool starts with a full round
-        if not st.incarnation:
-            st.incarnation = incarnation(t)
+        if not st.life:
+            st.life = tpl.life(t)
         st.pool, st.deleted = pool, False
-        st._tpl = template_key(pool.template)
+        st._tpl = tpl.template_key(pool.template)
         if st._tpl not in st.templates:
             st.templates[st._tpl] = to_plain(pool.template)
 
@@ -613,8 +597,8 @@ class PoolCore:
     def _start(self, st: PoolState, pool: SandboxWarmPool, now: float, result: PoolResult) -> None:
         n = st.seq
         st.seq += 1
-        uid = tpl.sandbox_uid(pool.namespace, pool.name, n, st.incarnation)
-        st.sandboxes[uid] = {"name": tpl.sandbox_name(pool.name, n, st.incarnation), "state": STARTING, "node": "",
+        uid = tpl.sandbox_uid(pool.namespace, pool.name, n, st.life)
+        st.sandboxes[uid] = {"name": tpl.sandbox_name(pool.name, n, st.life), "state": STARTING, "node": "",
                              "claim": "", "since": now, "hash": pool.template.hash, "tpl": st._tpl, "n": n,
                              "k": st.stamp()}
         st._starting[uid] = None

@@ -85,7 +85,7 @@ def warm(replicas: int = 3) -> Driver:
 def test_a_pool_starts_its_replicas_labelled_with_template_hash_and_pool() -> None:
     d = Driver()
     pods = d.pods(d.feed(pool(3), at=1.0))
-    life = d.state.incarnation
+    life = d.state.life
     assert life and [p.uid for p in pods] == [tpl.sandbox_uid(NS, "p", n, life) for n in range(3)]
     assert [p.name for p in pods] == [tpl.sandbox_name("p", n, life) for n in range(3)]
     h = tpl.template_hash(TEMPLATE)
@@ -97,7 +97,7 @@ def test_a_claim_adopts_a_ready_sandbox_at_once_and_a_redelivery_gets_the_same_a
     d = Driver()
     d.bind_all(d.pods(d.feed(pool(3, template=ALLOWS_ENV), at=1.0)), at=2.0)
     first = d.statuses(d.feed(claim("c1", env=(EnvVar("TASK", "1"),), labels={"team": "x"}), at=3.0))
-    assert [(s.phase, s.path, s.sandbox) for s in first] == [(READY_PHASE, WARM, tpl.sandbox_name("p", 0, d.state.incarnation))]
+    assert [(s.phase, s.path, s.sandbox) for s in first] == [(READY_PHASE, WARM, tpl.sandbox_name("p", 0, d.state.life))]
     assert first[0].env == (EnvVar("TASK", "1"),) and first[0].labels == {"team": "x"}  # no disqualification
     again = d.statuses(d.feed(claim("c1", labels={"changed": "yes"}), at=4.0))  # redelivered, changed fields
     assert again == first
@@ -148,7 +148,7 @@ def test_deletions_shrink_and_lifecycles_delete_sandboxes() -> None:
     d = warm(3)
     d.feed(claim("a", shutdown_time=10.0), at=3.0)
     r = d.feed(SandboxTick(namespace=NS, name="p", at=10.0), at=10.0)
-    first = tpl.sandbox_uid(NS, "p", 0, d.state.incarnation)
+    first = tpl.sandbox_uid(NS, "p", 0, d.state.life)
     assert any(isinstance(o.record, PodDeleted) and o.record.uid == first for o in r.outputs)
     assert [s.phase for s in d.statuses(r)] == ["Expired"]
     r = d.feed(pool(1), at=11.0)
