@@ -9,8 +9,8 @@ state before it, or from an earlier committed offset):
 - once a round ran, a pool never has more unclaimed sandboxes than its replicas, never starts
   more pods in a round than its `refill_batch`, and its tokens never go negative;
 - nothing leaks or hangs: every pod published that the pool no longer holds was deleted after
-  it, every sandbox it holds unbound had its pod published, every claim it holds had its
-  recorded answer said last; once the scheduler binds what is pending and the timers fire, the
+  it, every sandbox it holds unbound had its pod published, every claimed sandbox is its claim's,
+  every claim it holds had its recorded answer said last; once the scheduler binds what is pending and the timers fire, the
   pool is at its replicas; once the pool and its claims are deleted, its key leaves the table;
 - batched adoption equals one by one: the same records as one batch or one per batch (at the
   same log times) give every claim the same answers and publish and delete the same pods; and a
@@ -281,6 +281,9 @@ class Driver:
                 said[o.key] = o.record
         for ck, entry in st.claims.items():
             assert to_plain(said[ck]) == entry["status"], ck
+        orphans = [u for u, s in sandboxes.items() if s["state"] == "claimed"
+                   and st.claims.get(s["claim"], {}).get("sandbox") != u]
+        assert not orphans, orphans  # a claimed sandbox is its claim's, or it would never be deleted
         if self.rounds and st.pool is not None:
             replicas = 0 if st.deleted else st.pool.replicas
             assert st.unclaimed() <= replicas, (st.unclaimed(), replicas)
