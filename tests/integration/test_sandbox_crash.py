@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -42,13 +39,11 @@ from schemas.records import (
 )
 from streams.broker import EmbeddedBroker
 from streams.kafka_broker import KafkaBroker
-from streams.process import spawn_tied, stop
 from streams.settings import load_settings
 from streams.worker import prepare
-from tests.integration.harness import PARTITIONS, Harness
+from tests.integration.harness import PARTITIONS, Harness, Workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
-WORKER = [sys.executable, "-m", "cli.main", "worker"]
 REPLICAS, CLAIMS = 12, 60
 Broker = EmbeddedBroker | KafkaBroker
 
@@ -68,16 +63,9 @@ async def test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refi
         env = {**os.environ, "KOORDSTREAM_KAFKA_BOOTSTRAP": broker.bootstrap,
                "KOORDSTREAM_KAFKA_PARTITIONS": str(PARTITIONS), "KOORDSTREAM_WORKER_LOGLEVEL": "info"}
         await prepare(load_settings(env=env))
-        logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("scheduler", "state-1", "state-2")}
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-
-        def start(name: str, roles: str) -> None:
-            procs[name] = spawn_tied(WORKER, env={**env, "KOORDSTREAM_WORKER_ROLES": roles}, stdout=logs[name],
-                                     stderr=subprocess.STDOUT)
-
-        try:
-            start("scheduler", "scheduler")
-            start("state-1", "state")
+        with Workers(env, tmp_path) as workers:
+            workers.start("scheduler", "scheduler")
+            workers.start("state-1", "state")
             async with Harness(broker.bootstrap) as h:
                 ns = f"crash-{uuid.uuid4().hex[:6]}"
                 label = {"suite": ns}
@@ -103,9 +91,8 @@ async def test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refi
                 publisher = asyncio.create_task(publish_steadily())
                 await h.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Ready", count=8,
                                  timeout=60)
-                procs["state-1"].send_signal(signal.SIGKILL)  # mid-burst: claims, refills, Bindings in flight
-                procs["state-1"].wait()
-                start("state-2", "state")
+                workers.kill("state-1")  # mid-burst: claims, refills, Bindings in flight
+                workers.start("state-2", "state")
                 await publisher
                 try:
                     await h.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Ready",
@@ -152,8 +139,3 @@ async def test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refi
                                [Placement(i, r.uid, r.node) for i, r in placed if isinstance(r, Binding)],
                                [Placement(i, r.uid, r.node) for i, r in placed if isinstance(r, PodTerminated)])
                 assert result.pods_double_bound == 0 and result.nodes_overcommitted == 0, result.overcommitted
-        finally:
-            for proc in procs.values():
-                stop(proc, 5)
-            for f in logs.values():
-                f.close()

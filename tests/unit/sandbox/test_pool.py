@@ -28,19 +28,17 @@ from schemas.records import (
     SandboxWarmPool,
     SandboxWarmPoolDeleted,
 )
+from tests.builders import SANDBOX_NS as NS
+from tests.builders import make_pool
+from tests.builders import make_sandbox_claim as claim
 
-NS = "agents"
 TEMPLATE = SandboxTemplate(namespace=NS, name="py", pod=Pod(uid="", name="", runtime_class_name="gvisor",
                                                              requests=ResourceList(cpu=250, memory=256 << 20)))
 ALLOWS_ENV = SandboxTemplate(namespace=NS, name="py", pod=TEMPLATE.pod, env_policy="Allowed")
 
 
 def pool(replicas: int = 3, **kw: Any) -> SandboxWarmPool:
-    return SandboxWarmPool(namespace=NS, name="p", template=kw.pop("template", TEMPLATE), replicas=replicas, **kw)
-
-
-def claim(name: str, uid: str | None = None, **kw: Any) -> SandboxClaim:
-    return SandboxClaim(uid=uid or f"u-{name}", namespace=NS, name=name, warm_pool=kw.pop("warm_pool", "p"), **kw)
+    return make_pool(replicas, template=kw.pop("template", TEMPLATE), **kw)
 
 
 class Driver:

@@ -7,58 +7,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import pytest
 
 from agents.adapters.loop import Outcome
 from agents.adapters.sandbox import SandboxCore
-from agents.adapters.timers import TimerRequest
 from agents.sandbox import templates as tpl
 from agents.sandbox.pool import PoolCore, PoolResult, PoolState
 from schemas.codec import to_plain
 from schemas.records import (
-    Binding,
     Pod,
     PodDeleted,
     Record,
     Reservation,
-    ResourceList,
     SandboxBurst,
-    SandboxClaim,
-    SandboxClaimDeleted,
     SandboxClaimStatus,
     SandboxPoolStatus,
-    SandboxTemplate,
-    SandboxTick,
-    SandboxWarmPool,
     SandboxWarmPoolDeleted,
     SchedulingFeedback,
 )
-
-NS, KEY = "agents", "agents/p"
-TEMPLATE = SandboxTemplate(namespace=NS, name="py", pod=Pod(uid="", name="", requests=ResourceList(cpu=250)))
-
-
-def pool(replicas: int = 2, **kw: Any) -> SandboxWarmPool:
-    return SandboxWarmPool(namespace=NS, name="p", template=kw.pop("template", TEMPLATE), replicas=replicas, **kw)
-
-
-def claim(name: str, uid: str | None = None, **kw: Any) -> SandboxClaim:
-    return SandboxClaim(uid=uid or f"u-{name}", namespace=NS, name=name, warm_pool="p", **kw)
-
-
-def deleted(name: str, uid: str | None = None) -> SandboxClaimDeleted:
-    return SandboxClaimDeleted(uid=uid or f"u-{name}", namespace=NS, name=name, warm_pool="p")
-
-
-def tick(at: float) -> SandboxTick:
-    return SandboxTick(namespace=NS, name="p", at=at)
-
-
-def bind(uid: str, node: str = "n0") -> Binding:
-    return Binding(uid=uid, namespace=NS, name=uid, node=node, attempt=0, decision_key=uid)
+from tests.builders import SANDBOX_NS as NS
+from tests.builders import SANDBOX_POOL as KEY
+from tests.builders import make_pool as pool
+from tests.builders import make_sandbox_claim as claim
+from tests.builders import pool_tick as tick
+from tests.builders import sandbox_bound as bind
+from tests.builders import sandbox_claim_deleted as deleted
+from tests.builders import tick_at
 
 
 def restored(st: PoolState) -> PoolState:
@@ -198,10 +175,6 @@ def test_log_times_that_go_back_refund_no_tokens() -> None:
     assert st.tokens >= 0.0
     started = len(of(apply(st, [tick(1.0)], 1.0), Pod))
     assert started == 0  # no time passed since the round at 1.0
-
-
-def tick_at(request: TimerRequest) -> float:
-    return cast(SandboxTick, request.output.record).at
 
 
 def sandbox_core(clock: list[float]) -> SandboxCore:

@@ -13,15 +13,11 @@ from agents.adapters.sandbox import SandboxCore
 from agents.adapters.transactions import TransactionalSink
 from schemas import topics
 from schemas.records import (
-    Binding,
     Pod,
-    ResourceList,
-    SandboxClaim,
     SandboxClaimStatus,
-    SandboxTemplate,
     SandboxTick,
-    SandboxWarmPool,
 )
+from tests.builders import make_pool, make_sandbox_claim, sandbox_bound
 from tests.unit.test_adapter_loop import (
     FakeOutbox,
     FakeTxnProducer,
@@ -32,9 +28,7 @@ from tests.unit.test_adapter_loop import (
     settle,
 )
 
-NS = "agents"
-POOL = SandboxWarmPool(namespace=NS, name="p", replicas=2, template=SandboxTemplate(
-    namespace=NS, name="py", pod=Pod(uid="", name="", requests=ResourceList(cpu=100))))
+POOL = make_pool(2)
 
 
 def pools_rig() -> tuple[Rig, dict[str, BaseException]]:
@@ -71,12 +65,12 @@ async def test_a_pool_run_read_again_after_its_transaction_aborted_re_sends_its_
     await r.loop.process([run_of(topics.SANDBOX, 0, 2, [POOL], first_offset=0, timestamp=1.0)])
     pods = [p for p in sent(r) if isinstance(p, Pod)]
     assert len(pods) == 2
-    binds = [Binding(uid=p.uid, namespace=NS, name=p.name, node="n0", attempt=0, decision_key=p.uid) for p in pods]
+    binds = [sandbox_bound(p.uid) for p in pods]
     await r.loop.process([run_of(topics.SANDBOX, 0, 2, binds, first_offset=1, timestamp=2.0)])
 
     # A claim takes a ready sandbox and leaves the pool short: its run asks for a tick, and aborts.
     failures["commit"] = KafkaTimeoutError()
-    claim = SandboxClaim(uid="u-a", namespace=NS, name="a", warm_pool="p")
+    claim = make_sandbox_claim("a")
     assert (await r.loop.process([run_of(topics.SANDBOX, 0, 2, [claim], first_offset=3, timestamp=3.0)])).failed
     assert not r.loop.timers.armed  # armed only for durable runs
     before = len(sent(r))

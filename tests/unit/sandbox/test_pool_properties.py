@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -29,30 +29,34 @@ from hypothesis import strategies as st
 
 from agents.adapters.loop import Outcome
 from agents.adapters.sandbox import SandboxCore
-from agents.adapters.timers import TimerRequest
 from agents.sandbox.pool import PoolCore, PoolResult, PoolState
 from schemas.codec import to_plain
 from schemas.records import (
-    Binding,
     Pod,
     PodDeleted,
     Record,
     Reservation,
-    ResourceList,
     SandboxBurst,
-    SandboxClaim,
-    SandboxClaimDeleted,
     SandboxClaimStatus,
-    SandboxTemplate,
     SandboxTick,
     SandboxWarmPool,
     SandboxWarmPoolDeleted,
     SchedulingFeedback,
 )
+from tests.builders import SANDBOX_NS as NS
+from tests.builders import SANDBOX_POOL as KEY
+from tests.builders import (
+    make_pool,
+    make_sandbox_claim,
+    make_template,
+    pool_tick,
+    sandbox_bound,
+    sandbox_claim_deleted,
+    tick_at,
+)
 
-NS, KEY, R = "agents", "agents/p", 1e6  # redeliveries come within a retention (docs/architecture.md)
-TEMPLATES = [SandboxTemplate(namespace=NS, name="py", pod=Pod(uid="", name="", requests=ResourceList(cpu=cpu)))
-             for cpu in (250, 500)]
+R = 1e6  # redeliveries come within a retention (docs/architecture.md)
+TEMPLATES = [make_template(cpu) for cpu in (250, 500)]
 NAMES = "abc"
 
 # --- abstract actions, resolved against what the driver has seen -----------------------------
@@ -91,10 +95,6 @@ class Batch:
     timers: set[float]  # the ticks it asked for (armed only once it is durable)
 
 
-def tick_at(request: TimerRequest) -> float:
-    return cast(SandboxTick, request.output.record).at
-
-
 class Driver:
     """One pool's key through `SandboxCore`, as the stateful loop drives it, with the outside
     world's view: the outputs visible on the topics, and the timers armed."""
@@ -124,28 +124,27 @@ class Driver:
         kind = action[0]
         if kind == "pool":
             _, replicas, batch, rate, overflow, strategy, template = action
-            return SandboxWarmPool(namespace=NS, name="p", template=TEMPLATES[template], replicas=replicas,
-                                   refill_batch=batch, refill_per_s=rate, overflow=overflow, update_strategy=strategy)
+            return make_pool(replicas, template=TEMPLATES[template], refill_batch=batch, refill_per_s=rate,
+                             overflow=overflow, update_strategy=strategy)
         if kind == "pool-deleted":
             return SandboxWarmPoolDeleted(namespace=NS, name="p")
         if kind == "claim":
             _, name, new, shutdown, policy = action
             if new:
                 self.gens[name] = self.gens.get(name, 0) + 1
-            return SandboxClaim(uid=self.uid(name), namespace=NS, name=name, warm_pool="p",
-                                shutdown_time=None if shutdown is None else self.clock + shutdown,
-                                shutdown_policy=policy)
+            return make_sandbox_claim(name, self.uid(name), shutdown_time=None if shutdown is None
+                                      else self.clock + shutdown, shutdown_policy=policy)
         if kind == "claim-deleted":
             _, name, old = action
             gen = max(0, self.gens.get(name, 0) - 1) if old else None
-            return SandboxClaimDeleted(uid=self.uid(name, gen), namespace=NS, name=name, warm_pool="p")
+            return sandbox_claim_deleted(name, self.uid(name, gen))
         if kind in ("bind", "feedback"):
             pods = self.published()
             if not pods:
                 return None
             uid = pods[action[1] % len(pods)]
             if kind == "bind":
-                return Binding(uid=uid, namespace=NS, name=uid, node=action[2], attempt=0, decision_key=uid)
+                return sandbox_bound(uid, action[2])
             return SchedulingFeedback(uid=uid, namespace=NS, name=uid, attempt=action[2], message=action[3])
         if kind == "tick":
             how = action[1]
@@ -159,7 +158,7 @@ class Driver:
             else:
                 at = self.clock + 3.0
             self.fired.append(at)
-            return SandboxTick(namespace=NS, name="p", at=at)
+            return pool_tick(at)
         if kind == "burst":
             _, name, count, ttl = action
             return SandboxBurst(namespace=NS, name=name, warm_pool="p", count=count, ttl_s=ttl)
@@ -296,13 +295,12 @@ class Driver:
             pending = [u for u, s in (st.sandboxes.items() if st is not None else ()) if not s["node"]]
             if pending:
                 self.clock += 0.5
-                self.apply([Binding(uid=u, namespace=NS, name=u, node="n0", attempt=0, decision_key=u)
-                            for u in pending], [self.clock] * len(pending), self.clock)
+                self.apply([sandbox_bound(u) for u in pending], [self.clock] * len(pending), self.clock)
             elif self.timers:
                 at = min(self.timers)
                 self.timers.discard(at)
                 self.clock = max(self.clock, at) + 0.01
-                self.apply([SandboxTick(namespace=NS, name="p", at=at)], [self.clock], self.clock)
+                self.apply([pool_tick(at)], [self.clock], self.clock)
             elif self.stored is not None and self.core.expires(KEY, self.stored):
                 self.clock = max(self.clock, self.core.expires(KEY, self.stored)) + 1.0
                 self.apply([], [], self.clock)
@@ -338,8 +336,7 @@ def test_no_sandbox_is_adopted_twice_nothing_leaks_and_the_pool_settles(steps_: 
     d.clock += 1.0
     gone: list[Record] = [SandboxWarmPoolDeleted(namespace=NS, name="p")]
     if st is not None:
-        gone += [SandboxClaimDeleted(uid=c["uid"], namespace=NS, name=ck.split("/", 1)[1], warm_pool="p")
-                 for ck, c in st.claims.items()]
+        gone += [sandbox_claim_deleted(ck.split("/", 1)[1], c["uid"]) for ck, c in st.claims.items()]
     d.apply(gone, [d.clock] * len(gone), d.clock)
     d.drain()
     assert d.stored is None, d.stored
