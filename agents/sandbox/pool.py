@@ -15,8 +15,7 @@ from; the refill rate limiter's tokens; the last batch's outputs (`sent`). Rules
 
 1. **A claim is decided once.** A claim whose uid is recorded (as its name's claim, or as one
    that another claim of its name replaced) gets its recorded status again (a redelivery, even
-   with changed fields, changes nothing; a replaced claim's answer is followed by its name's
-   live claim's, which stays the name's latest). A uid recorded for another name is bad input.
+   with changed fields, changes nothing). A uid recorded for another name is bad input.
    Otherwise the claim is validated (a bad claim, an unknown or deleted pool, env the template
    refuses: Refused, naming the field, and a problem for the dead-letter topic); a claim
    decided past its `shutdown_time` ends at once (Expired or Deleted, no sandbox taken); then it
@@ -649,18 +648,16 @@ class PoolCore:
         result.sent.append([GONE, uid, name, t])
 
     def _say(self, st: PoolState, ck: str, result: PoolResult, status: SandboxClaimStatus | None = None) -> None:
-        """A claim's recorded status (`status`: the one just recorded, as built)."""
+        """A claim's recorded status (`status`: the one just recorded, as built), keyed by the
+        claim's uid (the catalogue's key: a claim's answers are one object's)."""
         entry = st.claims[ck]
-        result.outputs.append(Output(topics.SANDBOX_STATUS, ck, status or _status(entry)))
+        result.outputs.append(Output(topics.SANDBOX_STATUS, entry["uid"], status or _status(entry)))
         result.sent.append([ANSWER, ck, entry["uid"]])
 
     def _say_replaced(self, st: PoolState, uid: str, result: PoolResult) -> None:
-        """A replaced claim's last status, then its name's live claim's (the name's latest answer)."""
-        ck = st.ended[uid]["ck"]
-        result.outputs.append(Output(topics.SANDBOX_STATUS, ck, _status(st.ended[uid])))
-        result.sent.append([ANSWER, ck, uid])
-        if ck in st.claims:
-            self._say(st, ck, result)
+        """A replaced claim's last status."""
+        result.outputs.append(Output(topics.SANDBOX_STATUS, uid, _status(st.ended[uid])))
+        result.sent.append([ANSWER, st.ended[uid]["ck"], uid])
 
     def _resend(self, st: PoolState, now: float, result: PoolResult, at: int, refs_at: int) -> bool:
         """What the last batch sent (`st.sent`), rebuilt from the state, put where the repeated
@@ -796,4 +793,4 @@ class PoolCore:
             claims=s.get("claims", 0), warm_hits=s.get("warm_hits", 0), starting_hits=s.get("starting_hits", 0),
             cold=s.get("cold", 0), refused=s.get("refused", 0), reserved=self._reserved(st), message=st.message,
             at=now)
-        return Output(topics.SANDBOX_STATUS, st.key, status)
+        return Output(topics.SANDBOX_STATUS, name, status)  # keyed by the pool's name, as the catalogue says

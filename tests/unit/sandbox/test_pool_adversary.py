@@ -17,6 +17,7 @@ from agents.adapters.sandbox import SandboxCore
 from agents.sandbox import templates as tpl
 from agents.sandbox.pool import PoolCore, PoolResult, PoolState
 from schemas.codec import to_plain
+from schemas.jsonschema import ROUTES
 from schemas.records import (
     Pod,
     PodDeleted,
@@ -161,8 +162,7 @@ def test_a_claim_recreated_under_another_uid_is_never_answered_again_when_its_ba
         sandboxes.setdefault(s.uid, set()).add(s.pod_uid)
     assert all(len(v) == 1 for v in sandboxes.values()), sandboxes
     assert not of(again, Pod) and {d.uid for d in of(again, PodDeleted)} <= {d.uid for d in of(first, PodDeleted)}
-    statuses = of(again, SandboxClaimStatus)
-    assert statuses and statuses[-1].uid == "u2"  # the name's latest answer is the live claim's
+    assert all(o.key == o.record.uid for o in again.outputs if isinstance(o.record, SandboxClaimStatus))
 
 
 def test_log_times_that_go_back_refund_no_tokens() -> None:
@@ -336,3 +336,17 @@ def test_a_restore_changes_no_sandbox_a_claim_adopts_when_log_times_went_back() 
     back = of(apply(restored(st), [claim("c")], 6.0), SandboxClaimStatus)
     kept = of(apply(st, [claim("c")], 6.0), SandboxClaimStatus)
     assert kept[0].pod_uid == back[0].pod_uid
+
+
+def test_every_output_is_keyed_as_the_schemas_routes_say() -> None:
+    """Outside consumers find a record's partition from `schemas.jsonschema.ROUTES` (and the
+    topic catalogue): a claim's status by its uid, a pool's by its name. Before, statuses were
+    keyed `namespace/name`: a consumer that looked for a claim's answers where its uid goes
+    looked in the wrong partition."""
+    st = filled(2)
+    outputs = apply(st, [claim("a"), claim("b"), claim("c")], 3.0).outputs
+    outputs += apply(st, [tick(3.0), deleted("a")], 4.0).outputs
+    assert {type(o.record).__name__ for o in outputs} >= {"SandboxClaimStatus", "SandboxPoolStatus", "Pod", "PodDeleted"}
+    for o in outputs:
+        routes = ROUTES[type(o.record).__name__]
+        assert (o.topic, o.key) in {(topic, str(getattr(o.record, name))) for topic, name in routes}, o

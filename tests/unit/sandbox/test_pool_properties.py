@@ -277,9 +277,10 @@ class Driver:
         said: dict[str, SandboxClaimStatus] = {}
         for o in self.visible:
             if isinstance(o.record, SandboxClaimStatus):
+                assert o.key == o.record.uid
                 said[o.key] = o.record
         for ck, entry in st.claims.items():
-            assert to_plain(said[ck]) == entry["status"], ck
+            assert to_plain(said[entry["uid"]]) == entry["status"], ck
         orphans = [u for u, s in sandboxes.items() if s["state"] == "claimed"
                    and st.claims.get(s["claim"], {}).get("sandbox") != u]
         assert not orphans, orphans  # a claimed sandbox is its claim's, or it would never be deleted
