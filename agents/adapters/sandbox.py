@@ -3,7 +3,8 @@
 - **The forwarder** (stateless) reads `bindings` and `feedback` and sends the Binding or
   SchedulingFeedback of every sandbox pod to its pool's `sandbox` partition (the pool is named
   by the pod's uid, `agents.sandbox.templates.pool_of`; a message without such a uid in its
-  bytes is not even decoded). At least once: the pool ignores what it already knows.
+  bytes is not even decoded). At least once: the pool ignores what it already knows. A batch
+  it cannot deliver is never acknowledged, and the worker stops (`forward`).
 - **The pools** run `agents.sandbox.pool.PoolCore` in the shared loop
   (`agents.adapters.loop`) over `sandbox`, keyed by `namespace/pool` (the message key is the
   pool's name: records of one pool share a partition): one writer per pool. The claims'
@@ -17,13 +18,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
 import faust
 
-from agents.adapters.batches import micro_batches
+from agents.adapters.batches import micro_batch_events, split, to_raw
 from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
 from agents.adapters.tables import read_state
@@ -44,6 +47,7 @@ from schemas.records import (
 )
 
 _MARK = f'"{UID_PREFIX}~'.encode()  # a sandbox pod's uid starts a JSON string so
+log = logging.getLogger("koordstream.sandbox")
 
 
 def pool_key_of(record: Record) -> str:
@@ -122,16 +126,37 @@ def forwarded(records: list[Record]) -> list[Output]:
     return out
 
 
+async def forward(events: list[Any], outbox: Outbox) -> None:
+    """Forward a micro-batch's sandbox outcomes (faust events). If they cannot all be delivered,
+    the batch's messages are withheld from faust's acknowledgements and the error is raised:
+    faust acknowledges (and commits) a batch when its agent fails, and a Binding lost so would
+    leave its sandbox starting for good (its pool waits for it, and so may a claim)."""
+    mine = [to_raw(e) for e in events if e.value is not None and _MARK in e.value]
+    if not mine:  # what does not decode is dead-lettered by the topics' own readers, not here
+        return
+    try:
+        await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
+    except BaseException:
+        for run in split(events):
+            run.withhold_acks()
+        raise
+
+
 def register(app: faust.App, outcomes: faust.TopicT, sandbox: faust.TopicT, outbox: Outbox, config: AgentConfig,
              transactions: Transactions | None = None) -> StatefulLoop:
     """The forwarder over `outcomes` (bindings, feedback) and the pools over `sandbox`."""
 
     @app.agent(outcomes, name="koordstream.sandbox-outcomes")
     async def forward_outcomes(stream: faust.StreamT[Any]) -> None:
-        async for messages in micro_batches(stream, config):
-            mine = [m for m in messages if m.value is not None and _MARK in m.value]
-            if mine:  # what does not decode is dead-lettered by the topics' own readers, not here
-                await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
+        try:
+            async for events in micro_batch_events(stream, config):
+                await forward(events, outbox)
+        except Exception as exc:
+            # As the stateful loop does (`agents.adapters.stateful`): faust would restart the
+            # agent past the batch; whoever reads the partitions next reads it again.
+            log.error("sandbox outcomes: a batch was not forwarded (%r): the worker stops", exc)
+            await app.crash(exc)
+            await asyncio.Future()  # no restart of this agent past the batch: wait to be stopped
 
     return register_stateful(app, "pools", sandbox, SandboxCore(config.retention_s), outbox, config,
                              transactions or Transactions())

@@ -1,24 +1,33 @@
 """The pools in the shared stateful loop (no broker): a run whose transaction aborts is read
 again against the table it left in memory, so its outputs and its timer must come from the
 replay (before, the replay sent neither: the refill pods were never published and the pool
-waited for a tick nobody had armed)."""
+waited for a tick nobody had armed). And the forwarder of their pods' outcomes never lets
+faust acknowledge a batch it could not deliver."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
+import pytest
 from aiokafka.errors import KafkaTimeoutError
 
-from agents.adapters.sandbox import SandboxCore
+from agents.adapters.sandbox import SandboxCore, forward
 from agents.adapters.transactions import TransactionalSink
+from agents.ports import Output
 from schemas import topics
+from schemas.codec import encode
 from schemas.records import (
+    Binding,
     Pod,
     SandboxClaimStatus,
     SandboxTick,
 )
 from tests.builders import make_pool, make_sandbox_claim, sandbox_bound
 from tests.unit.test_adapter_loop import (
+    FakeEvent,
+    FakeMessage,
     FakeOutbox,
     FakeTxnProducer,
     Rig,
@@ -91,3 +100,25 @@ async def test_a_pool_run_read_again_after_its_transaction_aborted_re_sends_its_
     before = len(sent(r))
     assert (await r.loop.process([run_of(topics.SANDBOX, 0, 2, [tick], first_offset=4, timestamp=4.0)])).durable
     assert [p.uid for p in sent(r)[before:] if isinstance(p, Pod)] == lost
+
+
+class FailingOutbox(FakeOutbox):
+    async def send(self, outputs: Sequence[Output]) -> list[Awaitable[object]]:
+        raise KafkaTimeoutError()
+
+
+async def test_a_batch_of_outcomes_the_forwarder_cannot_deliver_is_never_acknowledged() -> None:
+    """Before, the forwarder's agent failed and faust acknowledged (and committed) the batch:
+    its Bindings never reached the pool, whose sandboxes then stayed starting for good."""
+    bound = sandbox_bound("sbx~agents~p~x-0")
+    events = [FakeEvent(FakeMessage(topics.BINDINGS, 0, i, 1, encode(r)))
+              for i, r in enumerate([bound, Binding(uid="other", namespace="ns", name="o", node="n0", attempt=0,
+                                                    decision_key="other")])]
+    with pytest.raises(KafkaTimeoutError):
+        await forward(events, FailingOutbox())
+    assert all(e.message.acked for e in events)  # withheld: faust skips them, never commits past them
+    outbox = FakeOutbox()
+    fresh = [FakeEvent(dataclasses.replace(e.message, acked=False)) for e in events]
+    await forward(fresh, outbox)
+    assert [(o.topic, o.key, o.record) for o in outbox.sent] == [(topics.SANDBOX, "p", bound)]
+    assert not any(e.message.acked for e in fresh)  # acknowledged by faust, as usual
