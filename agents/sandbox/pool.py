@@ -614,7 +614,8 @@ class PoolCore:
         """A sandbox's pod, built from its record (its template, and its claim's for a cold one)."""
         sandbox = st.sandboxes[uid]
         assert st.pool is not None
-        pool = dataclasses.replace(st.pool, template=self._template(st, sandbox["tpl"]))
+        pool = st.pool if sandbox["tpl"] == st._tpl else dataclasses.replace(
+            st.pool, template=self._template(st, sandbox["tpl"]))
         claim = None
         if sandbox.get("cold"):
             s = _status(st.claims[sandbox["claim"]])
