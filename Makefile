@@ -51,11 +51,13 @@ test: $(STAMP) kafka kwok-stages koordinator-crds agent-sandbox-crds k8s
 # state retention on both brokers, the quick soak (state stays flat) on Tansu, and the quick
 # variants of the shipped perf scenarios (in-process, and one through the real API server and
 # Kwok), the rebalancer on Apache Kafka with its leader killed, the longest crash and takeover
-# runs (tests/integration/conftest.py, E2E_ONLY), and the bridge's longest runs.
+# runs (tests/integration/conftest.py, E2E_ONLY: a warm pool's state worker killed mid-burst
+# among them), and the bridge's longest runs.
 e2e: $(STAMP) kafka kwok-stages koordinator-crds agent-sandbox-crds k8s
 	$(BIN)/python -m pytest -q --durations=10 -m e2e tests/e2e tests/integration/test_retention.py tests/integration/test_perf.py \
 		tests/integration/test_perf_kwok.py tests/integration/test_rebalancer.py tests/integration/test_restart.py \
-		tests/integration/test_transactions.py tests/integration/test_bridge.py tests/integration/test_bridge_adversary.py
+		tests/integration/test_transactions.py tests/integration/test_bridge.py tests/integration/test_bridge_adversary.py \
+		tests/integration/test_sandbox_crash.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,8 +1,23 @@
-"""Shared builders for tests: nodes, pods and claims with sensible defaults."""
+"""Shared builders for tests: nodes, pods and claims with sensible defaults; a warm pool's
+records (one pool, `agents/p`)."""
 
 from __future__ import annotations
 
-from schemas.records import Claim, Node, Pod, ResourceList
+from typing import Any, cast
+
+from agents.adapters.timers import TimerRequest
+from schemas.records import (
+    Binding,
+    Claim,
+    Node,
+    Pod,
+    ResourceList,
+    SandboxClaim,
+    SandboxClaimDeleted,
+    SandboxTemplate,
+    SandboxTick,
+    SandboxWarmPool,
+)
 
 GI = 2**30
 
@@ -34,3 +49,41 @@ scheduling:
   nodeSelector: {katacontainers.io/kata-runtime: "true"}
   tolerations: [{key: kata, operator: Exists, effect: NoSchedule}]
 """
+
+
+# --- a warm pool (agents.sandbox) ---------------------------------------------------------------
+
+SANDBOX_NS = "agents"
+SANDBOX_POOL = f"{SANDBOX_NS}/p"  # the pool's table key
+
+
+def make_template(cpu: int = 250, **kw: Any) -> SandboxTemplate:
+    return SandboxTemplate(namespace=SANDBOX_NS, name="py", pod=Pod(uid="", name="", requests=ResourceList(cpu=cpu)),
+                           **kw)
+
+
+def make_pool(replicas: int = 2, template: SandboxTemplate | None = None, **kw: Any) -> SandboxWarmPool:
+    return SandboxWarmPool(namespace=SANDBOX_NS, name="p", template=template or make_template(), replicas=replicas,
+                           **kw)
+
+
+def make_sandbox_claim(name: str, uid: str | None = None, **kw: Any) -> SandboxClaim:
+    return SandboxClaim(uid=uid or f"u-{name}", namespace=SANDBOX_NS, name=name, warm_pool=kw.pop("warm_pool", "p"),
+                        **kw)
+
+
+def sandbox_claim_deleted(name: str, uid: str | None = None) -> SandboxClaimDeleted:
+    return SandboxClaimDeleted(uid=uid or f"u-{name}", namespace=SANDBOX_NS, name=name, warm_pool="p")
+
+
+def pool_tick(at: float) -> SandboxTick:
+    return SandboxTick(namespace=SANDBOX_NS, name="p", at=at)
+
+
+def sandbox_bound(uid: str, node: str = "n0") -> Binding:
+    return Binding(uid=uid, namespace=SANDBOX_NS, name=uid, node=node, attempt=0, decision_key=uid)
+
+
+def tick_at(request: TimerRequest) -> float:
+    """The log time a pool's timer request asks a tick for."""
+    return cast(SandboxTick, request.output.record).at

@@ -3,32 +3,37 @@
 - **The forwarder** (stateless) reads `bindings` and `feedback` and sends the Binding or
   SchedulingFeedback of every sandbox pod to its pool's `sandbox` partition (the pool is named
   by the pod's uid, `agents.sandbox.templates.pool_of`; a message without such a uid in its
-  bytes is not even decoded). At least once: the pool ignores what it already knows.
+  bytes is not even decoded). At least once: the pool ignores what it already knows. A batch
+  it cannot deliver is never acknowledged, and the worker stops (`forward`).
 - **The pools** run `agents.sandbox.pool.PoolCore` in the shared loop
   (`agents.adapters.loop`) over `sandbox`, keyed by `namespace/pool` (the message key is the
   pool's name: records of one pool share a partition): one writer per pool. The claims'
-  recorded answers and the sandboxes are split fields of the table value (written entry by
-  entry). A pool's ticks (refill rounds, shutdown times) are timers on the event loop that
-  append `SandboxTick` to the pool's partition; one is armed again for every pool that needs
-  one after a restore.
+  recorded answers (live and replaced) and the sandboxes are split fields of the table value
+  (written entry by entry). A pool's ticks (refill rounds, shutdown times, bursts' ends) are
+  timers on the event loop that append `SandboxTick` to the pool's partition; one is armed again
+  for every pool that needs one after a restore (the ticks a pool asked for are not in its
+  state: they died with the worker that armed them). A pool's key leaves the table once the
+  pool is deleted and nothing of it is left to answer for (`PoolCore.empty`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Collection
 from typing import Any
 
 import faust
 
-from agents.adapters.batches import micro_batches
+from agents.adapters.batches import micro_batch_events, split, to_raw
 from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
 from agents.adapters.tables import read_state
 from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
-from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState
+from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState, forget_at
 from agents.sandbox.templates import UID_MARK, pool_of
 from schemas import topics
 from schemas.records import (
@@ -46,6 +51,7 @@ from schemas.records import (
 # The claim latency histogram's upper bounds (seconds): a warm claim answers in milliseconds,
 # a cold one in a scheduling cycle or a few.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+log = logging.getLogger("koordstream.sandbox")
 
 
 def pool_key_of(record: Record) -> str:
@@ -64,7 +70,7 @@ def message_key(pool: str) -> str:
 
 class SandboxCore:
     kinds: tuple[type[Record], ...] = POOL_KINDS
-    split: tuple[str, ...] = ("sandboxes", "claims")
+    split: tuple[str, ...] = ("sandboxes", "claims", "ended")
 
     def __init__(self, retention_s: float, clock: Callable[[], float] = time.time) -> None:
         self.core = PoolCore(retention_s)
@@ -120,8 +126,8 @@ class SandboxCore:
         return [self.tick(key, due)] if due is not None else []
 
     def expires(self, key: str, raw: dict[str, Any]) -> float:
-        gone = [float(c["gone"]) for c in (raw.get("claims") or {}).values() if c.get("gone") is not None]
-        return min(gone) + self.core.retention_s if gone else 0.0
+        return forget_at(raw.get("claims") or {}, raw.get("ended") or {}, raw.get("bursts") or {},
+                         raw.get("sent") or (), self.core.retention_s)
 
     def prune(self, keys: Collection[str]) -> None:
         for key in [k for k in self.decoded if k not in keys]:
@@ -151,16 +157,37 @@ def forwarded(records: list[Record]) -> list[Output]:
     return out
 
 
+async def forward(events: list[Any], outbox: Outbox) -> None:
+    """Forward a micro-batch's sandbox outcomes (faust events). If they cannot all be delivered,
+    the batch's messages are withheld from faust's acknowledgements and the error is raised:
+    faust acknowledges (and commits) a batch when its agent fails, and a Binding lost so would
+    leave its sandbox starting for good (its pool waits for it, and so may a claim)."""
+    mine = [to_raw(e) for e in events if e.value is not None and UID_MARK in e.value]
+    if not mine:  # what does not decode is dead-lettered by the topics' own readers, not here
+        return
+    try:
+        await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
+    except BaseException:
+        for run in split(events):
+            run.withhold_acks()
+        raise
+
+
 def register(app: faust.App, outcomes: faust.TopicT, sandbox: faust.TopicT, outbox: Outbox, config: AgentConfig,
              transactions: Transactions | None = None) -> StatefulLoop:
     """The forwarder over `outcomes` (bindings, feedback) and the pools over `sandbox`."""
 
     @app.agent(outcomes, name="koordstream.sandbox-outcomes")
     async def forward_outcomes(stream: faust.StreamT[Any]) -> None:
-        async for messages in micro_batches(stream, config):
-            mine = [m for m in messages if m.value is not None and UID_MARK in m.value]
-            if mine:  # what does not decode is dead-lettered by the topics' own readers, not here
-                await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
+        try:
+            async for events in micro_batch_events(stream, config):
+                await forward(events, outbox)
+        except Exception as exc:
+            # As the stateful loop does (`agents.adapters.stateful`): faust would restart the
+            # agent past the batch; whoever reads the partitions next reads it again.
+            log.error("sandbox outcomes: a batch was not forwarded (%r): the worker stops", exc)
+            await app.crash(exc)
+            await asyncio.Future()  # no restart of this agent past the batch: wait to be stopped
 
     return register_stateful(app, "pools", sandbox, SandboxCore(config.retention_s), outbox, config,
                              transactions or Transactions())

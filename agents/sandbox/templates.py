@@ -5,8 +5,9 @@
   scheduler name, the template's labels): two templates that would schedule alike hash alike.
   Its pods carry it as `scheduling.koordinator.sh/sandbox-template-hash`, so the scheduler's
   equivalence classes and the reservations of a burst (`owners` select it) find them.
-- The uids of a pool's pods name their pool: `sbx~<namespace>~<pool>~<n>` for the pool's own
-  (n counts up per pool), `sbx~<namespace>~<pool>~c-<claim uid>` for a claim's cold start, and
+- The uids of a pool's pods name their pool: `sbx~<namespace>~<pool>~<life>-<n>` for the pool's
+  own (n counts up per life of the pool, which `life` names; their names are
+  `<pool>-<life>-<n>`), `sbx~<namespace>~<pool>~c-<claim uid>` for a claim's cold start, and
   `sbx~<namespace>~<pool>~r-<burst>-<i>` for a burst's reservations. `~` is in no Kubernetes
   name and in no hold id's separator, so `pool_of` reads the pool back from a Binding or a
   SchedulingFeedback alone: that is how they are forwarded to the pool's own partition;
@@ -24,6 +25,7 @@ import hashlib
 
 import orjson
 
+from schemas.codec import to_plain
 from schemas.errors import FieldError
 from schemas.records import (
     BURST_MODES,
@@ -66,13 +68,34 @@ def template_hash(template: SandboxTemplate) -> str:
     return digest[:10]
 
 
+def template_key(template: SandboxTemplate) -> str:
+    """A template's identity in a pool's state: a digest of all of it (`template_hash` covers
+    only what scheduling reads)."""
+    return hashlib.sha256(orjson.dumps(to_plain(template), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
 def with_hash(template: SandboxTemplate) -> SandboxTemplate:
     """The template with its `hash` set (recomputed: a producer's hash is not trusted)."""
     return dataclasses.replace(template, hash=template_hash(template))
 
 
-def sandbox_uid(namespace: str, pool: str, n: int) -> str:
-    return SEP.join((UID_PREFIX, namespace, pool, str(n)))
+def life(t: float) -> str:
+    """A life of a pool (from its creation to its state being forgotten), named by the log time
+    it was created at (milliseconds, base 36): its pods' uids and names carry it."""
+    n, digits = max(0, int(round(t * 1000))), ""
+    while True:
+        n, d = divmod(n, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+        if not n:
+            return digits
+
+
+def sandbox_uid(namespace: str, pool: str, n: int, life: str = "") -> str:
+    return SEP.join((UID_PREFIX, namespace, pool, f"{life}-{n}" if life else str(n)))
+
+
+def sandbox_name(pool: str, n: int, life: str = "") -> str:
+    return f"{pool}-{life}-{n}" if life else f"{pool}-{n}"
 
 
 def cold_uid(namespace: str, pool: str, claim_uid: str) -> str:

@@ -1,17 +1,23 @@
 """Helpers for integration tests: a producer and a collector against the session's broker,
-and waiting on records with a deadline (the agents run in real time in another process)."""
+waiting on records with a deadline (the agents run in real time in another process), and
+worker processes a test starts, kills and replaces."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, TypeVar
 
 from perf.collector import Collector
 from schemas import topics
 from schemas.records import Node, Record
 from streams.connection import KafkaConnection
+from streams.process import spawn_tied, stop
 from streams.producer import RecordProducer
 
 PARTITIONS = 4
@@ -60,3 +66,37 @@ class Harness:
             if time.monotonic() > deadline:
                 raise AssertionError(f"waited {timeout}s for {count} {kind.__name__}, saw {len(found)}")
             await asyncio.sleep(0.05)
+
+
+class Workers:
+    """`koordstream worker` processes a test starts by name, each with its roles and its output
+    in `<folder>/<name>.log`; `kill` sends SIGKILL and waits; all are stopped on leaving."""
+
+    def __init__(self, env: Mapping[str, str], folder: Path) -> None:
+        self.env = dict(env)
+        self.folder = folder
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, IO[bytes]] = {}
+
+    def start(self, name: str, roles: str) -> subprocess.Popen[bytes]:
+        self.logs[name] = (self.folder / f"{name}.log").open("ab")
+        self.procs[name] = spawn_tied([sys.executable, "-m", "cli.main", "worker"],
+                                      env={**self.env, "KOORDSTREAM_WORKER_ROLES": roles},
+                                      stdout=self.logs[name], stderr=subprocess.STDOUT)
+        return self.procs[name]
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+
+    def log(self, name: str) -> bytes:
+        return (self.folder / f"{name}.log").read_bytes()
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs.values():
+            stop(proc, 5)
+        for out in self.logs.values():
+            out.close()

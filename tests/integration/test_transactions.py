@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -40,7 +39,7 @@ from streams.outbox import PartitionedOutbox
 from streams.process import spawn_tied, stop
 from streams.settings import load_settings
 from streams.worker import prepare
-from tests.integration.harness import PARTITIONS, Harness
+from tests.integration.harness import PARTITIONS, Harness, Workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 WORKER = [sys.executable, "-m", "cli.main", "worker"]
@@ -204,18 +203,11 @@ async def test_partitions_of_a_killed_state_worker_taken_over_by_a_running_one_l
 async def kill_mid_run(tmp_path: Path, survivor: bool) -> None:
     async with KafkaBroker(log_dir=tmp_path / "kafka") as broker:
         env = await worker_env(broker.bootstrap, KOORDSTREAM_WORKER_LOGLEVEL="info")
-        logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("scheduler", "state-1", "state-2")}
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-
-        def start(name: str, roles: str) -> None:
-            procs[name] = spawn_tied(WORKER, env={**env, "KOORDSTREAM_WORKER_ROLES": roles}, stdout=logs[name],
-                                     stderr=subprocess.STDOUT)
-
-        try:
-            start("scheduler", "scheduler")
-            start("state-1", "state")
+        with Workers(env, tmp_path) as workers:
+            workers.start("scheduler", "scheduler")
+            workers.start("state-1", "state")
             if survivor:
-                start("state-2", "state")
+                workers.start("state-2", "state")
             async with Harness(broker.bootstrap) as h:
                 # 16 nodes of 110 pods each (the default pod limit) take 1,760 pods.
                 nodes = [Node(name=f"k{i}", allocatable=ResourceList(cpu=64_000, memory=2**36)) for i in range(16)]
@@ -232,10 +224,9 @@ async def kill_mid_run(tmp_path: Path, survivor: bool) -> None:
 
                 publisher = asyncio.create_task(publish_steadily())
                 await h.wait_for(Binding, lambda b: True, count=300, timeout=60)
-                procs["state-1"].send_signal(signal.SIGKILL)  # mid-run: transactions in flight
-                procs["state-1"].wait()
+                workers.kill("state-1")  # mid-run: transactions in flight
                 if not survivor:
-                    start("state-2", "state")
+                    workers.start("state-2", "state")
                 await publisher
                 try:
                     await h.wait_for(Binding, lambda b: True, count=len(pods), timeout=120)
@@ -256,12 +247,7 @@ async def kill_mid_run(tmp_path: Path, survivor: bool) -> None:
                 result = check({n.name: n.allocatable for n in nodes}, {p.uid: p.requests for p in pods},
                                [Placement(i, b.uid, b.node) for i, b in enumerate(h.seen(Binding))])
                 assert result.pods_double_bound == 0 and result.nodes_overcommitted == 0
-            assert b"one transaction per input partition" in (tmp_path / "state-2.log").read_bytes()
-        finally:
-            for proc in procs.values():
-                stop(proc, 5)
-            for f in logs.values():
-                f.close()
+            assert b"one transaction per input partition" in workers.log("state-2")
 
 
 async def test_the_worker_says_it_runs_without_transactions_on_the_embedded_broker(tmp_path: Path) -> None:

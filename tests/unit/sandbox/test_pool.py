@@ -28,19 +28,17 @@ from schemas.records import (
     SandboxWarmPool,
     SandboxWarmPoolDeleted,
 )
+from tests.builders import SANDBOX_NS as NS
+from tests.builders import make_pool
+from tests.builders import make_sandbox_claim as claim
 
-NS = "agents"
 TEMPLATE = SandboxTemplate(namespace=NS, name="py", pod=Pod(uid="", name="", runtime_class_name="gvisor",
                                                              requests=ResourceList(cpu=250, memory=256 << 20)))
 ALLOWS_ENV = SandboxTemplate(namespace=NS, name="py", pod=TEMPLATE.pod, env_policy="Allowed")
 
 
 def pool(replicas: int = 3, **kw: Any) -> SandboxWarmPool:
-    return SandboxWarmPool(namespace=NS, name="p", template=kw.pop("template", TEMPLATE), replicas=replicas, **kw)
-
-
-def claim(name: str, uid: str | None = None, **kw: Any) -> SandboxClaim:
-    return SandboxClaim(uid=uid or f"u-{name}", namespace=NS, name=name, warm_pool=kw.pop("warm_pool", "p"), **kw)
+    return make_pool(replicas, template=kw.pop("template", TEMPLATE), **kw)
 
 
 class Driver:
@@ -85,7 +83,9 @@ def warm(replicas: int = 3) -> Driver:
 def test_a_pool_starts_its_replicas_labelled_with_template_hash_and_pool() -> None:
     d = Driver()
     pods = d.pods(d.feed(pool(3), at=1.0))
-    assert [p.uid for p in pods] == [tpl.sandbox_uid(NS, "p", n) for n in range(3)]
+    life = d.state.life
+    assert life and [p.uid for p in pods] == [tpl.sandbox_uid(NS, "p", n, life) for n in range(3)]
+    assert [p.name for p in pods] == [tpl.sandbox_name("p", n, life) for n in range(3)]
     h = tpl.template_hash(TEMPLATE)
     assert all(p.labels[SANDBOX_TEMPLATE_HASH_LABEL] == h and p.runtime_class_name == "gvisor" for p in pods)
     assert all(tpl.pool_of(p.uid) == f"{NS}/p" and tpl.is_pod_uid(p.uid) for p in pods)
@@ -96,7 +96,7 @@ def test_a_claim_adopts_a_ready_sandbox_at_once_and_a_redelivery_gets_the_same_a
     d = Driver()
     d.bind_all(d.pods(d.feed(pool(3, template=ALLOWS_ENV), at=1.0)), at=2.0)
     first = d.statuses(d.feed(claim("c1", env=(EnvVar("TASK", "1"),), labels={"team": "x"}), at=3.0))
-    assert [(s.phase, s.path, s.sandbox) for s in first] == [(READY_PHASE, WARM, "p-0")]
+    assert [(s.phase, s.path, s.sandbox) for s in first] == [(READY_PHASE, WARM, tpl.sandbox_name("p", 0, d.state.life))]
     assert first[0].env == (EnvVar("TASK", "1"),) and first[0].labels == {"team": "x"}  # no disqualification
     again = d.statuses(d.feed(claim("c1", labels={"changed": "yes"}), at=4.0))  # redelivered, changed fields
     assert again == first
@@ -147,7 +147,8 @@ def test_deletions_shrink_and_lifecycles_delete_sandboxes() -> None:
     d = warm(3)
     d.feed(claim("a", shutdown_time=10.0), at=3.0)
     r = d.feed(SandboxTick(namespace=NS, name="p", at=10.0), at=10.0)
-    assert any(isinstance(o.record, PodDeleted) and o.record.uid == tpl.sandbox_uid(NS, "p", 0) for o in r.outputs)
+    first = tpl.sandbox_uid(NS, "p", 0, d.state.life)
+    assert any(isinstance(o.record, PodDeleted) and o.record.uid == first for o in r.outputs)
     assert [s.phase for s in d.statuses(r)] == ["Expired"]
     r = d.feed(pool(1), at=11.0)
     assert sum(isinstance(o.record, PodDeleted) for o in r.outputs) >= 1
@@ -163,8 +164,9 @@ def test_a_burst_becomes_reservations_once() -> None:
     r = d.feed(SandboxBurst(namespace=NS, name="b", warm_pool="p", count=5, ttl_s=600), at=3.0)
     rs = [o.record for o in r.outputs if isinstance(o.record, Reservation)]
     assert len(rs) == 5 and all(o.topic == topics.PODS for o in r.outputs if isinstance(o.record, Reservation))
-    assert not [o for o in d.feed(SandboxBurst(namespace=NS, name="b", warm_pool="p", count=5), at=4.0).outputs
-                if isinstance(o.record, Reservation)]
+    again = [o.record for o in d.feed(SandboxBurst(namespace=NS, name="b", warm_pool="p", count=5), at=4.0).outputs
+             if isinstance(o.record, Reservation)]
+    assert again == rs  # a redelivery: the recorded reservations sent again, never new ones
 
 
 @pytest.mark.parametrize(("record", "field"), [
