@@ -15,6 +15,9 @@ makes the core re-send the pod's acceptance: its Binding went out before the ter
 the copy is dropped here rather than reach consumers after the termination, where it would
 count as bound again (the chaos checker saw a GPU given twice).
 
+The deletions and terminations of a warm pool's pods are sent on to the pool (`sandbox`,
+`gone_sandboxes`), so a pool learns of a sandbox removed by anyone else.
+
 Keys `quota:<root quota>` are elastic quota trees' ledgers (`agents.state.quotas`), in the
 same table: a decider asks one before it commits a pod of that quota, and commits on its grant.
 
@@ -38,6 +41,7 @@ from agents.adapters.stateful import Transactions, register_stateful
 from agents.adapters.tables import read_state
 from agents.adapters.timers import TimerRequest
 from agents.ports import AgentConfig, Outbox, Output
+from agents.sandbox.templates import is_pod_uid, pool_of
 from agents.state.ledger import TERMINATED, Decider, Decision, LedgerState
 from agents.state.quotas import QuotaLedger, QuotaLedgerState, QuotaTree, is_quota_key
 from agents.state.retention import DEFAULT_RETENTION_S
@@ -73,6 +77,15 @@ def gang_timer(key: str, round_: int, seconds: float) -> TimerRequest:
                         Output(topics.HOLDS, key, GangTimeout(decision_key=key, round=round_)))
 
 
+def gone_sandboxes(records: list[Record]) -> list[Output]:
+    """The deletions and terminations of sandbox pods (a pool's), sent on to their pool's
+    `sandbox` partition: whoever removed the pod (its node deleted, a user, an eviction), the
+    pool stops counting it. In the batch's own step, so a replay re-sends them; the pool
+    ignores what it no longer holds."""
+    return [Output(topics.SANDBOX, pool.split("/", 1)[1], r) for r in records
+            if isinstance(r, (PodDeleted, PodTerminated)) and (pool := pool_of(r.uid)) is not None and is_pod_uid(r.uid)]
+
+
 class DeciderCore:
     kinds: tuple[type[Record], ...] = HOLDS_KINDS
     split: tuple[str, ...] = ()  # a decision key's state is small: written whole
@@ -104,6 +117,7 @@ class DeciderCore:
             else:
                 outcome.first.append(output)
         outcome.after += bindings
+        outcome.first += gone_sandboxes(records)
         outcome.problems += decision.problems
         outcome.timers += [gang_timer(k, r, s) for k, r, s in decision.timers]
         return None if Decider.empty(state) else state.to_json()

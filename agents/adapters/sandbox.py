@@ -38,6 +38,8 @@ from agents.sandbox.templates import UID_MARK, pool_of
 from schemas import topics
 from schemas.records import (
     Binding,
+    PodDeleted,
+    PodTerminated,
     Record,
     SandboxBurst,
     SandboxClaim,
@@ -58,7 +60,7 @@ def pool_key_of(record: Record) -> str:
     """The table key (`namespace/pool`) of a record on `sandbox`."""
     if isinstance(record, (SandboxClaim, SandboxClaimDeleted, SandboxBurst)):
         return f"{record.namespace}/{record.warm_pool}"
-    if isinstance(record, (Binding, SchedulingFeedback)):
+    if isinstance(record, (Binding, SchedulingFeedback, PodDeleted, PodTerminated)):
         return pool_of(record.uid) or ""
     return f"{getattr(record, 'namespace', '')}/{getattr(record, 'name', '')}"
 

@@ -39,7 +39,9 @@ from; the refill rate limiter's tokens; the last batch's outputs (`sent`). Rules
    the pool (`life`, named by its creation's log time), so a pool created again after its state
    was forgotten never publishes a uid or name of its earlier life.
 4. **Lifecycles**: a claim's `shutdown_time` deletes its sandbox (status Expired with Retain,
-   Deleted otherwise); a deleted claim deletes its sandbox. Ended claims are kept for
+   Deleted otherwise); a deleted claim deletes its sandbox; a sandbox pod removed by anyone
+   else (the deciders send its PodDeleted or PodTerminated on) leaves the pool, and its claim
+   ends Failed. Ended claims are kept for
    `retention_s` of log time (a redelivery in that window still gets its answer), then dropped:
    a claim published again after that is decided as a new one (redeliveries come within
    seconds, docs/architecture.md "How long state is kept"; a producer must not publish a
@@ -85,6 +87,7 @@ from schemas.records import (
     Alternative,
     Binding,
     PodDeleted,
+    PodTerminated,
     Record,
     SandboxBurst,
     SandboxClaim,
@@ -100,11 +103,11 @@ from schemas.records import (
 
 STARTING, READY, CLAIMED = "starting", "ready", "claimed"
 WARM, VIA_STARTING, COLD = "warm", "starting", "cold"
-READY_PHASE, PENDING, REFUSED, EXPIRED, DELETED = "Ready", "Pending", "Refused", "Expired", "Deleted"
+READY_PHASE, PENDING, REFUSED, EXPIRED, DELETED, FAILED = "Ready", "Pending", "Refused", "Expired", "Deleted", "Failed"
 NOT_FOUND, POOL_EMPTY, INVALID, UNSCHEDULABLE = "WarmPoolNotFound", "WarmPoolEmpty", "InvalidClaim", "Unschedulable"
-ENDED = frozenset({REFUSED, EXPIRED, DELETED})
+ENDED = frozenset({REFUSED, EXPIRED, DELETED, FAILED})
 POOL_KINDS = (SandboxWarmPool, SandboxWarmPoolDeleted, SandboxClaim, SandboxClaimDeleted, SandboxBurst, SandboxTick,
-              Binding, SchedulingFeedback)
+              Binding, SchedulingFeedback, PodDeleted, PodTerminated)
 EPS = 1e-6
 # What a batch sent, as references into the state (`PoolState.sent`, rule 6).
 POD, GONE, ANSWER, BURST, POOL = "pod", "deleted", "claim", "burst", "pool"
@@ -316,6 +319,8 @@ class PoolCore:
             return True  # as a pool record: it may follow an older version of the pool read again
         if isinstance(record, SandboxBurst):
             return self._burst(st, record, t, result)
+        if isinstance(record, (PodDeleted, PodTerminated)):
+            return self._lost(st, record.uid, t, result)
         if isinstance(record, SandboxTick):
             seen = st.ticked is not None and record.at <= st.ticked + EPS
             st.ticked = record.at if st.ticked is None else max(st.ticked, record.at)
@@ -475,6 +480,23 @@ class PoolCore:
             status = dataclasses.replace(_status(entry), phase=READY_PHASE,
                                          node=binding.node, reason="", message="", answered_at=t)
             self._update(st, ck, status, result)
+        return False
+
+    def _lost(self, st: PoolState, uid: str, t: float, result: PoolResult) -> bool:
+        """A sandbox pod removed by someone else (its node deleted, a user, an eviction: the
+        deciders send these on): the pool stops counting it (a tick refills), and its claim, if
+        any, ends Failed. Unknown: one the pool deleted itself, or a redelivery."""
+        sandbox = st.sandboxes.pop(uid, None)
+        if sandbox is None:
+            return True
+        st.sandboxes.touch(uid)
+        st._ready.pop(uid, None)
+        st._starting.pop(uid, None)
+        ck: str = sandbox.get("claim") or ""
+        entry = st.claims.get(ck) if ck else None
+        if entry is not None and entry.get("sandbox") == uid and entry["status"]["phase"] not in ENDED:
+            self._end_claim(st, ck, FAILED, "its sandbox's pod was removed (its node deleted, the pod deleted "
+                                            "or evicted): claim again for another", t, result)
         return False
 
     def _feedback(self, st: PoolState, fb: SchedulingFeedback, t: float, result: PoolResult) -> bool:

@@ -16,6 +16,7 @@ from schemas.records import (
     DeadLetter,
     EnvVar,
     Node,
+    NodeDeleted,
     NodeStateChange,
     Pod,
     ReservationEvent,
@@ -97,3 +98,28 @@ async def test_bad_pools_and_claims_are_refused_naming_the_field_and_the_pool_go
     [answer] = await harness.wait_for(SandboxClaimStatus, lambda s: s.uid == late.uid)
     assert answer.phase == "Refused" and answer.reason == "WarmPoolEmpty" and answer.next_step == "ScaleWarmPool"
     assert [a.kind for a in answer.alternatives] == ["ScaleWarmPool"]
+
+
+async def test_a_node_deleted_under_a_pool_fails_its_claims_and_the_pool_refills(harness: Harness, run_id: str) -> None:
+    ns, label = f"sbx-gone-{run_id}", {"suite": f"sbx-gone-{run_id}"}
+    nodes = [Node(name=f"sbx-gone-{run_id}-{i}", labels=label, allocatable=ResourceList(cpu=1000, memory=2**33))
+             for i in range(2)]
+    await harness.publish(topics.NODES, nodes)
+    for n in nodes:
+        await harness.wait_for(NodeStateChange, lambda c, n=n: c.node == n.name)  # type: ignore[misc]
+    template = SandboxTemplate(namespace=ns, name="t", pod=Pod(uid="", name="", node_selector=label,
+                                                               requests=ResourceList(cpu=100)))
+    await harness.publish(topics.SANDBOX, [SandboxWarmPool(namespace=ns, name="pool", template=template, replicas=4)])
+    await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 4, timeout=60)
+    claims = [SandboxClaim(uid=f"{run_id}-g{i}", namespace=ns, name=f"c{i}", warm_pool="pool") for i in range(4)]
+    await harness.publish(topics.SANDBOX, claims)
+    ready = await harness.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Ready", count=4)
+    doomed = ready[0].node
+    on_doomed = {s.name for s in ready if s.node == doomed}
+    await harness.publish(topics.NODES, [NodeDeleted(name=doomed)])
+    failed = await harness.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Failed",
+                                    count=len(on_doomed), timeout=60)
+    assert {s.name for s in failed} == on_doomed
+    # The pool refills to its replicas, on the node that is left.
+    await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 4 and s.claimed == 4 - len(
+        on_doomed), timeout=60)

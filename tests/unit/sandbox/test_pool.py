@@ -16,6 +16,7 @@ from schemas.records import (
     EnvVar,
     Pod,
     PodDeleted,
+    PodTerminated,
     Record,
     Reservation,
     ResourceList,
@@ -184,3 +185,30 @@ def test_bad_input_is_refused_naming_the_field(record: Record, field: str) -> No
     if isinstance(record, SandboxClaim):
         assert statuses[-1].phase == REFUSED and field in statuses[-1].message
 
+
+
+def test_a_sandbox_removed_by_someone_else_leaves_the_pool_and_fails_its_claim() -> None:
+    d = warm(3)
+    [ready] = d.statuses(d.feed(claim("a"), at=3.0))
+    unclaimed = next(u for u in d.state.sandboxes if u != ready.pod_uid)
+    r = d.feed(PodTerminated(uid=unclaimed, node="n1", decision_key=unclaimed, reason="NodeDeleted"),
+               PodDeleted(uid=ready.pod_uid, name=ready.sandbox, namespace=NS), at=4.0)
+    assert [(s.name, s.phase) for s in d.statuses(r)] == [("a", "Failed")]
+    assert not [o for o in r.outputs if isinstance(o.record, PodDeleted)]  # gone already: nothing to delete
+    assert d.state.unclaimed() == 1 and r.ticks  # a tick refills
+    refill = d.pods(d.feed(SandboxTick(namespace=NS, name="p", at=r.ticks[-1]), at=r.ticks[-1]))
+    assert len(refill) == 2
+    again = d.statuses(d.feed(claim("a"), at=5.0))  # its redelivery: the recorded answer
+    assert [s.phase for s in again] == ["Failed"]
+    published = {o.record.uid for o in d.outputs if isinstance(o.record, Pod)}
+    resent = d.pods(d.feed(PodDeleted(uid=ready.pod_uid, namespace=NS), at=6.0))  # a redelivery decides nothing:
+    assert {p.uid for p in resent} <= published and d.state.unclaimed() == 3  # it re-sends what was sent (rule 6)
+
+
+def test_the_deciders_send_the_removal_of_a_sandbox_pod_on_to_its_pool() -> None:
+    from agents.adapters.deciders import gone_sandboxes
+
+    uid = tpl.sandbox_uid(NS, "p", 4)
+    sent = gone_sandboxes([PodDeleted(uid=uid, namespace=NS), PodDeleted(uid="plain-pod"),
+                           PodTerminated(uid=tpl.reservation_uid(NS, "p", "b", 0), node="n", decision_key="x")])
+    assert [(o.topic, o.key, o.record.uid) for o in sent] == [(topics.SANDBOX, "p", uid)]

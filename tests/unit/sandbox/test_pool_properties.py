@@ -34,6 +34,7 @@ from schemas.codec import to_plain
 from schemas.records import (
     Pod,
     PodDeleted,
+    PodTerminated,
     Record,
     Reservation,
     SandboxBurst,
@@ -73,6 +74,7 @@ records = st.one_of(
     st.tuples(st.just("claim-deleted"), st.sampled_from(NAMES), st.booleans()),
     st.tuples(st.just("bind"), st.integers(0, 30), st.sampled_from(["n0", "n1"])),
     st.tuples(st.just("feedback"), st.integers(0, 30), st.integers(0, 2), st.sampled_from(["full", "taints"])),
+    st.tuples(st.just("lost"), st.integers(0, 30), st.booleans()),  # removed by someone else (deciders send it on)
     st.tuples(st.just("tick"), st.sampled_from(["due", "due", "early", "late", "again"])),
     st.tuples(st.just("burst"), st.sampled_from(["b1", "b2"]), st.integers(1, 3), st.floats(1.0, 20.0)),
     st.tuples(st.just("redeliver"), st.integers(0, 7)),
@@ -107,6 +109,7 @@ class Driver:
         self.ever: set[str] = set()  # every pod uid ever sent, lost sends included
         self.timers: set[float] = set()  # ticks asked for and armed on this worker
         self.fired: list[float] = []
+        self.lost: set[str] = set()  # pods removed by someone else: gone without the pool's deletion
         self.inputs: list[Record] = []
         self.batches: list[Batch] = []
         self.gens: dict[str, int] = {}  # claim name -> its current uid's generation
@@ -138,11 +141,15 @@ class Driver:
             _, name, old = action
             gen = max(0, self.gens.get(name, 0) - 1) if old else None
             return sandbox_claim_deleted(name, self.uid(name, gen))
-        if kind in ("bind", "feedback"):
+        if kind in ("bind", "feedback", "lost"):
             pods = self.published()
             if not pods:
                 return None
             uid = pods[action[1] % len(pods)]
+            if kind == "lost":
+                self.lost.add(uid)
+                return PodDeleted(uid=uid, namespace=NS) if action[2] else PodTerminated(
+                    uid=uid, node="n0", decision_key=uid, reason="NodeDeleted")
             if kind == "bind":
                 return sandbox_bound(uid, action[2])
             return SchedulingFeedback(uid=uid, namespace=NS, name=uid, attempt=action[2], message=action[3])
@@ -268,7 +275,7 @@ class Driver:
         for o in self.visible:
             if isinstance(o.record, (Pod, PodDeleted)):
                 last[o.record.uid] = type(o.record).__name__
-        leaked = [u for u, what in last.items() if what == "Pod" and u not in sandboxes]
+        leaked = [u for u, what in last.items() if what == "Pod" and u not in sandboxes and u not in self.lost]
         assert not leaked, leaked
         unpublished = [u for u, s in sandboxes.items() if not s["node"] and last.get(u) != "Pod"]
         assert not unpublished, unpublished
