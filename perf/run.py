@@ -349,22 +349,27 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
 def scheduler_figures(collector: Collector, feedback: list[SchedulingFeedback], since: float) -> dict[str, Any]:
     """What the scheduler says of itself on `profiling` after `since`: `plugins` (milliseconds
     per plugin and extension point, its ProfilingSamples), `attempts` (by result, its
-    AttemptsSamples); and `unschedulable_reasons` (the run's feedback, by reason)."""
+    AttemptsSamples), `fast_path_share` (of the scheduled attempts, the share placed as
+    members of an equivalence class rather than by the full path); and `unschedulable_reasons`
+    (the run's feedback, by reason)."""
     plugins: dict[str, dict[str, float]] = {}  # plugin -> extension point -> ms, over the run
     for ts, sample in collector.of(ProfilingSample):
         if ts >= since:
             point = plugins.setdefault(sample.plugin, {})
             point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
     attempts: Counter[str] = Counter()
+    batched = 0
     for ts, a in collector.of(AttemptsSample):
         if ts >= since:
             attempts[a.result] += a.count
+            batched += a.batched
     reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
     for f in feedback:
         for reason in f.reasons or {f.message: 1}:
             reasons[reason] += 1
     return {"plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
             "attempts": dict(sorted(attempts.items())),
+            "fast_path_share": round(batched / attempts["scheduled"], 4) if attempts["scheduled"] else 0.0,
             "unschedulable_reasons": dict(reasons.most_common(20))}
 
 

@@ -56,6 +56,7 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     assert result["floor_cpu_us_per_pod"] > 0 and result["worker_cpu_us_per_pod"] > 0
     assert result["plugins"]["NodeResourcesFit"]["Filter"] > 0  # the scheduler's profiling samples
     assert result["attempts"]["scheduled"] >= 400  # the scheduler's AttemptsSamples
+    assert 0 <= result["fast_path_share"] <= 1
     assert 0 < result["allocation_pct"]["cpu_peak"] <= 100 and result["allocation_pct"]["gpu_peak"] > 0
     assert set(result["fragmentation_pct"]) >= {"cpu"}
     assert result["worker_memory_peak_mb"]["scheduler"] > 0 and result["worker_memory_peak_mb"]["state"] > 0
@@ -106,3 +107,5 @@ def test_the_quick_variants_of_the_shipped_scenarios_run_whole_and_consistent(na
     assert result["pods_bound"] == result["pods_total"] > 0
     assert result["pods_double_bound"] == result["nodes_overcommitted"] == 0
     assert result["harness_cpu_s"] < result["scheduler_cpu_s"]
+    if name == "sandbox-burst":  # identical pods in bursts: placed as equivalence classes
+        assert result["fast_path_share"] > 0.9
