@@ -297,9 +297,38 @@ def cmd_perf_rebalance_scenario(args: argparse.Namespace) -> int:
     return _run_and_print(args.scenario, lambda: rs.run_scale_down(scale_down, _settings(args)), consistent, args.json)
 
 
+def cmd_perf_sandbox(args: argparse.Namespace) -> int:
+    from perf import sandbox_run as sr
+    from perf.plots import write_sandbox_plots
+
+    run: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+    if args.scenario == "sandbox-warm":
+        warm = sr.WarmRun.preset(args.broker, args.quick)
+        run = lambda: sr.run_warm(warm, _settings(args))  # noqa: E731
+    else:
+        churn = sr.ChurnRun.preset(args.broker, args.quick)
+        run = lambda: sr.run_churn(churn, _settings(args))  # noqa: E731
+    try:
+        result = asyncio.run(run())
+    except (ValueError, TimeoutError, OSError) as exc:
+        console.print(f"[red]perf run {args.scenario}: {exc}[/red]")
+        return 2
+    plots = [p.name for p in write_sandbox_plots(result, args.report)] if args.report else []
+    text = sr.report(result, plots)
+    console.print(text, markup=False)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.report:
+        (Path(args.report) / "report.md").write_text(text)
+    return 0 if sr.succeeded(result) else 1
+
+
 def cmd_perf_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if args.scenario in ("sandbox-warm", "sandbox-churn"):
+        return cmd_perf_sandbox(args)
     if args.scenario == "rebalance-moves":
         return cmd_perf_rebalance_moves(args)
     if args.scenario in ("rebalance-imbalance", "scale-down-binpack"):
