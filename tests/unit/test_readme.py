@@ -74,3 +74,17 @@ def test_the_secured_kafka_example_loads_and_logs_in_with_scram_over_tls(tmp_pat
     assert (conn.security_protocol, conn.sasl_mechanism, conn.sasl_username) == ("SASL_SSL", "SCRAM-SHA-512",
                                                                                    "koordstream")
     assert conn.sasl_password.reveal() == "from-a-file" and conn.ssl_context is not None
+
+
+def test_the_warm_pool_example_is_a_pool_the_pools_accept() -> None:
+    import json
+
+    from agents.sandbox.templates import validate_pool
+    from schemas.codec import decode_object
+    from schemas.records import SandboxWarmPool
+
+    block = re.search(r"## Sandboxes and warm pools.*?```json\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block
+    pool = decode_object(json.loads(block.group(1)))
+    assert isinstance(pool, SandboxWarmPool) and pool.replicas == 20 and pool.template.pod.runtime_class_name == "gvisor"
+    validate_pool(pool)
