@@ -448,7 +448,7 @@ async def _harness(broker: str, settings: Settings, node_list: list[Node]) -> An
         await collector.start()
         await terminations.start()
         try:
-            async with RecordProducer(kafka, k.partitions) as producer:
+            async with RecordProducer(kafka, k.partitions, linger_ms=0) as producer:  # a claim's clock runs from `created`
                 probe = Pod(uid="perf-probe", name="perf-probe", namespace="perf", requests=ResourceList(cpu=1))
                 await start_up(producer, collector, node_list, probe, k.partitions, 180.0)
                 yield Harness(producer, collector, terminations, workers, node_list)

@@ -86,7 +86,7 @@ async def claim_sandbox(settings: Settings, claim: SandboxClaim, timeout_s: floa
         consumer.assign([tp])
         await consumer.seek_to_end(tp)
         await consumer.position(tp)  # fixed now: the answer comes after it
-        async with RecordProducer(conn, k.partitions) as producer:
+        async with RecordProducer(conn, k.partitions, linger_ms=0) as producer:  # one claim: nothing to wait for
             sent = replace(claim, created=time.time())
             await producer.flush(await producer.publish(topics.SANDBOX, [sent]))
         deadline = sent.created + timeout_s
