@@ -20,9 +20,11 @@ PodTerminated records on `node-inbox`, and `profiling`.
   top, on three pools of different sizes and runtimes; each sandbox lives 5-120 s, then its
   claim is deleted (`SandboxClaimDeleted`), and the pools refill.
 
-Latency is a claim's publication (`created`) to the broker timestamp of the
-SandboxClaimStatus that answers it with phase Ready (the producer's create time, as a perf
-run's queueing latency is). The checks come from the records on the topics, not from the
+Latency (`claim_latency_ms`) is a claim's publication (`created`) to the broker timestamp of
+the SandboxClaimStatus that answers it with phase Ready (the answering worker's create time,
+as a perf run's queueing latency is); `claim_latency_seen_ms` runs to when this harness's
+reader got that status (a client's view: its fetch wait, and on Apache Kafka the commit of the
+transaction the status was written in, included). The checks come from the records on the topics, not from the
 pools' own counters: `sandboxes_double_adopted` (a sandbox pod named Ready by two different
 claims), and `pods_double_bound` / `nodes_overcommitted` (`perf.checker`, from the Bindings,
 the terminations the deciders sent and the requests of the templates the run published).
@@ -239,18 +241,20 @@ class Answers:
         self.read = 0
         self.first: dict[str, tuple[float, SandboxClaimStatus]] = {}  # claim uid -> its first answer
         self.ready: dict[str, tuple[float, SandboxClaimStatus]] = {}  # claim uid -> its first Ready
+        self.ready_seen: dict[str, float] = {}  # claim uid -> when this reader got its first Ready
         self.refused: dict[str, tuple[float, SandboxClaimStatus]] = {}
         self.ready_by_pod: dict[str, set[str]] = {}  # sandbox pod uid -> the claims it was Ready for
         self.pools: dict[str, list[tuple[float, SandboxPoolStatus]]] = {}  # pool name -> its statuses
 
     def update(self) -> None:
-        records = self.collector.records
-        for ts, _, r in itertools.islice(records, self.read, None):
+        records, received = self.collector.records, self.collector.received
+        for i, (ts, _, r) in enumerate(itertools.islice(records, self.read, None), self.read):
             if isinstance(r, SandboxClaimStatus) and r.namespace == NAMESPACE:
                 if r.phase in (READY, REFUSED, "Pending"):
                     self.first.setdefault(r.uid, (ts, r))
-                if r.phase == READY:
-                    self.ready.setdefault(r.uid, (ts, r))
+                if r.phase == READY and r.uid not in self.ready:
+                    self.ready[r.uid] = (ts, r)
+                    self.ready_seen[r.uid] = received[i]
                     self.ready_by_pod.setdefault(r.pod_uid, set()).add(r.uid)
                 elif r.phase == REFUSED:
                     self.refused.setdefault(r.uid, (ts, r))
@@ -294,6 +298,7 @@ def claim_figures(uids: list[str], published: dict[str, float], answers: Answers
     """The claims' counts by how they were answered, and their latency to Ready (all, and by path)."""
     paths = Counter(answers.first[u][1].path for u in uids if u in answers.first and u not in answers.refused)
     latency = {u: (answers.ready[u][0] - published[u]) * 1000.0 for u in uids if u in answers.ready and u in published}
+    seen = [(answers.ready_seen[u] - published[u]) * 1000.0 for u in latency]
     by_path: dict[str, list[float]] = {}
     for u, ms in latency.items():
         by_path.setdefault(answers.first[u][1].path, []).append(ms)
@@ -309,6 +314,7 @@ def claim_figures(uids: list[str], published: dict[str, float], answers: Answers
         "claims_unanswered": sum(1 for u in uids if not answers.answered(u)),
         "warm_hit_rate": round(paths[WARM] / total, 4) if total else 0.0,
         "claim_latency_ms": latency_figures(list(latency.values())),
+        "claim_latency_seen_ms": latency_figures(seen),
         "claim_latency_by_path_ms": {path: latency_figures(values) for path, values in sorted(by_path.items())},
     }
 
@@ -630,7 +636,7 @@ def succeeded(result: dict[str, Any]) -> bool:
 
 
 PHASE_ROWS = ("claims_total", "claims_warm", "claims_starting", "claims_cold", "claims_refused", "claims_unanswered",
-              "warm_hit_rate", "claim_latency_ms", "pool_depth_min", "fast_path_share", "publish_lag_ms")
+              "warm_hit_rate", "claim_latency_ms", "claim_latency_seen_ms", "pool_depth_min", "fast_path_share", "publish_lag_ms")
 
 
 def report(result: dict[str, Any], plots: list[str] | None = None) -> str:
