@@ -1,5 +1,5 @@
-"""`koordstream` subcommands: up, worker, bridge, cluster up, broker, demo, bench, perf, publish, read,
-topics, config, schema.
+"""`koordstream` subcommands: up, worker, bridge, cluster up, broker, demo, bench, perf, sandbox, publish,
+read, topics, config, schema.
 
 Only argument parsing and printing live here; every action calls into streams/ or perf/.
 """
@@ -297,9 +297,38 @@ def cmd_perf_rebalance_scenario(args: argparse.Namespace) -> int:
     return _run_and_print(args.scenario, lambda: rs.run_scale_down(scale_down, _settings(args)), consistent, args.json)
 
 
+def cmd_perf_sandbox(args: argparse.Namespace) -> int:
+    from perf import sandbox_run as sr
+    from perf.plots import write_sandbox_plots
+
+    run: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+    if args.scenario == "sandbox-warm":
+        warm = sr.WarmRun.preset(args.broker, args.quick)
+        run = lambda: sr.run_warm(warm, _settings(args))  # noqa: E731
+    else:
+        churn = sr.ChurnRun.preset(args.broker, args.quick)
+        run = lambda: sr.run_churn(churn, _settings(args))  # noqa: E731
+    try:
+        result = asyncio.run(run())
+    except (ValueError, TimeoutError, OSError) as exc:
+        console.print(f"[red]perf run {args.scenario}: {exc}[/red]")
+        return 2
+    plots = [p.name for p in write_sandbox_plots(result, args.report)] if args.report else []
+    text = sr.report(result, plots)
+    console.print(text, markup=False)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    if args.report:
+        (Path(args.report) / "report.md").write_text(text)
+    return 0 if sr.succeeded(result) else 1
+
+
 def cmd_perf_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if args.scenario in ("sandbox-warm", "sandbox-churn"):
+        return cmd_perf_sandbox(args)
     if args.scenario == "rebalance-moves":
         return cmd_perf_rebalance_moves(args)
     if args.scenario in ("rebalance-imbalance", "scale-down-binpack"):
@@ -490,6 +519,77 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sandbox_claim(args: argparse.Namespace) -> int:
+    from schemas.codec import encode
+    from schemas.quantity import parse_duration
+    from streams.sandbox_claims import claim_sandbox, make_claim, pairs
+
+    settings = _settings(args)
+    if not settings.kafka.bootstrap:
+        console.print("[red]sandbox claim: give --bootstrap HOST:PORT[/red]")
+        return 2
+    try:
+        after = parse_duration(args.shutdown_after) if args.shutdown_after else None
+    except ValueError:
+        console.print(f"[red]sandbox claim: --shutdown-after {args.shutdown_after!r}: expected a duration like 90s, "
+                      "10m or 1h30m[/red]")
+        return 2
+    try:
+        claim = make_claim(args.pool, args.namespace, args.name, pairs(args.env, "--env"), pairs(args.label, "--label"),
+                           after)
+        answer = asyncio.run(claim_sandbox(settings, claim, args.timeout))
+    except ValueError as exc:
+        console.print(f"[red]sandbox claim: {exc}[/red]")
+        return 2
+    s = answer.status
+    if args.json and s is not None:
+        print(encode(s).decode())
+    if answer.ready and s is not None:
+        console.print(f"sandbox {s.sandbox} on node {s.node} (path {s.path}, pod {s.pod_uid}): "
+                      f"ready in {answer.latency_ms:.0f} ms", highlight=False)
+        return 0
+    if s is not None and s.phase == "Refused":
+        console.print(f"[red]refused[/red]: {s.reason}: {s.message}", highlight=False)
+        retry = f" (retry after {s.retry_after_s:g} s)" if s.retry_after_s is not None else ""
+        console.print(f"next step: {s.next_step or 'none'}{retry}", highlight=False)
+        for alt in s.alternatives:
+            changes = ", ".join(f"{k}={v}" for k, v in alt.changes.items())
+            console.print(f"  alternative {alt.kind}: {alt.description}" + (f" ({changes})" if changes else ""),
+                          highlight=False)
+        return 1
+    last = f"; last answer: {s.phase} ({s.path or '-'}, sandbox {s.sandbox or '-'}): {s.message}" if s else ""
+    console.print(f"[red]no answer within {args.timeout:g} s[/red] for claim {claim.namespace}/{answer.claim.name}"
+                  f"{last}: are the state workers running, and does pool {args.pool!r} exist?", highlight=False)
+    return 1
+
+
+def cmd_sandbox_pools(args: argparse.Namespace) -> int:
+    from streams.sandbox_claims import pool_statuses
+
+    settings = _settings(args)
+    if not settings.kafka.bootstrap:
+        console.print("[red]sandbox pools: give --bootstrap HOST:PORT[/red]")
+        return 2
+    try:
+        statuses = asyncio.run(pool_statuses(settings))
+    except ValueError as exc:
+        console.print(f"[red]sandbox pools: {exc}[/red]")
+        return 2
+    table = Table(title="warm pools (latest SandboxPoolStatus)")
+    columns = ("pool", "replicas", "ready", "starting", "claimed", "claims", "warm hits", "starting hits", "cold",
+               "refused", "reserved", "message")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("pool", "message") else "right")
+    for st in statuses:
+        table.add_row(f"{st.namespace}/{st.name}", *(str(v) for v in (
+            st.replicas, st.ready, st.starting, st.claimed, st.claims, st.warm_hits, st.starting_hits, st.cold,
+            st.refused, st.reserved)), st.message)
+    console.print(table)
+    if not statuses:
+        console.print("no pool has reported yet")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="koordstream", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -618,6 +718,24 @@ def parser() -> argparse.ArgumentParser:
     rp.add_argument("--now", type=float, help="the time of the plan, unix seconds (default: now; pod ages count from it)")
     rp.add_argument("--json", help="write the plan as JSON to this file")
     rp.set_defaults(fn=cmd_rebalance_plan)
+    sp = sub.add_parser("sandbox", help="warm pools of sandboxes: claim one, show the pools")
+    ssub = sp.add_subparsers(dest="sandbox_command", required=True)
+    sc = ssub.add_parser("claim", help="publish a SandboxClaim on POOL and print the answer (exit 1: refused or "
+                                       "no answer in time)")
+    common(sc)
+    sc.add_argument("pool", help="the SandboxWarmPool's name")
+    sc.add_argument("--namespace", default="default", help="the claim's (and the pool's) namespace")
+    sc.add_argument("--name", default="", help="the claim's name (default: the pool's name and a random suffix)")
+    sc.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="an environment variable to inject (as the template's envVarsInjectionPolicy allows)")
+    sc.add_argument("--label", action="append", default=[], metavar="K=V", help="a label for the sandbox's pod")
+    sc.add_argument("--shutdown-after", help="end the sandbox this long after the claim (a duration: 90s, 10m, 1h)")
+    sc.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the answer")
+    sc.add_argument("--json", action="store_true", help="also print the answer (SandboxClaimStatus) as JSON")
+    sc.set_defaults(fn=cmd_sandbox_claim)
+    sl = ssub.add_parser("pools", help="print each pool's latest SandboxPoolStatus")
+    common(sl)
+    sl.set_defaults(fn=cmd_sandbox_pools)
     sp = sub.add_parser("publish", help="publish records (JSON lines, or Kubernetes manifests) to a topic")
     common(sp)
     sp.add_argument("file")

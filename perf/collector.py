@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import TypeVar
 
@@ -20,9 +21,10 @@ R = TypeVar("R", bound=Record)
 
 
 class Collector:
-    """`records` holds (broker timestamp in seconds, topic, record) for every record read; with
-    `kinds`, only records of those classes, and messages whose value names none of them
-    (`"kind":"<name>"`) are not decoded at all (a busy topic read for one kind of record)."""
+    """`records` holds (broker timestamp in seconds, topic, record) for every record read, and
+    `received` at the same index the local time it was read (unix seconds); with `kinds`, only
+    records of those classes, and messages whose value names none of them (`"kind":"<name>"`)
+    are not decoded at all (a busy topic read for one kind of record)."""
 
     def __init__(self, kafka: KafkaConnection | str, topic_names: Iterable[str], partitions: int,
                  kinds: tuple[type[Record], ...] = ()) -> None:
@@ -32,6 +34,7 @@ class Collector:
         self.kinds = kinds
         self._markers = tuple(f'"kind":"{k.__name__}"'.encode() for k in kinds)
         self.records: list[tuple[float, str, Record]] = []
+        self.received: list[float] = []
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -49,6 +52,7 @@ class Collector:
         try:
             while True:
                 batches = await consumer.getmany(timeout_ms=100, max_records=10000)
+                now = time.time()
                 for tp, messages in batches.items():
                     for m in messages:
                         if self._markers and not any(k in (m.value or b"") for k in self._markers):
@@ -56,6 +60,7 @@ class Collector:
                         for r in decode_message(m.value):
                             if not isinstance(r, SchemaError) and (not self.kinds or isinstance(r, self.kinds)):
                                 self.records.append((m.timestamp / 1000.0, tp.topic, r))
+                                self.received.append(now)
                 if batches:
                     self.changed.set()
         finally:

@@ -14,7 +14,8 @@ Flow:
    admin kubeconfig and its client limits raised out of the way: the API server, not the
    bridge's token bucket, is what a run measures).
 3. Set-up through the API: the PriorityClasses the scenarios name (koord-prod 9000, koord-mid
-   7000, koord-batch 5000, koord-free 3000), the namespaces, the scenario's nodes
+   7000, koord-batch 5000, koord-free 3000), the RuntimeClasses its pods name (handler of the
+   same name: the API server's admission refuses a pod naming none), the namespaces, the scenario's nodes
    (`schemas.kube.node_manifest`, annotated for Kwok). Start-up waits until the owners reported
    every node Ready (Kwok's node-initialize, seen by the bridge) and a probe pod created through
    the API is bound (the bridge leads, every consumer group joined).
@@ -503,6 +504,9 @@ async def _drive(s: sc.Scenario, settings: Settings, cp: ControlPlane, workers: 
         for name, value in PRIORITY_CLASSES.items():
             await _create_ignoring_conflict(api, "/apis/scheduling.k8s.io/v1/priorityclasses",
                                             _priority_class(name, value))
+        for runtime in sorted({p.runtime_class_name for p in pods.values()} - {""}):  # else admission refuses the pods
+            await _create_ignoring_conflict(api, "/apis/node.k8s.io/v1/runtimeclasses", {
+                "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": runtime}, "handler": runtime})
         for namespace in sorted({p.namespace for p in pods.values()} | {PROBE_NAMESPACE}):
             await _create_ignoring_conflict(api, "/api/v1/namespaces", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -258,7 +258,22 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
 
 async def _publish(producer: RecordProducer, arrivals: list[tuple[float, Record]], published: dict[str, float],
                    t0: float) -> None:
-    """Publish the records at their offsets, in 10 ms ticks."""
+    def stamp(r: Record, now: float) -> Record:
+        if isinstance(r, Pod):
+            published[r.uid] = now
+        return r
+
+    await publish_on_schedule(producer, topics.PODS, arrivals, t0, stamp)
+
+
+async def publish_on_schedule(producer: RecordProducer, topic: str, arrivals: Sequence[tuple[float, Record]],
+                              t0: float, stamp: Callable[[Record, float], Record] | None = None,
+                              lags: list[float] | None = None) -> None:
+    """Publish the records (sorted by offset) to `topic` at their offsets in seconds from `t0`,
+    in ticks of at most 10 ms: an open loop, on schedule, never waiting for an answer. What
+    is due goes in one publish; `stamp(record, now)` gives the record to send (setting the
+    time it is published, `now`, where a record carries it), and `lags` gets how late each
+    record went, in seconds (the generator's own fidelity)."""
     pending: list[Any] = []
     i = 0
     while i < len(arrivals):
@@ -267,12 +282,11 @@ async def _publish(producer: RecordProducer, arrivals: list[tuple[float, Record]
         while j < len(arrivals) and arrivals[j][0] <= now:
             j += 1
         if j > i:
-            chunk = [r for _, r in arrivals[i:j]]
-            stamp = time.time()
-            for r in chunk:
-                if isinstance(r, Pod):
-                    published[r.uid] = stamp
-            pending += await producer.publish(topics.PODS, chunk)
+            at = time.time()
+            chunk = [r if stamp is None else stamp(r, at) for _, r in arrivals[i:j]]
+            if lags is not None:
+                lags += [at - t0 - offset for offset, _ in arrivals[i:j]]
+            pending += await producer.publish(topic, chunk)
             i = j
         if i < len(arrivals):
             await asyncio.sleep(min(0.01, max(0.0, arrivals[i][0] - (time.time() - t0))))
@@ -349,22 +363,27 @@ def result(s: sc.Scenario, nodes: list[Any], pods: dict[str, Pod], offsets: dict
 def scheduler_figures(collector: Collector, feedback: list[SchedulingFeedback], since: float) -> dict[str, Any]:
     """What the scheduler says of itself on `profiling` after `since`: `plugins` (milliseconds
     per plugin and extension point, its ProfilingSamples), `attempts` (by result, its
-    AttemptsSamples); and `unschedulable_reasons` (the run's feedback, by reason)."""
+    AttemptsSamples), `fast_path_share` (of the scheduled attempts, the share placed as
+    members of an equivalence class rather than by the full path); and `unschedulable_reasons`
+    (the run's feedback, by reason)."""
     plugins: dict[str, dict[str, float]] = {}  # plugin -> extension point -> ms, over the run
     for ts, sample in collector.of(ProfilingSample):
         if ts >= since:
             point = plugins.setdefault(sample.plugin, {})
             point[sample.extension_point] = point.get(sample.extension_point, 0.0) + sample.duration_ns / 1e6
     attempts: Counter[str] = Counter()
+    batched = 0
     for ts, a in collector.of(AttemptsSample):
         if ts >= since:
             attempts[a.result] += a.count
+            batched += a.batched
     reasons: Counter[str] = Counter()  # unschedulable attempts of the run's pods, by reason
     for f in feedback:
         for reason in f.reasons or {f.message: 1}:
             reasons[reason] += 1
     return {"plugins": {p: {k: round(v, 1) for k, v in points.items()} for p, points in sorted(plugins.items())},
             "attempts": dict(sorted(attempts.items())),
+            "fast_path_share": round(batched / attempts["scheduled"], 4) if attempts["scheduled"] else 0.0,
             "unschedulable_reasons": dict(reasons.most_common(20))}
 
 

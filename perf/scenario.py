@@ -19,7 +19,8 @@ A scenario file:
            gang: {size: 4, waitingTime: 30s}}
         - {name: infer, share: 10, qos: LS, requests: {cpu: "2", memory: 8Gi}, gpu: {share: 50},
            reserved: 0.2}                   # a fifth of them get a Reservation first
-        - {name: sandbox, share: 0, qos: BE, requests: {cpu: 100m, memory: 128Mi}, identical: true}
+        - {name: sandbox, share: 0, qos: BE, requests: {cpu: 100m, memory: 128Mi}, identical: true,
+           runtimeClassName: gvisor}          # carried on the pods (Kubernetes' RuntimeClass name)
       arrival: {rate: 2000, bursts: [{at: 10s, template: sandbox, count: 5000}]}
     lifecycle: {stages: [infra/kwok/pod-ready.yaml, infra/kwok/pod-complete.yaml], speedup: 1}
     thresholds: {throughputDropPct: 10, queueP99RisePct: 25}
@@ -110,6 +111,7 @@ class Template:
     gang_waiting: str = ""
     reserved: float = 0.0
     identical: bool = False
+    runtime_class: str = ""  # the pods' runtimeClassName (gVisor, Kata, ...): carried, not scheduled on
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class Scenario:
 
 # --- reading -----------------------------------------------------------------------------------
 
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _FIELDS = {
     "": {"name", "seed", "nodes", "pods", "lifecycle", "thresholds", "quick", "description", "trace", "profiles"},
     "trace": {"load", "schedulerName"},
@@ -191,7 +194,7 @@ _FIELDS = {
     "numa": {"cells", "threadsPerCore"},
     "pods": {"total", "mix", "arrival"},
     "template": {"name", "share", "qos", "priorityClass", "requests", "duration", "gpu", "gang", "reserved",
-                 "identical"},
+                 "identical", "runtimeClassName"},
     "gpu": {"whole", "share"},
     "gang": {"size", "waitingTime"},
     "arrival": {"rate", "bursts"},
@@ -348,6 +351,9 @@ def _template(r: _Reader, raw: Any, where: str) -> Template:
     qos = str(t.get("qos", ""))
     if qos and qos not in QOS_CLASSES:
         raise r.fail(f"{where}.qos", qos, f"must be one of {list(QOS_CLASSES)}")
+    runtime = str(t.get("runtimeClassName", ""))
+    if runtime and not _DNS_SUBDOMAIN.fullmatch(runtime):
+        raise r.fail(f"{where}.runtimeClassName", runtime, "a RuntimeClass name: lower-case letters, digits, '-' and '.'")
     gpu = r.mapping(t.get("gpu") or {}, f"{where}.gpu", "gpu")
     if "whole" in gpu and "share" in gpu:
         raise r.fail(f"{where}.gpu", dict(gpu), "either whole GPUs or a share of one, not both")
@@ -365,6 +371,7 @@ def _template(r: _Reader, raw: Any, where: str) -> Template:
         gang_size=r.number(gang.get("size", 0), f"{where}.gang.size", integer=True), gang_waiting=waiting,
         reserved=float(r.number(t.get("reserved", 0), f"{where}.reserved", high=1)),
         identical=bool(t.get("identical", False)),
+        runtime_class=runtime,
     )
 
 
@@ -417,7 +424,7 @@ def _pod(s: Scenario, t: Template, uid: str, gang: str = "") -> Pod:
     owners = (OwnerReference(kind="Job", name=t.name, uid=f"job-{t.name}", controller=True),) if t.duration_s else ()
     return Pod(uid=uid, name=uid, namespace=s.namespace, labels={"template": t.name,
                **({QOS_LABEL: t.qos} if t.qos else {})}, annotations=annotations, owner_references=owners,
-               priority_class_name=t.priority_class, requests=requests)
+               priority_class_name=t.priority_class, requests=requests, runtime_class_name=t.runtime_class)
 
 
 def arrivals(s: Scenario) -> list[tuple[float, Record]]:

@@ -858,12 +858,15 @@ class ProfilingSample(Record):
 @dataclass(frozen=True, slots=True)
 class AttemptsSample(Record):
     """Scheduling attempts a profile made since its last sample, by result (kube-scheduler's
-    `scheduler_schedule_attempts_total`: scheduled, unschedulable, error)."""
+    `scheduler_schedule_attempts_total`: scheduled, unschedulable, error). `batched`, for
+    result scheduled: how many of those pods were placed as members of an equivalence class
+    (filtered and scored once for the class) rather than by the full path."""
 
     KIND: ClassVar[str] = "AttemptsSample"
     profile: str
     result: str
     count: int
+    batched: int = 0
     kind: str = field(default="AttemptsSample", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

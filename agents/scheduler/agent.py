@@ -9,7 +9,8 @@ by the replica feed in `streams` (it reads every `state-changes` partition, no g
 Profiling: about once a second while it schedules, the loop publishes on `profiling` one
 ProfilingSample per (profile, plugin, extension point) with the time spent there since the
 last ones (the frameworks' own timings; nothing is sampled when nothing ran), and one
-AttemptsSample per (profile, result) with the scheduling attempts made since.
+AttemptsSample per (profile, result) with the scheduling attempts made since (for scheduled,
+how many of those pods were placed as members of an equivalence class: `SchedulerCore.batched`).
 
 The edges (DESIGN.md, safety rules 4 and 11):
 
@@ -139,6 +140,7 @@ class SchedulerService:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._profiled: dict[tuple[str, str, str], int] = {}  # (profile, plugin, point) -> ns sent
         self._attempts_sent: dict[tuple[str, str], int] = {}  # (profile, result) -> attempts sent
+        self._batched_sent: dict[str, int] = {}  # profile -> batched placements sent
         self._profiled_at = 0.0
         self.wake = asyncio.Event()
         self.replica_ready = asyncio.Event()  # set once the replica caught up with history
@@ -403,7 +405,12 @@ class SchedulerService:
             delta = count - self._attempts_sent.get((profile, result), 0)
             if delta > 0:
                 self._attempts_sent[profile, result] = count
-                out.append(Output(topics.PROFILING, profile, AttemptsSample(profile=profile, result=result, count=delta)))
+                batched = 0
+                if result == "scheduled":
+                    batched = self.core.batched[profile] - self._batched_sent.get(profile, 0)
+                    self._batched_sent[profile] = self.core.batched[profile]
+                out.append(Output(topics.PROFILING, profile, AttemptsSample(profile=profile, result=result, count=delta,
+                                                                            batched=batched)))
         return out
 
     async def run(self) -> None:

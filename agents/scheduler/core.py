@@ -153,6 +153,9 @@ class SchedulerCore:
         # scheduler_schedule_attempts_total: scheduled (a claim went out), unschedulable (no node
         # fits), error (Reserve or Permit refused). A claim the owner refuses is a new attempt.
         self.attempts: Counter[tuple[str, str]] = Counter()
+        # Of the scheduled attempts, per profile, the pods placed as members of an equivalence
+        # class (the fast path) rather than by the full path.
+        self.batched: Counter[str] = Counter()
         self._arrival = 0
         self._group_arrival: dict[str, int] = {}  # gang's decision key -> arrival of its first pod
         self._gang_members: dict[str, int] = {}  # gang's decision key -> its uids in decision_keys
@@ -533,6 +536,8 @@ class SchedulerCore:
             tracked.state, tracked.row = CLAIMED, placement.row
             self.claims_out[info.uid] = hold_id(info.uid, info.attempt, placement.node)
             self.attempts[info.profile, "scheduled"] += 1
+            if placement.batched:
+                self.batched[info.profile] += 1
             return placement.outputs
         if placement.status.code == Code.WAIT:
             tracked.state, tracked.row = WAITING, placement.row

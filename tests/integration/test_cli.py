@@ -1,9 +1,10 @@
 """The `koordstream` command against the session's broker: publish (JSON lines and
-Kubernetes manifests), topics, schema export."""
+Kubernetes manifests), topics, schema export, a sandbox claim and the pools."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,16 @@ import pytest
 
 from schemas import topics
 from schemas.codec import encode
-from schemas.records import Binding, NodeStateChange
+from schemas.records import (
+    Binding,
+    Node,
+    NodeStateChange,
+    Pod,
+    ResourceList,
+    SandboxPoolStatus,
+    SandboxTemplate,
+    SandboxWarmPool,
+)
 from tests.builders import make_pod
 from tests.integration.harness import Harness
 
@@ -21,7 +31,8 @@ pytestmark = pytest.mark.integration
 
 
 def koordstream(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "250"})  # tables unwrapped
 
 
 async def test_publish_manifests_and_jsonl_then_pods_bind(harness: Harness, run_id: str, tmp_path: Path) -> None:
@@ -107,3 +118,46 @@ async def test_rebalance_plan_reads_the_cluster_from_the_topics(harness: Harness
     assert "FragmentationAware (global)" in done.stdout
     [down] = json.loads(out.read_text())["profiles"]["default"]["scale_downs"]
     assert down["victims"] in ([pods[1].uid], [pods[2].uid]) and set(down["costs"]) == set(ours)
+
+
+async def test_sandbox_claim_prints_the_sandbox_or_the_refusal_and_pools_lists_the_pools(harness: Harness,
+                                                                                         run_id: str) -> None:
+    ns, label = f"cli-sbx-{run_id}", {"suite": f"cli-sbx-{run_id}"}
+    node = Node(name=f"cli-sbx-{run_id}", labels=label, allocatable=ResourceList(cpu=8000, memory=2**34, pods=110))
+    await harness.publish(topics.NODES, [node])
+    await harness.wait_for(NodeStateChange, lambda c: c.node == node.name)
+    template = SandboxTemplate(namespace=ns, name="py", env_policy="Allowed", pod=Pod(
+        uid="", name="", node_selector=label, requests=ResourceList(cpu=100, memory=128 << 20)))
+    await harness.publish(topics.SANDBOX, [SandboxWarmPool(namespace=ns, name="warm", template=template, replicas=2),
+                                           SandboxWarmPool(namespace=ns, name="empty", template=template, replicas=0,
+                                                           overflow="Deny")])
+    await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.name == "warm" and s.ready == 2,
+                           timeout=60)
+    common = ("--namespace", ns, "--bootstrap", harness.bootstrap)
+    done = koordstream("sandbox", "claim", "warm", "--name", "mine", "--env", "TASK=7", "--label", "team=a",
+                       "--shutdown-after", "10m", "--json", *common)
+    assert done.returncode == 0, done.stdout + done.stderr
+    answer = json.loads(done.stdout.splitlines()[0])
+    assert answer["phase"] == "Ready" and answer["name"] == "mine" and answer["path"] == "warm"
+    assert answer["env"] == [{"name": "TASK", "value": "7", "container_name": ""}] and answer["labels"] == {"team": "a"}
+    assert f"on node {node.name} (path warm" in done.stdout and "ready in" in done.stdout
+    done = koordstream("sandbox", "claim", "empty", *common)  # nothing to adopt, and overflow Deny
+    assert done.returncode == 1
+    assert "refused: WarmPoolEmpty" in done.stdout and "next step: ScaleWarmPool" in done.stdout
+    assert "alternative ScaleWarmPool: raise spec.replicas of empty above 0 (spec.replicas=1)" in done.stdout
+    done = koordstream("sandbox", "claim", "nowhere", *common)
+    assert done.returncode == 1 and "refused: WarmPoolNotFound" in done.stdout and "CreateWarmPool" in done.stdout
+    await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.name == "warm" and s.claims == 1
+                           and s.ready == 2, timeout=60)  # refilled
+    done = koordstream("sandbox", "pools", "--bootstrap", harness.bootstrap)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = next(line for line in done.stdout.splitlines() if f"{ns}/warm " in line)
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert cells[:7] == [f"{ns}/warm", "2", "2", "0", "1", "1", "1"]  # replicas, ready, starting, claimed, claims, warm
+
+
+@pytest.mark.parametrize("option", [("--env", "NOVALUE"), ("--label", "=x"), ("--shutdown-after", "soon")],
+                         ids=["env", "label", "shutdown-after"])
+def test_sandbox_claim_refuses_a_bad_option_before_sending(option: tuple[str, str]) -> None:
+    done = koordstream("sandbox", "claim", "warm", *option, "--bootstrap", "127.0.0.1:1")
+    assert done.returncode == 2 and option[0] in done.stdout

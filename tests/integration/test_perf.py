@@ -1,7 +1,8 @@
 """`koordstream perf run` on its own embedded broker: a small mixed scenario (gangs,
 reservations, GPU shares, Job pods that complete through the Kwok-compatible lifecycle and free
 their nodes) is bound whole and consistently, the JSON result has the documented keys and
-figures, and the report comes with its plots."""
+figures, and the report comes with its plots; the warm pools' runs (sandbox-warm,
+sandbox-churn) answer every claim with no sandbox adopted twice."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -56,6 +58,7 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     assert result["floor_cpu_us_per_pod"] > 0 and result["worker_cpu_us_per_pod"] > 0
     assert result["plugins"]["NodeResourcesFit"]["Filter"] > 0  # the scheduler's profiling samples
     assert result["attempts"]["scheduled"] >= 400  # the scheduler's AttemptsSamples
+    assert 0 <= result["fast_path_share"] <= 1
     assert 0 < result["allocation_pct"]["cpu_peak"] <= 100 and result["allocation_pct"]["gpu_peak"] > 0
     assert set(result["fragmentation_pct"]) >= {"cpu"}
     assert result["worker_memory_peak_mb"]["scheduler"] > 0 and result["worker_memory_peak_mb"]["state"] > 0
@@ -64,6 +67,51 @@ def test_a_small_mixed_scenario_runs_through_the_real_system(tmp_path: Path) -> 
     for png in ("throughput.png", "latency_cdf.png", "allocation.png"):
         assert (tmp_path / "report" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
+
+
+SANDBOX_KEYS = {"claims_total", "claims_adopted", "claims_cold", "claims_refused", "warm_hit_rate", "claim_latency_ms",
+                "sandboxes_double_adopted", "nodes_overcommitted", "pods_double_bound", "fast_path_share",
+                "pool_depth_series", "latency_cdf_ms"}
+
+
+def sandbox_run(name: str, tmp_path: Path) -> dict[str, Any]:
+    out, report = tmp_path / f"{name}.json", tmp_path / "report"
+    done = subprocess.run([sys.executable, "-m", "cli.main", "perf", "run", name, "--quick", "--json", str(out),
+                           "--report", str(report)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    assert result["scenario"] == f"{name} (quick)" and set(result) >= SANDBOX_KEYS
+    # The invariants, from the topics: no sandbox adopted by two claims, no pod bound twice, no node
+    # over-committed; every claim answered, and the counts add up.
+    assert result["sandboxes_double_adopted"] == result["pods_double_bound"] == result["nodes_overcommitted"] == 0
+    assert result["claims_unanswered"] == 0 and result["claims_total"] > 0
+    assert result["claims_warm"] + result["claims_starting"] + result["claims_cold"] + result["claims_refused"] \
+        == result["claims_total"]
+    assert result["claims_adopted"] == result["claims_warm"] + result["claims_starting"]
+    assert set(result["claim_latency_ms"]) == {"p50", "p90", "p99", "max"}
+    text = (report / "report.md").read_text()
+    for png in ("claim_latency_cdf.png", "pool_depth.png", "allocation.png"):
+        assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({png})" in text
+    return result
+
+
+def test_sandbox_warm_quick_runs_its_phases_through_the_real_system(tmp_path: Path) -> None:
+    result = sandbox_run("sandbox-warm", tmp_path)
+    phases = result["phases"]
+    assert list(phases) == ["warm-45-per-s", "warm-1000-per-s", "burst-360"]
+    assert [p["claims_total"] for p in phases.values()] == [135, 1000, 360]
+    for name, p in phases.items():  # each pool is deep enough for its phase: every claim adopts a ready sandbox
+        assert p["warm_hit_rate"] == 1.0 and p["claims_ready"] == p["claims_total"]
+        assert result["pool_depth_series"][name]["ready"]
+    assert 0 < result["fast_path_share"] <= 1  # the pools' refills went through the scheduler
+
+
+@pytest.mark.e2e
+def test_sandbox_churn_quick_churns_claims_through_the_real_system(tmp_path: Path) -> None:
+    result = sandbox_run("sandbox-churn", tmp_path)
+    assert set(result["pools"]) == {"python", "browser", "notebook"}
+    assert result["claims_deleted"] > 0 and result["claims_ready"] == result["claims_total"]
+    assert 0 < result["warm_hit_rate"] <= 1 and 0 < result["nodes_used"]["max"] <= 20
 
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023"
@@ -106,3 +154,5 @@ def test_the_quick_variants_of_the_shipped_scenarios_run_whole_and_consistent(na
     assert result["pods_bound"] == result["pods_total"] > 0
     assert result["pods_double_bound"] == result["nodes_overcommitted"] == 0
     assert result["harness_cpu_s"] < result["scheduler_cpu_s"]
+    if name == "sandbox-burst":  # identical pods in bursts: placed as equivalence classes
+        assert result["fast_path_share"] > 0.9

@@ -85,3 +85,17 @@ def test_the_sandbox_runtimes_example_loads_and_admits() -> None:
     pod = load_runtimes(block.group(1)).admit(Pod(uid="p", name="p", runtime_class_name="gvisor",
                                                   requests=ResourceList(cpu=100)))
     assert pod.node_selector == {"sandbox.gke.io/runtime": "gvisor"} and pod.labels["koordinator.sh/qosClass"] == "LS"
+
+
+def test_the_warm_pool_example_is_a_pool_the_pools_accept() -> None:
+    import json
+
+    from agents.sandbox.templates import validate_pool
+    from schemas.codec import decode_object
+    from schemas.records import SandboxWarmPool
+
+    block = re.search(r"## Sandboxes and warm pools.*?```json\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block
+    pool = decode_object(json.loads(block.group(1)))
+    assert isinstance(pool, SandboxWarmPool) and pool.replicas == 20 and pool.template.pod.runtime_class_name == "gvisor"
+    validate_pool(pool)

@@ -14,7 +14,7 @@ import yaml
 from agents.state import devices
 from perf import scenario
 from perf.kwok import load_stages
-from schemas.records import GANG_NAME_ANNOTATION, Pod, Reservation
+from schemas.records import GANG_NAME_ANNOTATION, QOS_LABEL, Pod, Reservation
 
 ROOT = Path(__file__).parents[2]
 SHIPPED = sorted((ROOT / "perf" / "scenarios").glob("*.yaml"))
@@ -60,6 +60,12 @@ def test_mixed_generates_the_mix_gangs_gpus_and_reservations() -> None:
     assert max(at for at, _ in records) == pytest.approx((len(pods) - 4) / s.rate, abs=0.01)
 
 
+def test_sandbox_pods_carry_their_runtime_class_and_qos_label() -> None:
+    s = scenario.load(ROOT / "perf" / "scenarios" / "sandbox-burst.yaml").quick()
+    pods = [r for _, r in scenario.arrivals(s) if isinstance(r, Pod)]
+    assert pods and {(p.runtime_class_name, p.labels.get(QOS_LABEL)) for p in pods} == {("gvisor", "BE")}
+
+
 def test_generation_is_deterministic() -> None:
     s = scenario.load(ROOT / "perf" / "scenarios" / "basic.yaml").quick()
     assert scenario.arrivals(s) == scenario.arrivals(s)
@@ -83,6 +89,8 @@ BASE: dict[str, Any] = {
     ({"pods": {"total": 10, "mix": [{"name": "x", "requests": {"cpu": "1"}, "gpu": {"share": 150}}]}},
      "pods.mix[0].gpu.share"),
     ({"pods": {"total": 10, "mix": [{"name": "x", "requests": {"cpu": "1"}, "qos": "Gold"}]}}, "pods.mix[0].qos"),
+    ({"pods": {"total": 10, "mix": [{"name": "x", "requests": {"cpu": "1"}, "runtimeClassName": "gVisor"}]}},
+     "pods.mix[0].runtimeClassName"),
     ({"pods": {"total": 10, "mix": [{"name": "x", "requests": {"cpu": "1"}}],
                "arrival": {"bursts": [{"at": "1s", "template": "y", "count": 5}]}}}, "pods.arrival.bursts[0].template"),
     ({"pods": {"total": 3, "mix": [{"name": "x", "requests": {"cpu": "1"}, "gang": {"size": 4}}]}},

@@ -239,6 +239,18 @@ def test_attempts_are_counted_by_result_per_profile() -> None:
     assert core.attempts == {(profile, "scheduled"): 1, (profile, "unschedulable"): 1}
 
 
+def test_pods_placed_in_an_equivalence_class_are_counted_apart_from_the_full_path() -> None:
+    """`batched` (the fast path's share in a perf run): the members of a run of identical pods,
+    not a pod alone nor one that differs from its neighbours."""
+    core, _ = make_core(make_node("a", cpu=8000), make_node("b", cpu=8000))
+    for i in range(5):
+        core.add(make_pod(f"same-{i}", cpu=500))
+    core.add(make_pod("other", cpu=700))
+    core.schedule()
+    profile = make_pod("x").scheduler_name
+    assert core.attempts[profile, "scheduled"] == 6 and core.batched[profile] == 5
+
+
 def test_a_claim_is_outstanding_until_decided_not_until_held() -> None:
     """`claims_out` (what `scheduling.max_outstanding_claims` counts): a held claim stays
     outstanding; a rejected one, a failed send and a deleted pod end it."""

@@ -117,6 +117,7 @@ class Placement:
     outputs: list[Output] = field(default_factory=list)
     diagnosis: Diagnosis | None = None
     preemption: PostFilterResult | None = None
+    batched: bool = False  # placed as a member of an equivalence class, not by the full path
 
     @property
     def placed(self) -> bool:
@@ -472,6 +473,7 @@ class Framework:
                 else:
                     for _ in range(won):
                         placement = self._place(cycle, pods[k], row)
+                        placement.batched = True
                         out.append(placement)
                         self._attempt_done()
                         k += 1
@@ -557,7 +559,7 @@ class Framework:
             return []
         node = self.state.names[row]
         self.state.assume_many([hold_id(p.uid, p.attempt, node) for p in pods], row, pods[0].request)
-        out = [Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row)) for pod in pods]
+        out = [Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row), batched=True) for pod in pods]
         if self.attempts_ns is not None:  # decided together: each gets an equal share of the run
             now = self.timer()
             self.attempts_ns += [(now - self._attempt_start) // len(pods)] * len(pods)
