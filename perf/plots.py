@@ -38,13 +38,14 @@ def write_sandbox_plots(result: dict[str, Any], directory: str | Path) -> list[P
     (ready and starting sandboxes) over time, and allocation over time."""
     out = _folder(directory)
     name = result.get("scenario", "run")
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for label, series in result.get("pool_depth_series", {}).items():
-        line = ax.plot(series["t"], series["ready"], label=f"{label}: ready")[0]
-        ax.plot(series["t"], series["starting"], linestyle=":", color=line.get_color(), label=f"{label}: starting")
-    ax.set(title=f"{name}: pool depth", xlabel="seconds from the pool's first claim", ylabel="sandboxes")
-    if result.get("pool_depth_series"):
-        ax.legend(fontsize="small")
+    pools = result.get("pool_depth_series", {}) or {"": {"t": [], "ready": [], "starting": []}}
+    fig, axes = plt.subplots(len(pools), 1, figsize=(8, 1.2 + 2.0 * len(pools)), squeeze=False)
+    for ax, (label, series) in zip(axes[:, 0], pools.items(), strict=True):  # a panel per pool: depths differ a lot
+        ax.plot(series["t"], series["ready"], label="ready")
+        ax.plot(series["t"], series["starting"], linestyle=":", label="starting")
+        ax.set(title=f"{name}: pool depth, {label}", ylabel="sandboxes")
+        ax.legend(fontsize="small", loc="upper right")
+    axes[-1, 0].set(xlabel="seconds from the first claim")
     depth = _save(fig, out / SANDBOX_PLOTS[1])
     return [_latency_cdf(result.get("latency_cdf_ms", {}), f"{name}: claim latency CDF (to Ready)", "% of claims",
                          out / SANDBOX_PLOTS[0]),
