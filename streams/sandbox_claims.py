@@ -3,7 +3,7 @@
 `claim_sandbox` publishes one SandboxClaim (agent-sandbox's v1beta1 claim: a warm pool by
 name, environment variables to inject, labels, a shutdown time) to `sandbox`, keyed by its
 pool, and waits for the SandboxClaimStatus that answers it on `sandbox-status`. It reads the one
-partition the answer lands on (statuses are keyed `namespace/name`), with explicit assignment
+partition the answer lands on (a claim's statuses are keyed by its uid), with explicit assignment
 and no consumer group, positioned at the end *before* the claim is sent, so the answer cannot
 be missed and no group join delays it. A Pending answer (a sandbox still starting, or started
 cold through the scheduler) is waited past until Ready; Ready and Refused end it. The latency
@@ -78,7 +78,7 @@ async def claim_sandbox(settings: Settings, claim: SandboxClaim, timeout_s: floa
     k = settings.kafka
     conn = connect(k)
     await check(conn)
-    tp = TopicPartition(topics.SANDBOX_STATUS, partition_for(f"{claim.namespace}/{claim.name}", k.partitions))
+    tp = TopicPartition(topics.SANDBOX_STATUS, partition_for(claim.uid, k.partitions))
     consumer = conn.consumer(group_id=None, enable_auto_commit=False, fetch_max_wait_ms=k.fetch_max_wait_ms,
                              isolation_level="read_committed")
     try:

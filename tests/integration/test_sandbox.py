@@ -58,7 +58,8 @@ async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harn
     assert len({s.pod_uid for s in by_claim.values()}) == 10  # a sandbox of its own
     paths = sorted(s.path for s in by_claim.values())
     assert paths.count("warm") == 6 and set(paths) - {"warm"} <= {"starting", "cold"}
-    bound = {b.uid: b.node for b in harness.seen(Binding)}
+    sandboxes = {s.pod_uid for s in by_claim.values()}  # their Bindings, read from another topic than the answers
+    bound = {b.uid: b.node for b in await harness.wait_for(Binding, lambda b: b.uid in sandboxes, count=10)}
     assert all(bound.get(s.pod_uid) == s.node for s in by_claim.values())
     # The pool refills to its replicas.
     await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 6 and s.claims == 10,
