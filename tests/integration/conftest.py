@@ -79,7 +79,12 @@ E2E_ONLY = {
     "test_transactions.py::test_partitions_of_a_killed_state_worker_taken_over_by_a_running_one_lose_nothing":
         "40 s; test_a_state_worker_killed_mid_run_loses_nothing_and_duplicates_nothing runs",
     "test_sandbox_crash.py::test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refills_the_pool[kafka]":
-        "25 s (transactions); the embedded variant (29 s, recorded outputs re-sent) runs",
+        "25 s (transactions)",
+    "test_sandbox_crash.py::test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refills_the_pool"
+    "[embedded]": "29 s (recorded outputs re-sent); the pools' replays are driven in tests/unit/sandbox",
+    "test_restart.py::test_pending_pods_survive_a_scheduler_restart[kafka]": "26 s; the embedded variant runs",
+    "test_cli.py::test_sandbox_claim_prints_the_sandbox_or_the_refusal_and_pools_lists_the_pools[kafka]":
+        "31 s; the embedded variant runs",
 }
 KAFKA_KINDS = {"kafka", "kafka-container"}
 
