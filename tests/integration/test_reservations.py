@@ -56,7 +56,7 @@ async def test_a_reservation_is_consumed_by_its_owner_and_another_expires(harnes
     await harness.wait_for(ReservationEvent, lambda e: e.uid == second.uid and e.phase == "Available")
     plain = Pod(uid=f"p-{run_id}", name="p", node_selector=label, requests=ResourceList(cpu=2000))
     await harness.publish(topics.PODS, [plain])
-    [refused] = await harness.wait_for(SchedulingFeedback, lambda f: f.uid == plain.uid)  # it fits nowhere yet
+    refused = (await harness.wait_for(SchedulingFeedback, lambda f: f.uid == plain.uid))[0]  # it fits nowhere yet
     assert "Insufficient cpu" in refused.message
     await harness.wait_for(ReservationExpired, lambda r: r.uid == second.uid, topic=topics.NODE_INBOX, timeout=30)
     [failed] = await harness.wait_for(ReservationEvent, lambda e: e.uid == second.uid and e.phase == "Failed")
