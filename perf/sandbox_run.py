@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from agents.sandbox.runtimes import KATA_NODE_LABEL
 from agents.sandbox.templates import pool_of
 from perf.checker import Placement, check, timeline
 from perf.collector import Collector
@@ -124,7 +125,9 @@ def deleted(c: SandboxClaim) -> SandboxClaimDeleted:
 
 
 def nodes(count: int) -> list[Node]:
-    return [Node(name=f"sbx-node-{i:04d}", allocatable=NODE, capacity=NODE) for i in range(count)]
+    """Nodes that run every shipped runtime (kata-deploy labels the nodes it installed Kata on)."""
+    return [Node(name=f"sbx-node-{i:04d}", allocatable=NODE, capacity=NODE, labels={KATA_NODE_LABEL: "true"})
+            for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -168,9 +171,9 @@ class WarmRun:
 CHURN_POOLS = (
     Sandbox("python", cpu=250, memory=512 * MI, runtime="gvisor", qos="LS", replicas=150, refill_per_s=50.0,
             refill_batch=50),
-    Sandbox("browser", cpu=1000, memory=2 * GI, runtime="kata", qos="LS", replicas=60, refill_per_s=20.0,
+    Sandbox("browser", cpu=1000, memory=2 * GI, runtime="kata-qemu", qos="LS", replicas=60, refill_per_s=20.0,
             refill_batch=20),
-    Sandbox("notebook", cpu=2000, memory=4 * GI, runtime="kata", qos="BE", replicas=20, refill_per_s=5.0,
+    Sandbox("notebook", cpu=2000, memory=4 * GI, runtime="kata-clh", qos="BE", replicas=20, refill_per_s=5.0,
             refill_batch=5),
 )
 
