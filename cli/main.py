@@ -37,6 +37,15 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(getattr(args, "config", None), kafka=kafka, worker=worker)
 
 
+def _broker_settings(args: argparse.Namespace, command: str) -> Settings | None:
+    """The settings of a command that needs a running broker; None (and why, printed) without one."""
+    settings = _settings(args)
+    if not settings.kafka.bootstrap:
+        console.print(f"[red]{command}: give --bootstrap HOST:PORT[/red]")
+        return None
+    return settings
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from streams.supervisor import run_up
 
@@ -419,9 +428,8 @@ def cmd_perf_compare(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from streams.publish import publish_file
 
-    settings = _settings(args)
-    if not settings.kafka.bootstrap:
-        console.print("[red]publish: give --bootstrap HOST:PORT[/red]")
+    settings = _broker_settings(args, "publish")
+    if settings is None:
         return 2
     try:
         count = asyncio.run(publish_file(Path(args.file), args.topic, settings, raw=args.raw))
@@ -435,9 +443,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_read(args: argparse.Namespace) -> int:
     from streams.reader import run_read
 
-    settings = _settings(args)
-    if not settings.kafka.bootstrap:
-        console.print("[red]read: give --bootstrap HOST:PORT[/red]")
+    settings = _broker_settings(args, "read")
+    if settings is None:
         return 2
     run_read(settings, args.topic, args.from_beginning, args.limit, args.idle)
     return 0
@@ -524,9 +531,8 @@ def cmd_sandbox_claim(args: argparse.Namespace) -> int:
     from schemas.quantity import parse_duration
     from streams.sandbox_claims import claim_sandbox, make_claim, pairs
 
-    settings = _settings(args)
-    if not settings.kafka.bootstrap:
-        console.print("[red]sandbox claim: give --bootstrap HOST:PORT[/red]")
+    settings = _broker_settings(args, "sandbox claim")
+    if settings is None:
         return 2
     try:
         after = parse_duration(args.shutdown_after) if args.shutdown_after else None
@@ -566,9 +572,8 @@ def cmd_sandbox_claim(args: argparse.Namespace) -> int:
 def cmd_sandbox_pools(args: argparse.Namespace) -> int:
     from streams.sandbox_claims import pool_statuses
 
-    settings = _settings(args)
-    if not settings.kafka.bootstrap:
-        console.print("[red]sandbox pools: give --bootstrap HOST:PORT[/red]")
+    settings = _broker_settings(args, "sandbox pools")
+    if settings is None:
         return 2
     try:
         statuses = asyncio.run(pool_statuses(settings))

@@ -33,7 +33,13 @@ import faust
 from agents.adapters.batches import micro_batches
 from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
-from agents.adapters.tables import CLOCK_PREFIX, ChangelogImage, ChangelogRecord, read_state
+from agents.adapters.tables import (
+    CLOCK_PREFIX,
+    ChangelogImage,
+    ChangelogRecord,
+    cached_state,
+    read_state,
+)
 from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
@@ -107,11 +113,7 @@ class OwnerCore:
 
     def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
               now: float, outcome: Outcome) -> dict[str, Any] | None:
-        cached = self.decoded.get(key)
-        if cached is not None and stored is not None and cached[0] is stored:
-            state = cached[1]
-        else:
-            state = read_state("node-state", key, stored, NodeState.from_json) if stored else NodeState(key)
+        state = cached_state(self.decoded, "node-state", key, stored, NodeState.from_json, NodeState)
         result = OwnerResult()
         self.owner.apply(state, records, result, times, now)
         outcome.first += result.outputs

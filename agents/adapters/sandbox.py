@@ -29,7 +29,7 @@ import faust
 from agents.adapters.batches import micro_batch_events, split, to_raw
 from agents.adapters.loop import Outcome, StatefulLoop
 from agents.adapters.stateful import Transactions, register_stateful
-from agents.adapters.tables import read_state
+from agents.adapters.tables import cached_state, read_state
 from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
@@ -103,11 +103,7 @@ class SandboxCore:
 
     def apply(self, key: str, stored: dict[str, Any] | None, records: list[Record], times: list[float],
               now: float, outcome: Outcome) -> dict[str, Any] | None:
-        cached = self.decoded.get(key)
-        if cached is not None and stored is not None and cached[0] is stored:
-            state = cached[1]
-        else:
-            state = read_state("sandbox-pools", key, stored, PoolState.from_json) if stored else PoolState(key)
+        state = cached_state(self.decoded, "sandbox-pools", key, stored, PoolState.from_json, PoolState)
         result = PoolResult()
         self.core.apply(state, records, times, now, result)
         self.observe(key, result.outputs, times)

@@ -96,6 +96,17 @@ def read_state(table: str, key: str, raw: dict[str, Any], decode: Callable[[dict
         ) from exc
 
 
+def cached_state(cache: Mapping[str, tuple[Mapping[str, Any], S]], table: str, key: str,
+                 stored: dict[str, Any] | None, decode: Callable[[dict[str, Any]], S], new: Callable[[str], S]) -> S:
+    """The state of `key` for a core that keeps its decoded states (`cache`: key -> (the table
+    value it last returned, that value's state)): the cached one while the table still holds the
+    very value it came from (a restore puts other objects there), else decoded anew, or `new`."""
+    cached = cache.get(key)
+    if cached is not None and stored is not None and cached[0] is stored:
+        return cached[1]
+    return read_state(table, key, stored, decode) if stored else new(key)
+
+
 PART = b"\x1f"  # between a key, a split field and an entry: the changelog key of one entry
 RECORD_OVERHEAD = 64  # bytes a record adds to a batch beyond its key and value, at most (about)
 CLOCK_PREFIX = b"\x00clock/"  # the key of a partition's log clock (`VersionedState.clock`)
