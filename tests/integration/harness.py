@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -57,11 +57,15 @@ class Harness:
                 if isinstance(r, kind) and where(r) and (topic is None or t == topic)]
 
     async def wait_for(self, kind: type[R], where: Callable[[R], bool], count: int = 1,
-                       timeout: float = 60.0, topic: str | None = None) -> list[R]:
+                       timeout: float = 60.0, topic: str | None = None,
+                       distinct: Callable[[R], Hashable] | None = None) -> list[R]:
+        """Every record seen so far that matches, once `count` match; with `distinct`, once
+        `count` distinct keys match (a record delivered twice, or forwarded to a second topic
+        the collector also reads, then counts once)."""
         deadline = time.monotonic() + timeout
         while True:
             found = self.seen(kind, where, topic)
-            if len(found) >= count:
+            if len(found if distinct is None else {distinct(r) for r in found}) >= count:
                 return found
             if time.monotonic() > deadline:
                 raise AssertionError(f"waited {timeout}s for {count} {kind.__name__}, saw {len(found)}")

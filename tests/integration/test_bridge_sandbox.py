@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from schemas import topics
 from schemas.agent_sandbox import REFILL_BATCH_ANNOTATION, REFILL_RATE_ANNOTATION
 from schemas.records import SANDBOX_NAME_ANNOTATION, SANDBOX_POOL_LABEL, Binding, SandboxClaimStatus
 from streams.bridge.actuator import Actuator
@@ -232,7 +233,7 @@ async def test_the_bridge_killed_while_a_pool_fills_loses_no_sandbox_and_makes_n
         filled = await pool_running(api, group, 40, timeout=180)
         uids = Counter(p["metadata"]["annotations"][UID_ANNOTATION] for p in filled)
         assert len(uids) == 40 and set(uids.values()) == {1}
-        await h.wait_for(Binding, lambda b: b.uid in uids, count=40)
+        await h.wait_for(Binding, lambda b: b.uid in uids, count=40, topic=topics.BINDINGS, distinct=lambda b: b.uid)
         no_pod_bound_twice(h, set(uids))
     await create(api, group, "sandboxclaims", claim(group, "after"))
     assert (await answered(api, group, "after"))["status"]["sandbox"]["name"]

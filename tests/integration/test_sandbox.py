@@ -52,15 +52,18 @@ async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harn
               for i in range(10)]
     await harness.publish(topics.SANDBOX, claims)
     ready = await harness.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Ready",
-                                   count=10, timeout=60)
+                                   count=10, timeout=60, distinct=lambda s: s.name)
     by_claim = {s.name: s for s in ready}
     assert len(by_claim) == 10
     assert len({s.pod_uid for s in by_claim.values()}) == 10  # a sandbox of its own
     paths = sorted(s.path for s in by_claim.values())
     assert paths.count("warm") == 6 and set(paths) - {"warm"} <= {"starting", "cold"}
-    sandboxes = {s.pod_uid for s in by_claim.values()}  # their Bindings, read from another topic than the answers
-    bound = {b.uid: b.node for b in await harness.wait_for(Binding, lambda b: b.uid in sandboxes, count=10)}
-    assert all(bound.get(s.pod_uid) == s.node for s in by_claim.values())
+    # Their Bindings, read from the bindings topic (the forwarder copies them to the pool's
+    # topic, which the collector reads too): every one names the node the answer named.
+    node_of = {s.pod_uid: s.node for s in by_claim.values()}
+    bindings = await harness.wait_for(Binding, lambda b: b.uid in node_of, count=10, topic=topics.BINDINGS,
+                                      distinct=lambda b: b.uid)
+    assert all(b.node == node_of[b.uid] for b in bindings)
     # The pool refills to its replicas.
     await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 6 and s.claims == 10,
                            timeout=60)
