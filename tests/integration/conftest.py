@@ -82,7 +82,9 @@ E2E_ONLY = {
         "25 s (transactions)",
     "test_sandbox_crash.py::test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refills_the_pool"
     "[embedded]": "29 s (recorded outputs re-sent); the pools' replays are driven in tests/unit/sandbox",
-    "test_restart.py::test_pending_pods_survive_a_scheduler_restart[kafka]": "26 s; the embedded variant runs",
+    "test_restart.py::test_pending_pods_survive_a_scheduler_restart[kafka]": "26 s",
+    "test_restart.py::test_pending_pods_survive_a_scheduler_restart[embedded]":
+        "28 s; test_a_restarted_scheduler_knows_the_running_pods_after_their_reports_expired restarts the scheduler",
     "test_cli.py::test_sandbox_claim_prints_the_sandbox_or_the_refusal_and_pools_lists_the_pools[kafka]":
         "31 s; the embedded variant runs",
 }

@@ -95,6 +95,7 @@ def sandbox_run(name: str, tmp_path: Path) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.e2e  # 20 s; tests/integration/test_sandbox.py drives the pools through the broker in `make test`
 def test_sandbox_warm_quick_runs_its_phases_through_the_real_system(tmp_path: Path) -> None:
     result = sandbox_run("sandbox-warm", tmp_path)
     phases = result["phases"]
