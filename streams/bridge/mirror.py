@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +126,16 @@ def _bound_by_us(uid: str, node: str, annotations: Mapping[str, Any]) -> bool:
     return held.uid == uid and held.node == node
 
 
+def _version(obj: Mapping[str, Any]) -> int | None:
+    """An object's resourceVersion as a number (etcd's revision at its last write), or None
+    where it has none or not a number (the minimal objects of deletions a relist implies)."""
+    try:
+        return int(_meta(obj).get("resourceVersion"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+MAX_DELETED_VERSIONS = 100_000  # deleted objects whose last resourceVersion is kept, oldest forgotten first
 MAX_ORIGINAL_BYTES = 256 * 1024  # of an object in its dead letter: the envelope stays well under a message's 1 MiB
 
 
@@ -174,12 +185,18 @@ class Mirror:
     waiting: dict[str, dict[str, Mapping[str, Any]]] = field(default_factory=dict)  # ns/name -> uid -> pod object
     known: dict[str, set[str]] = field(default_factory=dict)  # kind -> keys seen since the last list
     sandboxes: SandboxObjects = field(default_factory=SandboxObjects)  # agent-sandbox's objects
+    versions: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, key) -> newest resourceVersion seen
+    deleted: deque[tuple[str, str]] = field(default_factory=deque)  # keys of `versions` whose object was deleted
 
     # -- the entry points ---------------------------------------------------------------------
 
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> list[Output]:
-        """One watch event (ADDED, MODIFIED, DELETED) of an object of `kind`."""
+        """One watch event (ADDED, MODIFIED, DELETED) of an object of `kind`. An event older
+        than one already applied to the same object (its resourceVersion lower: replayed out of
+        order, by a reader that lags behind another) changes nothing."""
         key = _key(obj)
+        if self._stale(kind, key, event, obj):
+            return []
         if event == "DELETED":
             self.known.get(kind, set()).discard(key)
         else:
@@ -202,6 +219,25 @@ class Mirror:
         except SchemaError as exc:
             return [dead_letter(kind, obj, exc)]
         raise ValueError(f"kind={kind!r}: not a resource the bridge mirrors")
+
+    def _stale(self, kind: str, key: str, event: str, obj: Mapping[str, Any]) -> bool:
+        """Whether the event is older than the newest applied to its object; else remember
+        its version. The API server's resourceVersions are etcd revisions, which grow with
+        every write: for one object, a lower one is an older state of it. A deleted object's
+        last version is kept a while, so that a stale event after its deletion does not bring
+        it back."""
+        version = _version(obj)
+        if version is None:
+            return False
+        newest = self.versions.get((kind, key))
+        if newest is not None and version < newest:
+            return True
+        self.versions[(kind, key)] = version
+        if event == "DELETED":
+            self.deleted.append((kind, key))
+            while len(self.deleted) > MAX_DELETED_VERSIONS:
+                self.versions.pop(self.deleted.popleft(), None)
+        return False
 
     def relisted(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> list[Output]:
         """A full list of `kind` (at start, or after a 410 Gone): every object as ADDED, and
