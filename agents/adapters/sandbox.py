@@ -33,7 +33,7 @@ from agents.adapters.tables import cached_state, read_state
 from agents.adapters.timers import TimerRequest
 from agents.intake import intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
-from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState, forget_at
+from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState, ended_times, forget_at
 from agents.sandbox.templates import UID_MARK, pool_of
 from schemas import topics
 from schemas.records import (
@@ -124,7 +124,10 @@ class SandboxCore:
         return [self.tick(key, due)] if due is not None else []
 
     def expires(self, key: str, raw: dict[str, Any]) -> float:
-        return forget_at(raw.get("claims") or {}, raw.get("ended") or {}, raw.get("bursts") or {},
+        cached = self.decoded.get(key)
+        if cached is not None and cached[0] is raw:  # the state this worker just wrote: its heaps
+            return self.core.expires(cached[1])
+        return forget_at(ended_times(raw.get("claims") or {}, raw.get("ended") or {}), raw.get("bursts") or {},
                          raw.get("sent") or (), self.core.retention_s)
 
     def prune(self, keys: Collection[str]) -> None:

@@ -73,8 +73,9 @@ asks again for what the restored state needs (`agents.adapters.sandbox.SandboxCo
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -127,28 +128,45 @@ def _ident(ref: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(ref[:3]) if ref[0] in (ANSWER, GONE) else tuple(ref[:2])
 
 
-def forget_at(claims: Mapping[str, Any], ended: Mapping[str, Any], bursts: Mapping[str, Any],
-              sent: Sequence[Sequence[Any]], retention_s: float) -> float:
-    """The log time after which a pool's state (as `PoolState` holds it, or as stored) has
-    something to forget: ended claims, replaced claims, bursts past their ttl and deletions
-    sent, a retention after they ended (0: nothing)."""
-    times = [float(c["gone"]) for c in claims.values() if c.get("gone") is not None]
-    times += [float(e["gone"]) for e in ended.values()]
+def ended_times(claims: Mapping[str, Any], ended: Mapping[str, Any]) -> list[float]:
+    """When the ended claims and the replaced claims of a stored state ended (a pass over all:
+    `PoolState` keeps them in a heap)."""
+    return [float(c["gone"]) for c in claims.values() if c.get("gone") is not None] + [
+        float(e["gone"]) for e in ended.values()]
+
+
+def forget_at(gone: Iterable[float], bursts: Mapping[str, Any], sent: Sequence[Sequence[Any]],
+              retention_s: float) -> float:
+    """The log time after which a pool's state has something to forget: ended claims and
+    replaced claims (`gone`: when they ended, or the earliest of those), bursts past their ttl
+    and deletions sent, a retention after they ended (0: nothing)."""
+    times = list(gone)
     times += [float(b["until"]) for b in bursts.values()]
     times += [float(ref[3]) for ref in sent if ref[0] == GONE]
     return min(times) + retention_s if times else 0.0
 
 
+def _shutdown_pending(entry: Mapping[str, Any]) -> bool:
+    """A claim with a shutdown time still to come (not ended, not gone)."""
+    return (entry.get("shutdown") is not None and entry.get("gone") is None
+            and entry["status"]["phase"] not in ENDED)
+
+
 class Tracked(dict[str, Any]):
-    """A map that remembers which keys were set or removed since `changed` was last cleared."""
+    """A map that remembers which keys were set or removed since `changed` was last cleared,
+    and tells `on_set` of every value set (entries are replaced whole, never changed in place,
+    except through `touch`)."""
 
     def __init__(self, items: dict[str, Any] | None = None) -> None:
         super().__init__(items or {})
         self.changed: set[str] = set()
+        self.on_set: Callable[[str, Any], None] | None = None
 
     def __setitem__(self, key: str, value: Any) -> None:
         super().__setitem__(key, value)
         self.changed.add(key)
+        if self.on_set is not None:
+            self.on_set(key, value)
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
@@ -187,6 +205,16 @@ class PoolState:
     _tpl: str = field(default="", repr=False, compare=False)
     _decoded: dict[str, SandboxTemplate] = field(default_factory=dict, repr=False, compare=False)
     _plain: dict[str, tuple[dict[str, Any], object]] = field(default_factory=dict, repr=False, compare=False)
+    # Heaps of the times a batch looks for, so that it finds what is due without a pass over
+    # every claim (a busy pool keeps thousands of ended ones a retention long): (end time,
+    # "c" and a claim's key or "e" and a replaced claim's uid), and (shutdown time, claim's
+    # key). An entry whose claim no longer has that time is stale and dropped when it comes up.
+    _gone: list[tuple[float, str, str]] = field(default_factory=list, repr=False, compare=False)
+    _shutdowns: list[tuple[float, str]] = field(default_factory=list, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.claims.on_set = self._claim_set
+        self.ended.on_set = self._ended_set
 
     def index(self) -> None:
         """Rebuild what is kept in memory only (pick order: `k`, the order of entering a set)."""
@@ -197,6 +225,40 @@ class PoolState:
             (u for u, s in self.sandboxes.items() if s["state"] == STARTING), key=order)}
         self._uids = {c["uid"]: ck for ck, c in self.claims.items()}
         self._tpl = tpl.template_key(self.pool.template) if self.pool is not None else ""
+        self._gone, self._shutdowns = [], []
+        for ck, entry in self.claims.items():
+            self._claim_set(ck, entry)
+        for uid, ended in self.ended.items():
+            self._ended_set(uid, ended)
+
+    def _claim_set(self, ck: str, entry: Mapping[str, Any]) -> None:
+        if entry.get("gone") is not None:
+            heapq.heappush(self._gone, (float(entry["gone"]), "c", ck))
+        elif _shutdown_pending(entry):
+            heapq.heappush(self._shutdowns, (float(entry["shutdown"]), ck))
+
+    def _ended_set(self, uid: str, ended: Mapping[str, Any]) -> None:
+        heapq.heappush(self._gone, (float(ended["gone"]), "e", uid))
+
+    def next_gone(self) -> tuple[float, str, str] | None:
+        """The earliest end of a claim or a replaced claim still kept (stale entries dropped)."""
+        while self._gone:
+            at, kind, key = top = self._gone[0]
+            entry = (self.claims if kind == "c" else self.ended).get(key)
+            if entry is not None and entry.get("gone") is not None and float(entry["gone"]) == at:
+                return top
+            heapq.heappop(self._gone)
+        return None
+
+    def next_shutdown(self) -> tuple[float, str] | None:
+        """The earliest shutdown time of a live claim (stale entries dropped)."""
+        while self._shutdowns:
+            at, ck = top = self._shutdowns[0]
+            entry = self.claims.get(ck)
+            if entry is not None and _shutdown_pending(entry) and float(entry["shutdown"]) == at:
+                return top
+            heapq.heappop(self._shutdowns)
+        return None
 
     def unclaimed(self) -> int:
         return len(self._ready) + len(self._starting)
@@ -336,7 +398,9 @@ class PoolCore:
                 and not st.bursts and not any(ref[0] == GONE for ref in st.sent))
 
     def expires(self, st: PoolState) -> float:
-        return forget_at(st.claims, st.ended, st.bursts, st.sent, self.retention_s)
+        """`forget_at` of the state, the ended claims' earliest time read from its heap."""
+        gone = st.next_gone()
+        return forget_at(() if gone is None else (gone[0],), st.bursts, st.sent, self.retention_s)
 
     def due(self, st: PoolState, now: float) -> float | None:
         """When the pool next needs a tick (a refill deficit, a shutdown time, a burst's end), else None."""
@@ -346,8 +410,9 @@ class PoolCore:
         if pool is not None and deficit > 0:  # when the next round's tokens are there: a batch, or what is missing
             need = min(deficit, pool.refill_batch)
             wants.append(st.tokens_at + max(0.0, need - st.tokens) / pool.refill_per_s)
-        wants += [float(c["shutdown"]) for c in st.claims.values()
-                  if c.get("shutdown") is not None and c.get("gone") is None and c["status"]["phase"] not in ENDED]
+        shutdown = st.next_shutdown()
+        if shutdown is not None:
+            wants.append(shutdown[0])
         wants += [float(b["until"]) for b in st.bursts.values() if not b.get("ended")]
         return max(min(wants), now) if wants else None
 
@@ -555,11 +620,13 @@ class PoolCore:
         """Forget what ended a retention ago, end bursts past their ttl, ask for a tick when one
         is due (again, for a batch that repeated records: the run that asked may have been lost)."""
         horizon = now - self.retention_s
-        for ck in [ck for ck, c in st.claims.items() if c.get("gone") is not None and float(c["gone"]) <= horizon]:
-            st._uids.pop(st.claims[ck]["uid"], None)
-            del st.claims[ck]
-        for uid in [u for u, e in st.ended.items() if float(e["gone"]) <= horizon]:
-            del st.ended[uid]
+        while (gone := st.next_gone()) is not None and gone[0] <= horizon:
+            _, kind, key = heapq.heappop(st._gone)
+            if kind == "c":
+                st._uids.pop(st.claims[key]["uid"], None)
+                del st.claims[key]
+            else:
+                del st.ended[key]
         for name, b in list(st.bursts.items()):
             if float(b["until"]) <= horizon:
                 del st.bursts[name]
@@ -583,11 +650,10 @@ class PoolCore:
         """What time `t` brings (at a tick, or a pool's change, in log order; never at a claim, so
         a batch of claims decides as the same claims one by one): shutdown times that passed,
         then the pool brought to its replicas (shrunk, or refilled within the rate limit)."""
-        for ck, entry in list(st.claims.items()):
-            if (entry.get("gone") is None and entry.get("shutdown") is not None and float(entry["shutdown"]) <= t
-                    and entry["status"]["phase"] not in ENDED):
-                phase = EXPIRED if entry.get("policy", "Retain") == "Retain" else DELETED
-                self._end_claim(st, ck, phase, "the claim's shutdown time passed", t, result)
+        while (shutdown := st.next_shutdown()) is not None and shutdown[0] <= t:
+            ck = heapq.heappop(st._shutdowns)[1]
+            phase = EXPIRED if st.claims[ck].get("policy", "Retain") == "Retain" else DELETED
+            self._end_claim(st, ck, phase, "the claim's shutdown time passed", t, result)
         pool = st.pool
         replicas = 0 if pool is None or st.deleted else pool.replicas
         if pool is not None and pool.update_strategy == "Recreate":

@@ -424,3 +424,38 @@ def test_batched_adoption_equals_one_by_one_and_a_restore_changes_nothing(
         core.apply(state, records_[lo:hi], times[lo:hi], max(times[lo:hi]), result)
         batched += result.outputs
     assert decided(batched) == decided(single)
+
+
+# --- the state's time heaps equal a pass over its claims ---------------------------------------
+
+claim_entries = st.fixed_dictionaries({
+    "uid": st.just("u"), "gone": st.one_of(st.none(), st.integers(0, 9).map(float)),
+    "shutdown": st.one_of(st.none(), st.integers(0, 9).map(float)),
+    "status": st.fixed_dictionaries({"phase": st.sampled_from(["Pending", "Ready", "Expired", "Deleted"])})})
+heap_steps = st.lists(st.one_of(
+    st.tuples(st.just("claim"), st.sampled_from(NAMES), claim_entries),
+    st.tuples(st.just("ended"), st.sampled_from(NAMES), st.integers(0, 9).map(float)),
+    st.tuples(st.just("forget"), st.sampled_from(["claims", "ended"]), st.sampled_from(NAMES)),
+    st.tuples(st.just("reload"))), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(heap_steps)
+def test_the_earliest_end_and_shutdown_read_from_the_heaps_are_those_of_a_pass_over_the_claims(
+        actions: list[tuple[Any, ...]]) -> None:
+    state = PoolState(key=KEY)
+    for action in actions:
+        if action[0] == "claim":
+            state.claims[action[1]] = action[2]
+        elif action[0] == "ended":
+            state.ended[action[1]] = {"ck": action[1], "status": {}, "gone": action[2]}
+        elif action[0] == "forget":
+            getattr(state, action[1]).pop(action[2], None)
+        else:
+            state = PoolState.from_json(orjson.loads(orjson.dumps(state.to_json())))
+        gone = [float(c["gone"]) for c in state.claims.values() if c["gone"] is not None]
+        gone += [float(e["gone"]) for e in state.ended.values()]
+        shutdowns = [float(c["shutdown"]) for c in state.claims.values() if c["shutdown"] is not None
+                     and c["gone"] is None and c["status"]["phase"] not in ("Expired", "Deleted")]
+        assert (None if (g := state.next_gone()) is None else g[0]) == (min(gone) if gone else None)
+        assert (None if (s := state.next_shutdown()) is None else s[0]) == (min(shutdowns) if shutdowns else None)
