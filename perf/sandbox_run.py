@@ -44,6 +44,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from agents.sandbox.runtimes import KATA_NODE_LABEL
@@ -467,24 +468,43 @@ async def _harness(broker: str, settings: Settings, node_list: list[Node]) -> An
 
 
 class Usage:
-    """CPU of the run's processes (this harness, its children: the broker and workers) and of
-    the whole machine over a window: how much other work took beside the run."""
+    """CPU of the run's processes (this harness, and its children: the broker and the
+    workers, by role) and of the whole machine over a window: what each took, and how much
+    other work took beside the run."""
 
     def __init__(self) -> None:
         self.at = time.monotonic()
         self.ours, self.machine = self._ours(), machine_busy_s()
 
     @staticmethod
-    def _ours() -> float:
-        pids = children(os.getpid())
-        return self_cpu_s() + sum(cpu_s(p) for p in pids) + sum(cpu_s(c) for p in pids for c in children(p))
+    def _ours() -> dict[str, float]:
+        out = {"harness": self_cpu_s()}
+        for pid in children(os.getpid()):
+            role = _role(pid)
+            out[role] = out.get(role, 0.0) + cpu_s(pid) + sum(cpu_s(c) for c in children(pid))
+        return out
 
-    def since(self) -> dict[str, float]:
+    def since(self) -> dict[str, Any]:
         wall = max(time.monotonic() - self.at, 1e-9)
-        ours, machine = self._ours() - self.ours, machine_busy_s() - self.machine
+        now, machine = self._ours(), machine_busy_s() - self.machine
+        used = {role: max(0.0, now[role] - self.ours.get(role, 0.0)) for role in now}
+        ours = sum(used.values())
         cores = os.cpu_count() or 1
         return {"cores": cores, "busy_pct": round(min(100.0, machine / (cores * wall) * 100.0), 1),
-                "run_cores": round(ours / wall, 2), "others_cores": round(max(0.0, machine - ours) / wall, 2)}
+                "run_cores": round(ours / wall, 2), "others_cores": round(max(0.0, machine - ours) / wall, 2),
+                "cores_by_process": {role: round(v / wall, 2) for role, v in sorted(used.items())}}
+
+
+def _role(pid: int) -> str:
+    """What a child of the harness is: the broker, or a worker by its roles."""
+    try:
+        argv = (Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+    except OSError:
+        return "other"
+    if b"--roles" in argv:
+        return argv[argv.index(b"--roles") + 1].decode()
+    text = b" ".join(argv)
+    return "broker" if b"tansu" in text or b"kafka" in text else "other"
 
 
 # --- sandbox-warm ------------------------------------------------------------------------------
@@ -531,10 +551,11 @@ async def _warm_phase(h: Harness, cfg: WarmRun, phase: Phase) -> dict[str, Any]:
     arrivals: list[tuple[float, Record]] = [(i / phase.rate if phase.rate else 0.0, claim(phase.name, u))
                                             for i, u in enumerate(uids)]
     lags = len(h.lags)
-    cpu = h.cpu()
+    cpu, usage = h.cpu(), Usage()
     t0 = await h.claims(arrivals)
     published_s = time.time() - t0
     await h.answers.until_answered(set(uids), cfg.stall_s)
+    machine = usage.since()
     answered = [h.answers.first[u][0] for u in uids if u in h.answers.first]
     t1 = max(answered, default=time.time())
     cpu_after = h.cpu()
@@ -550,6 +571,7 @@ async def _warm_phase(h: Harness, cfg: WarmRun, phase: Phase) -> dict[str, Any]:
         "pool_depth_min": min(depth["ready"], default=0),
         "fast_path_share": fast_path_share(h.collector, t0, t1),
         "worker_cpu_s": {role: round(cpu_after[role] - cpu[role], 2) for role in cpu},
+        "machine": machine,
         "window_s": round(t1 - t0, 3),
         "pool_depth_series": depth,
         "_latencies": [(h.answers.ready[u][0] - h.published[u]) * 1000.0 for u in uids if u in h.answers.ready],
