@@ -37,6 +37,8 @@
   patch) and its `status` (`Ready` condition, `sandbox.name`: a JSON patch), each with the
   claim's uid as precondition (a claim made again under the name is not written); written when
   the answer changes.
+- **SandboxPoolStatus** -> the pool's `status` (`replicas`, `readyReplicas`, `selector`: a JSON
+  patch with the pool's uid as precondition); written when those change.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from schemas.records import (
     PodTerminated,
     ReservationEvent,
     SandboxClaimStatus,
+    SandboxPoolStatus,
     SchedulingFeedback,
 )
 from streams.bridge.mirror import HOLD_ANNOTATION
@@ -69,6 +72,8 @@ from streams.bridge.sandboxes import (
     claim_annotation_patch,
     claim_status_patch,
     claims_path,
+    pool_status_patch,
+    pools_path,
 )
 from streams.kubeapi import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, KubeApi, KubeError
 
@@ -150,6 +155,7 @@ class Actuator:
     bound: set[str] = field(default_factory=set)  # uids this bridge bound (feedback for them is late)
     _feedback: dict[str, str] = field(default_factory=dict)  # uid -> the message last written
     _claims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> the answer last written
+    _pools: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # ns/name -> (uid, status) last written
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -377,6 +383,22 @@ class Actuator:
         except KubeError as exc:
             if exc.status not in (404, 422):  # gone, or another claim of the name (its uid differs)
                 log.warning("status of claim %s/%s not written: %s", s.namespace, s.name, exc)
+
+    async def pool_status(self, s: SandboxPoolStatus, uid: str) -> None:
+        """Write a pool's depth into its status (see the module docstring)."""
+        patch = pool_status_patch(s, uid)
+        written = (uid, patch[1]["value"])
+        key = f"{s.namespace}/{s.name}"
+        if self._pools.get(key) == written:
+            return
+        try:
+            await self._retrying("pool_status", lambda: self.api.request(
+                "PATCH", pools_path(s.namespace, s.name) + "/status", body=patch, content_type=JSON_PATCH), _transient)
+            self._pools[key] = written
+            self._count("pool_status")
+        except KubeError as exc:
+            if exc.status not in (404, 422):  # gone, or another pool of the name (its uid differs)
+                log.warning("status of pool %s not written: %s", key, exc)
 
     async def deletion_cost(self, pod: Pod) -> None:
         cost = pod.annotations.get(DELETION_COST)

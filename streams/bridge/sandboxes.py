@@ -27,6 +27,12 @@ that uid, not by the API server's (`Mirror._pod`), publishes it only once koords
 uid in log order, of any producer): whether it may be created (the pool's record, not deleted
 since, never published bound by a bridge: a pod that was bound and is gone was deleted, and is
 not made again), and the record it is created from.
+
+Out: the pools' status. The last `SandboxPoolStatus` of each pool of the API server's in a
+batch is written into its `status` as agent-sandbox's controller keeps it (`pool_status_patch`):
+`replicas` (its unclaimed sandboxes, started or starting), `readyReplicas` (started: what
+`kubectl get sandboxwarmpools` shows as Ready) and `selector` (its pods' label selector, which
+the scale subresource reads).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from schemas.records import (
     SandboxClaim,
     SandboxClaimDeleted,
     SandboxClaimStatus,
+    SandboxPoolStatus,
     SandboxTemplate,
     SandboxWarmPool,
     SandboxWarmPoolDeleted,
@@ -81,6 +88,17 @@ def sandbox_uid(meta: Mapping[str, Any]) -> str:
 
 def claims_path(namespace: str, name: str = "") -> str:
     return f"/apis/{API_VERSION}/namespaces/{namespace}/sandboxclaims" + (f"/{name}" if name else "")
+
+
+def pools_path(namespace: str, name: str = "") -> str:
+    return f"/apis/{API_VERSION}/namespaces/{namespace}/sandboxwarmpools" + (f"/{name}" if name else "")
+
+
+def pool_status_patch(s: SandboxPoolStatus, uid: str) -> list[dict[str, Any]]:
+    """A JSON patch of a pool's whole status (see the module docstring), whose `test` of
+    `metadata.uid` keeps it off a pool made again under the name."""
+    status = {"replicas": s.ready + s.starting, "readyReplicas": s.ready, "selector": f"{SANDBOX_POOL_LABEL}={s.name}"}
+    return [{"op": "test", "path": "/metadata/uid", "value": uid}, {"op": "add", "path": "/status", "value": status}]
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -142,6 +160,10 @@ class SandboxObjects:
     def pool_live(self, pool: str) -> bool:
         """A pool (`namespace/name`) of the API server's: its pods are the bridge's to create."""
         return any(pool_key(p.pool.namespace, p.pool.name) == pool for p in self.pools.values())
+
+    def pool_uid(self, namespace: str, name: str) -> str:
+        """The API server's uid of the live pool `namespace/name`, else ""."""
+        return next((uid for uid, p in self.pools.items() if (p.pool.namespace, p.pool.name) == (namespace, name)), "")
 
     def claim_live(self, uid: str) -> bool:
         return uid in self.claims

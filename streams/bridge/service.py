@@ -70,6 +70,7 @@ from schemas.records import (
     ReservationEvent,
     SandboxClaimDeleted,
     SandboxClaimStatus,
+    SandboxPoolStatus,
     SchedulingFeedback,
 )
 from streams.bridge import sandboxes
@@ -379,13 +380,17 @@ class Bridge:
         return []
 
     async def _claims(self, messages: list[RawMessage]) -> list[Output]:
-        """The pools' answers to the API server's claims, written into them (the last of each
-        claim in the batch)."""
+        """The pools' answers to the API server's claims, written into them, and the pools'
+        depth into the API server's pools (the last of each claim and pool in the batch)."""
         last: dict[str, SandboxClaimStatus] = {}
+        depth: dict[str, tuple[SandboxPoolStatus, str]] = {}
         for r in intake(messages).records:
             if isinstance(r, SandboxClaimStatus) and self.mirror.sandboxes.claim_live(r.uid):
                 last[r.uid] = r
-        await asyncio.gather(*(self.actuator.claim_status(s) for s in last.values()))
+            elif isinstance(r, SandboxPoolStatus) and (uid := self.mirror.sandboxes.pool_uid(r.namespace, r.name)):
+                depth[uid] = (r, uid)
+        await asyncio.gather(*(self.actuator.claim_status(s) for s in last.values()),
+                             *(self.actuator.pool_status(s, uid) for s, uid in depth.values()))
         return []
 
     async def _consume(self, name: str, topic_names: Sequence[str],

@@ -19,6 +19,7 @@ import dataclasses
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from schemas import topics
 from schemas.agent_sandbox import REFILL_BATCH_ANNOTATION, REFILL_RATE_ANNOTATION
 from schemas.records import SANDBOX_NAME_ANNOTATION, SANDBOX_POOL_LABEL, Binding, SandboxClaimStatus
 from streams.bridge.actuator import Actuator
-from streams.bridge.sandboxes import API_VERSION, UID_ANNOTATION, claims_path
+from streams.bridge.sandboxes import API_VERSION, UID_ANNOTATION, claims_path, pools_path
 from streams.kube_cluster import ControlPlane
 from streams.kubeapi import KubeApi, KubeError
 from tests.integration.conftest import BridgeProcess
@@ -112,6 +113,15 @@ def ready_condition(obj: dict[str, Any]) -> dict[str, Any] | None:
     return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), None)
 
 
+async def pool_status(api: KubeApi, group: str, where: Callable[[dict[str, Any]], bool],
+                      timeout: float = 60.0) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        status: dict[str, Any] = (await api.request("GET", pools_path(group, "pool"))).get("status") or {}
+        return status if where(status) else None
+    result: dict[str, Any] = await wait_until(f"pool of {group}: its status", check, timeout)
+    return result
+
+
 async def answered(api: KubeApi, group: str, name: str, status: str = "True", timeout: float = 60.0) -> dict[str, Any]:
     async def check() -> dict[str, Any] | None:
         got: dict[str, Any] = await api.request("GET", claims_path(group, name))
@@ -135,8 +145,11 @@ async def test_a_warm_pool_fills_with_real_pods_and_each_claim_gets_one_of_its_o
     group = unique("swp")
     await cluster(api, group)
     await create(api, group, "sandboxtemplates", template(group))
-    await create(api, group, "sandboxwarmpools", warm_pool(group, 6))
+    made = await create(api, group, "sandboxwarmpools", warm_pool(group, 6))
     filled = await pool_running(api, group, 6)
+    # The pool's status, as agent-sandbox's controller keeps it (`kubectl get` shows readyReplicas).
+    status = await pool_status(api, group, lambda s: s.get("readyReplicas") == 6)
+    assert status == {"replicas": 6, "readyReplicas": 6, "selector": f"{SANDBOX_POOL_LABEL}=pool"}
     for pod in filled:
         uid = pod["metadata"]["annotations"][UID_ANNOTATION]
         assert uid.startswith(f"sbx~{group}~pool~") and pod["metadata"]["labels"][SANDBOX_POOL_LABEL] == "pool"
@@ -152,6 +165,8 @@ async def test_a_warm_pool_fills_with_real_pods_and_each_claim_gets_one_of_its_o
     assert {p["metadata"]["name"] for p in filled} >= set(names)  # warm: the pool's ready pods, no new start
     # The pool refills its 4 claimed sandboxes: 6 unclaimed again, 10 in all.
     await pool_running(api, group, 10)
+    await pool_status(api, group, lambda s: s.get("readyReplicas") == 6 and s.get("replicas") == 6)
+    assert (await api.request("GET", pools_path(group, "pool")))["metadata"]["uid"] == made["metadata"]["uid"]
 
     # A claim deleted: its pod goes, the others stay.
     await api.request("DELETE", claims_path(group, "c0"))

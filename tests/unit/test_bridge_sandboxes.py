@@ -25,6 +25,7 @@ from schemas.records import (
     SandboxClaim,
     SandboxClaimDeleted,
     SandboxClaimStatus,
+    SandboxPoolStatus,
     SandboxWarmPool,
     SandboxWarmPoolDeleted,
 )
@@ -39,6 +40,7 @@ from streams.bridge.sandboxes import (
     claim_condition,
     claim_status_patch,
     pod_manifest,
+    pool_status_patch,
 )
 
 NS = "agents"
@@ -236,3 +238,16 @@ def test_a_claims_answer_as_its_ready_condition(status: SandboxClaimStatus, expe
     assert test == {"op": "test", "path": "/metadata/uid", "value": "k1"}  # not onto a claim made again
     assert write["path"] == "/status" and write["value"]["conditions"] == [condition]
     assert write["value"].get("sandbox") == ({"name": "pool-0"} if status.sandbox else None)
+
+
+def test_a_pools_depth_as_its_status_and_only_onto_the_pool_of_its_uid() -> None:
+    mirror = Mirror(frozenset({"koordstream"}))
+    mirror.apply(WARMPOOL, "ADDED", pool(uid="p1"))
+    assert mirror.sandboxes.pool_uid(NS, "pool") == "p1" and mirror.sandboxes.pool_uid(NS, "other") == ""
+    depth = SandboxPoolStatus(namespace=NS, name="pool", replicas=3, ready=2, starting=1, claimed=4)
+    test, write = pool_status_patch(depth, "p1")
+    assert test == {"op": "test", "path": "/metadata/uid", "value": "p1"}  # not onto a pool made again
+    assert write == {"op": "add", "path": "/status",
+                     "value": {"replicas": 3, "readyReplicas": 2, "selector": f"{SANDBOX_POOL_LABEL}=pool"}}
+    mirror.apply(WARMPOOL, "DELETED", pool(uid="p1"))
+    assert mirror.sandboxes.pool_uid(NS, "pool") == ""
