@@ -36,7 +36,9 @@
 - **SandboxClaimStatus** -> the claim's annotation `agents.x-k8s.io/sandbox-name` (a merge
   patch) and its `status` (`Ready` condition, `sandbox.name`: a JSON patch), each with the
   claim's uid as precondition (a claim made again under the name is not written); written when
-  the answer changes.
+  the answer changes. A live claim answered `Deleted` (its shutdown time passed under the
+  `Delete` policy: a claim deleted or replaced is no longer live) is then deleted, its uid as
+  precondition.
 - **SandboxPoolStatus** -> the pool's `status` (`replicas`, `readyReplicas`, `selector`: a JSON
   patch with the pool's uid as precondition); written when those change.
 """
@@ -53,6 +55,7 @@ from typing import Any
 
 from agents.ports import Output
 from agents.rebalance.binpack import DELETION_COST
+from agents.sandbox.pool import DELETED as CLAIM_DELETED
 from schemas import topics
 from schemas.quantity import format_canonical
 from schemas.records import (
@@ -380,8 +383,12 @@ class Actuator:
                 content_type=JSON_PATCH), _transient)
             self._claims[s.uid] = written
             self._count("claim_status")
+            if s.phase == CLAIM_DELETED:
+                await self._retrying("claim_deletion", lambda: self.api.request(
+                    "DELETE", path, body={"preconditions": {"uid": s.uid}}), _transient)
+                self._count("claims_deleted")
         except KubeError as exc:
-            if exc.status not in (404, 422):  # gone, or another claim of the name (its uid differs)
+            if exc.status not in (404, 409, 422):  # gone, or another claim of the name (its uid differs)
                 log.warning("status of claim %s/%s not written: %s", s.namespace, s.name, exc)
 
     async def pool_status(self, s: SandboxPoolStatus, uid: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import statistics
 import time
 from collections import Counter
@@ -179,6 +180,15 @@ async def test_a_warm_pool_fills_with_real_pods_and_each_claim_gets_one_of_its_o
     lost = ready_condition(await answered(api, group, "lost", status="False"))
     assert lost is not None and lost["reason"] == "WarmPoolNotFound", lost
     assert "spec.warmPoolRef.name" in lost["message"], lost
+
+    # A claim whose shutdown time passes under the Delete policy: its sandbox and the claim go.
+    soon = datetime.datetime.fromtimestamp(time.time() + 3, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    brief = claim(group, "brief")
+    brief["spec"]["lifecycle"] = {"shutdownTime": soon, "shutdownPolicy": "Delete"}
+    await create(api, group, "sandboxclaims", brief)
+    sandbox = (await answered(api, group, "brief"))["status"]["sandbox"]["name"]
+    await wait_until("the brief claim deleted", lambda: gone(api, claims_path(group, "brief")))
+    await wait_until("its pod deleted", lambda: gone(api, f"/api/v1/namespaces/{group}/pods/{sandbox}"))
 
 
 async def test_a_template_changed_recreates_the_pools_sandboxes_and_a_pool_deleted_takes_its_unclaimed_ones(
