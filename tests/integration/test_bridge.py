@@ -249,7 +249,9 @@ async def test_scale_downs_become_events_and_deletion_costs_land_on_pods(api: Ku
         assert event.workload == "ReplicaSet/web" and event.replicas == 2
         # The rebalancer's ranks (CalculateOnly) are Pod records on `pods`; the bridge patches them.
         first = created[0]
-        ranked = [p for p in h.seen(Pod, lambda p: p.uid == first["metadata"]["uid"], topic=topics.PODS)][-1]
+        # (waited for: the collector may not have read that far in `pods` yet, shared by the session)
+        ranked = (await h.wait_for(Pod, lambda p: p.uid == first["metadata"]["uid"] and bool(p.node_name),
+                                   topic=topics.PODS))[-1]
         await h.publish(topics.PODS, [ranked.__class__(**{**_fields(ranked), "annotations": {
             **ranked.annotations, DELETION_COST: "-5"}})])
 
