@@ -52,9 +52,16 @@ def progress(h: Harness, ns: str) -> str:
     """What reached the topics about the pool: for diagnosing a run that did not settle."""
     statuses = {s.uid: s.phase for s in h.seen(SandboxClaimStatus, lambda s: s.namespace == ns)}
     pools = h.seen(SandboxPoolStatus, lambda s: s.namespace == ns)
+    answers: dict[str, list[SandboxClaimStatus]] = {}
+    for a in h.seen(SandboxClaimStatus, lambda s: s.namespace == ns):
+        answers.setdefault(a.uid, []).append(a)
+    unready = {uid: [(a.phase, a.path, a.pod_uid, a.reason) for a in got] for uid, got in answers.items()
+               if all(a.phase != "Ready" for a in got)}
+    bound = {b.uid: b.node for b in h.seen(Binding, lambda b: b.namespace == ns, topic=topics.BINDINGS)}
     return (f"claims answered {len(statuses)} ({sum(p == 'Ready' for p in statuses.values())} Ready); last pool "
             f"status {pools[-1] if pools else None}; pods {len(h.seen(Pod, lambda p: p.namespace == ns))}, "
-            f"bindings {len(h.seen(Binding, lambda b: b.namespace == ns))}")
+            f"bindings {len(h.seen(Binding, lambda b: b.namespace == ns))}; never Ready: {unready} "
+            f"(their pods bound: {[bound.get(a[2]) for got in unready.values() for a in got]})")
 
 
 async def test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refills_the_pool(
