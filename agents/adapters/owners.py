@@ -30,9 +30,8 @@ from typing import Any
 
 import faust
 
-from agents.adapters.batches import micro_batches
 from agents.adapters.loop import Outcome, StatefulLoop
-from agents.adapters.stateful import Transactions, register_stateful
+from agents.adapters.stateful import Transactions, register_forwarder, register_stateful
 from agents.adapters.tables import (
     CLOCK_PREFIX,
     ChangelogImage,
@@ -41,7 +40,7 @@ from agents.adapters.tables import (
     read_state,
 )
 from agents.adapters.timers import TimerRequest
-from agents.intake import intake
+from agents.intake import RawMessage, intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.state import reservations as rsv
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
@@ -151,11 +150,13 @@ def register(app: faust.App, nodes: faust.TopicT, inbox: faust.TopicT, outbox: O
              transactions: Transactions | None = None) -> StatefulLoop:
     """The node forwarder (stateless) and the owners (the shared loop over `inbox`)."""
 
-    @app.agent(nodes, name="koordstream.nodes")
-    async def forward_nodes(stream: faust.StreamT[Any]) -> None:
-        async for messages in micro_batches(stream, config):
-            got = intake(messages, expect=(Node, NodeDeleted))
-            forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
-            await deliver(outbox, forwarded + got.dead_letters)
+    async def forward_nodes(messages: list[RawMessage]) -> None:
+        got = intake(messages, expect=(Node, NodeDeleted))
+        forwarded = [Output(topics.NODE_INBOX, node_of(r), r) for r in got.records]
+        await deliver(outbox, forwarded + got.dead_letters)
 
-    return register_stateful(app, "owners", inbox, OwnerCore(retention_s=config.retention_s, nomination_ttl_s=config.nomination_ttl_s), outbox, config, transactions or Transactions())
+    transactions = transactions or Transactions()
+    register_forwarder(app, nodes, "koordstream.nodes", config, transactions, forward_nodes)
+    return register_stateful(app, "owners", inbox, OwnerCore(retention_s=config.retention_s,
+                                                             nomination_ttl_s=config.nomination_ttl_s),
+                             outbox, config, transactions)

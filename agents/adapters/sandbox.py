@@ -18,20 +18,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import faust
 
-from agents.adapters.batches import micro_batch_events, split, to_raw
 from agents.adapters.loop import Outcome, StatefulLoop
-from agents.adapters.stateful import Transactions, register_stateful
+from agents.adapters.stateful import Transactions, register_forwarder, register_stateful
 from agents.adapters.tables import cached_state, read_state
 from agents.adapters.timers import TimerRequest
-from agents.intake import intake
+from agents.intake import RawMessage, intake
 from agents.ports import AgentConfig, Outbox, Output, deliver
 from agents.sandbox.pool import POOL_KINDS, PoolCore, PoolResult, PoolState, ended_times, forget_at
 from agents.sandbox.templates import UID_MARK, pool_of
@@ -158,37 +156,23 @@ def forwarded(records: list[Record]) -> list[Output]:
     return out
 
 
-async def forward(events: list[Any], outbox: Outbox) -> None:
-    """Forward a micro-batch's sandbox outcomes (faust events). If they cannot all be delivered,
-    the batch's messages are withheld from faust's acknowledgements and the error is raised:
-    faust acknowledges (and commits) a batch when its agent fails, and a Binding lost so would
-    leave its sandbox starting for good (its pool waits for it, and so may a claim)."""
-    mine = [to_raw(e) for e in events if e.value is not None and UID_MARK in e.value]
-    if not mine:  # what does not decode is dead-lettered by the topics' own readers, not here
-        return
-    try:
-        await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
-    except BaseException:
-        for run in split(events):
-            run.withhold_acks()
-        raise
+def outcomes_sender(outbox: Outbox) -> Callable[[list[RawMessage]], Awaitable[None]]:
+    """What the forwarder does with a micro-batch of `bindings` and `feedback`: the Bindings and
+    feedback of pools' sandbox pods, to their pools. A Binding lost would leave its sandbox
+    starting for good (its pool waits for it, and so may a claim): see `forward_batch`."""
+    async def send(messages: list[RawMessage]) -> None:
+        mine = [m for m in messages if m.value is not None and UID_MARK in m.value]
+        if mine:  # what does not decode is dead-lettered by the topics' own readers, not here
+            await deliver(outbox, forwarded(intake(mine, expect=(Binding, SchedulingFeedback)).records))
+    return send
+
 
 
 def register(app: faust.App, outcomes: faust.TopicT, sandbox: faust.TopicT, outbox: Outbox, config: AgentConfig,
              transactions: Transactions | None = None) -> StatefulLoop:
     """The forwarder over `outcomes` (bindings, feedback) and the pools over `sandbox`."""
 
-    @app.agent(outcomes, name="koordstream.sandbox-outcomes")
-    async def forward_outcomes(stream: faust.StreamT[Any]) -> None:
-        try:
-            async for events in micro_batch_events(stream, config):
-                await forward(events, outbox)
-        except Exception as exc:
-            # As the stateful loop does (`agents.adapters.stateful`): faust would restart the
-            # agent past the batch; whoever reads the partitions next reads it again.
-            log.error("sandbox outcomes: a batch was not forwarded (%r): the worker stops", exc)
-            await app.crash(exc)
-            await asyncio.Future()  # no restart of this agent past the batch: wait to be stopped
+    transactions = transactions or Transactions()
+    register_forwarder(app, outcomes, "koordstream.sandbox-outcomes", config, transactions, outcomes_sender(outbox))
 
-    return register_stateful(app, "pools", sandbox, SandboxCore(config.retention_s), outbox, config,
-                             transactions or Transactions())
+    return register_stateful(app, "pools", sandbox, SandboxCore(config.retention_s), outbox, config, transactions)

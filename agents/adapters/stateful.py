@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import faust
 from faust.types import TP
 
-from agents.adapters.batches import fetched_batches
+from agents.adapters.batches import fetched_batches, micro_batch_events, split, to_raw
 from agents.adapters.connection import KafkaConnection
 from agents.adapters.loop import Core, Seek, Sink, StatefulLoop
 from agents.adapters.ownership import Ownership
 from agents.adapters.positions import CommittedStart
+from agents.adapters.starts import ReadFromStart
 from agents.adapters.tables import VersionedState
 from agents.adapters.timers import RecordTimers
 from agents.adapters.transactions import MakeOutbox, PlainSink, TransactionalSink
+from agents.intake import RawMessage
 from agents.ports import AgentConfig, Outbox
 
 log = logging.getLogger("koordstream.agents")
@@ -124,3 +126,88 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
             await asyncio.Future()  # no restart of this agent past the batch: wait to be stopped
 
     return loop
+
+
+class ForwarderStarts:
+    """The start check of a stateless forwarder (`koordstream.sandbox-outcomes`,
+    `koordstream.nodes`): faust commits what such an agent acknowledges, and can lose what it
+    fetched of a newly assigned partition around a rebalance while its read position moves
+    past it (`agents.adapters.starts`); it then fills the gap it notes and commits past the
+    lost records, so no worker ever reads them again (seen on CI: a pool's Binding never
+    forwarded after a state worker was killed, its claim never Ready). Each partition of the
+    forwarder's topics is checked once per assignment against the group's committed offset
+    (`ReadFromStart`, with `CommittedStart` as its probe), read again from there if it began
+    past it, and what is dropped meanwhile is withheld from faust's acknowledgements."""
+
+    def __init__(self, app: faust.App, channel: faust.TopicT, transactions: Transactions) -> None:
+        if transactions.kafka is None:
+            raise ValueError("a forwarder's start check needs a Kafka connection")
+        names = set(channel.topics)
+        self.probe = CommittedStart(transactions.kafka, transactions.group_id, read_committed=transactions.enabled)
+        self.starts = ReadFromStart(self.probe, seeker(app))
+
+        # faust sends these after a rebalance's revocation and with the whole new assignment (args: the TPs).
+        async def revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+            self.starts.revoked((tp.topic, tp.partition) for tp in args[0] if tp.topic in names)
+
+        async def assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+            self.starts.assigned({(tp.topic, tp.partition) for tp in args[0] if tp.topic in names},
+                                 app.consumer_generation_id)
+
+        async def rebalanced(sender: Any, **kwargs: Any) -> None:
+            self.starts.rebalanced()
+
+        async def shutdown(sender: Any, **kwargs: Any) -> None:
+            self.starts.close()
+            await self.probe.close()
+
+        app.on_partitions_revoked.connect(revoked)  # type: ignore[arg-type]
+        app.on_partitions_assigned.connect(assigned)  # type: ignore[arg-type]
+        app.on_rebalance_complete.connect(rebalanced)  # type: ignore[arg-type]
+        app.on_before_shutdown.connect(shutdown)  # type: ignore[arg-type]
+
+    async def admit(self, events: Sequence[Any]) -> list[RawMessage]:
+        """The messages of a micro-batch (faust events) the forwarder may take, in order; the
+        others are withheld from faust's acknowledgements (they come again)."""
+        runs = split(events)
+        taken = await self.starts.admit(runs)
+        kept = {(m.topic, m.partition, m.offset) for m in taken}
+        for run in runs:
+            for event, m in zip(run.events, run.messages, strict=True):
+                if (m.topic, m.partition, m.offset) not in kept:
+                    event.message.acked = True  # as `Fetched.withhold_acks`
+        return taken
+
+
+async def forward_batch(events: Sequence[Any], starts: ForwarderStarts | None,
+                        send: Callable[[list[RawMessage]], Awaitable[None]]) -> None:
+    """A stateless forwarder's micro-batch (faust events): the messages `starts` admits (all of
+    them without it) handed to `send`. If `send` raises, the batch's messages are withheld from
+    faust's acknowledgements and the error is raised: faust acknowledges (and commits) a batch
+    whose agent failed, and what it forwards would be lost."""
+    messages = [to_raw(e) for e in events] if starts is None else await starts.admit(events)
+    try:
+        await send(messages)
+    except BaseException:
+        for run in split(events):
+            run.withhold_acks()
+        raise
+
+
+def register_forwarder(app: faust.App, channel: faust.TopicT, name: str, config: AgentConfig,
+                       transactions: Transactions, send: Callable[[list[RawMessage]], Awaitable[None]]) -> None:
+    """The faust agent `name` that hands each micro-batch of `channel` to `send` (`forward_batch`),
+    with the start check where the worker has a Kafka connection (`ForwarderStarts`)."""
+    starts = ForwarderStarts(app, channel, transactions) if transactions.kafka is not None else None
+
+    @app.agent(channel, name=name)
+    async def forwarder(stream: faust.StreamT[Any]) -> None:
+        try:
+            async for events in micro_batch_events(stream, config):
+                await forward_batch(events, starts, send)
+        except Exception as exc:
+            # As the stateful agents: faust would restart the agent past the batch; whoever
+            # reads the partitions next reads it again.
+            log.error("%s: a batch was not forwarded (%r): the worker stops", name, exc)
+            await app.crash(exc)
+            await asyncio.Future()  # no restart of this agent past the batch: wait to be stopped

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaTimeoutError
 
-from agents.adapters.sandbox import SandboxCore, forward
+from agents.adapters.sandbox import SandboxCore, outcomes_sender
+from agents.adapters.starts import ReadFromStart
+from agents.adapters.stateful import ForwarderStarts, forward_batch
 from agents.adapters.transactions import TransactionalSink
 from agents.ports import Output
 from schemas import topics
@@ -115,10 +117,39 @@ async def test_a_batch_of_outcomes_the_forwarder_cannot_deliver_is_never_acknowl
               for i, r in enumerate([bound, Binding(uid="other", namespace="ns", name="o", node="n0", attempt=0,
                                                     decision_key="other")])]
     with pytest.raises(KafkaTimeoutError):
-        await forward(events, FailingOutbox())
+        await forward_batch(events, None, outcomes_sender(FailingOutbox()))
     assert all(e.message.acked for e in events)  # withheld: faust skips them, never commits past them
     outbox = FakeOutbox()
     fresh = [FakeEvent(dataclasses.replace(e.message, acked=False)) for e in events]
-    await forward(fresh, outbox)
+    await forward_batch(fresh, None, outcomes_sender(outbox))
     assert [(o.topic, o.key, o.record) for o in outbox.sent] == [(topics.SANDBOX, "p", bound)]
     assert not any(e.message.acked for e in fresh)  # acknowledged by faust, as usual
+
+
+async def test_the_forwarder_reads_a_partition_again_that_began_past_its_committed_offset() -> None:
+    """faust can lose what it fetched of a newly assigned partition around a rebalance and read
+    on past it, then fill the gap and commit past what it lost (CI: a pool's Binding never
+    forwarded after its state worker was killed, a claim never Ready). The forwarder's start
+    check reads the partition again from the first record after the group's committed offset,
+    and withholds what it dropped meanwhile from faust's acknowledgements."""
+    bindings = [sandbox_bound(f"sbx~agents~p~x-{i}") for i in range(6)]
+    sought: list[tuple[str, int, int]] = []
+
+    async def probe(topic: str, partition: int) -> int | None:
+        return 2  # the group's committed offset: records 2.. were never forwarded
+
+    async def seek(topic: str, partition: int, offset: int) -> None:
+        sought.append((topic, partition, offset))
+
+    starts = ForwarderStarts.__new__(ForwarderStarts)  # its rebalance signals are faust's: driven here
+    starts.starts = ReadFromStart(probe, seek)
+    starts.starts.assigned({(topics.BINDINGS, 0)}, 1)
+    outbox = FakeOutbox()
+    late = [FakeEvent(FakeMessage(topics.BINDINGS, 0, i, 1, encode(bindings[i]))) for i in (4, 5)]
+    await forward_batch(late, starts, outcomes_sender(outbox))
+    assert outbox.sent == [] and sought == [(topics.BINDINGS, 0, 2)]
+    assert all(e.message.acked for e in late)  # withheld: faust never commits past the lost records
+    again = [FakeEvent(FakeMessage(topics.BINDINGS, 0, i, 1, encode(bindings[i]))) for i in range(2, 6)]
+    await forward_batch(again, starts, outcomes_sender(outbox))
+    assert [o.record for o in outbox.sent] == bindings[2:]
+    assert not any(e.message.acked for e in again)  # acknowledged by faust, as usual
