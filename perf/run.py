@@ -397,7 +397,10 @@ def latency_cdf(values: list[float], points: int = 200) -> list[float]:
 
 def compare(baseline: dict[str, Any], new: dict[str, Any]) -> tuple[list[tuple[str, Any, Any, str]], bool]:
     """Side by side: (figure, baseline, new, verdict) rows, and whether the new run regressed
-    (throughput down, or queueing p99 up, by more than the baseline's thresholds)."""
+    (throughput down, or queueing p99 up, by more than the baseline's thresholds; for the warm
+    pools' runs, `compare_claims`)."""
+    if "claims_total" in baseline:
+        return compare_claims(baseline, new)
     limits = baseline.get("thresholds") or {}
     drop, rise = float(limits.get("throughput_drop_pct", 10.0)), float(limits.get("queue_p99_rise_pct", 25.0))
     rows: list[tuple[str, Any, Any, str]] = []
@@ -411,6 +414,44 @@ def compare(baseline: dict[str, Any], new: dict[str, Any]) -> tuple[list[tuple[s
     rows.append(("queue_latency_ms.p99", old_p99, new_p99, f"REGRESSED (> {rise:g}% up)" if bad else "ok"))
     regressed |= bad
     for key in ("wall_s", "pods_bound", "pods_double_bound", "nodes_overcommitted", "scheduler_cpu_s", "harness_cpu_s"):
+        if key in baseline or key in new:
+            rows.append((key, baseline.get(key), new.get(key), ""))
+    return rows, regressed
+
+
+SANDBOX_SAFETY = ("sandboxes_double_adopted", "pods_double_bound", "nodes_overcommitted", "claims_unanswered")
+
+
+def compare_claims(baseline: dict[str, Any], new: dict[str, Any]) -> tuple[list[tuple[str, Any, Any, str]], bool]:
+    """`compare` for the warm pools' runs (sandbox-warm, sandbox-churn): the claims' p99 latency,
+    the whole run's and each phase's, up by more than `claim_p99_rise_pct` (default 50: a claim's
+    tail on a shared two-core machine varies that much between runs of the same code), or the
+    warm-hit rate down by more than `warm_hit_drop` (default 0.05), regress; so does any
+    safety count above 0 (a sandbox adopted twice, a pod bound twice, a node over-committed, a
+    claim never answered)."""
+    limits = baseline.get("thresholds") or {}
+    rise, drop = float(limits.get("claim_p99_rise_pct", 50.0)), float(limits.get("warm_hit_drop", 0.05))
+    rows: list[tuple[str, Any, Any, str]] = []
+    regressed = False
+    scopes = [("", baseline, new)] + [(f"phases.{name}.", phase, (new.get("phases") or {}).get(name) or {})
+                                      for name, phase in (baseline.get("phases") or {}).items()]
+    for prefix, old, now in scopes:
+        if "claim_latency_ms" not in now:
+            rows.append((f"{prefix}claim_latency_ms.p99", old["claim_latency_ms"]["p99"], None, "REGRESSED (missing)"))
+            regressed = True
+            continue
+        old_p99, new_p99 = float(old["claim_latency_ms"]["p99"]), float(now["claim_latency_ms"]["p99"])
+        bad = new_p99 > old_p99 * (1 + rise / 100)
+        rows.append((f"{prefix}claim_latency_ms.p99", old_p99, new_p99, f"REGRESSED (> {rise:g}% up)" if bad else "ok"))
+        old_hit, new_hit = float(old["warm_hit_rate"]), float(now.get("warm_hit_rate", 0.0))
+        worse = new_hit < old_hit - drop
+        rows.append((f"{prefix}warm_hit_rate", old_hit, new_hit, f"REGRESSED (> {drop:g} down)" if worse else "ok"))
+        regressed |= bad or worse
+    for key in SANDBOX_SAFETY:
+        bad = int(new.get(key, 0)) > 0
+        rows.append((key, baseline.get(key), new.get(key), "REGRESSED (must be 0)" if bad else "ok"))
+        regressed |= bad
+    for key in ("claims_total", "wall_s", "fast_path_share"):
         if key in baseline or key in new:
             rows.append((key, baseline.get(key), new.get(key), ""))
     return rows, regressed

@@ -74,3 +74,39 @@ def test_every_kwok_baseline_is_a_consistent_run_that_perf_compare_reads(path: P
         assert result["limit"]["limit"] and result["apiserver_requests_per_s"]["POST pods/binding"] > 0
     rows, regressed = compare(result, result)
     assert not regressed and rows[0][0] == "throughput_pods_per_s"
+
+
+SANDBOX_BASELINES = sorted(p for p in (Path(__file__).parents[2] / "perf" / "baselines" / "sandbox").glob("*.json")
+                           if json.loads(p.read_text()).get("claims_total") is not None)
+
+
+@pytest.mark.parametrize("path", SANDBOX_BASELINES, ids=[p.stem for p in SANDBOX_BASELINES])
+def test_every_warm_pool_baseline_is_a_safe_run_that_perf_compare_reads(path: Path) -> None:
+    result = json.loads(path.read_text())
+    assert path.stem.startswith(result["scenario"])
+    assert result["sandboxes_double_adopted"] == result["pods_double_bound"] == result["nodes_overcommitted"] == 0
+    assert result["claims_unanswered"] == 0
+    rows, regressed = compare(result, result)
+    assert not regressed and rows[0][0] == "claim_latency_ms.p99"
+    assert {r[0] for r in rows} >= {f"phases.{name}.claim_latency_ms.p99" for name in result.get("phases") or {}}
+
+
+WARM: dict[str, Any] = {"scenario": "sandbox-warm", "claims_total": 100, "warm_hit_rate": 1.0,
+                        "claim_latency_ms": {"p99": 100.0}, "sandboxes_double_adopted": 0, "pods_double_bound": 0,
+                        "nodes_overcommitted": 0, "claims_unanswered": 0,
+                        "phases": {"warm-1000-per-s": {"warm_hit_rate": 1.0, "claim_latency_ms": {"p99": 100.0}}}}
+
+
+@pytest.mark.parametrize(("change", "regressed"), [
+    ({}, False),
+    ({"claim_latency_ms": {"p99": 140.0}}, False),  # within 50%
+    ({"claim_latency_ms": {"p99": 160.0}}, True),
+    ({"phases": {"warm-1000-per-s": {"warm_hit_rate": 1.0, "claim_latency_ms": {"p99": 151.0}}}}, True),
+    ({"phases": {"warm-1000-per-s": {"warm_hit_rate": 0.9, "claim_latency_ms": {"p99": 100.0}}}}, True),
+    ({"phases": {}}, True),  # a phase missing
+    ({"sandboxes_double_adopted": 1}, True),
+    ({"claims_unanswered": 2}, True),
+], ids=["same", "p99-within", "p99-up", "phase-p99-up", "phase-hits-down", "phase-missing", "double-adopted",
+        "unanswered"])
+def test_compare_flags_a_warm_pool_run_that_regressed(change: dict[str, Any], regressed: bool) -> None:
+    assert compare(WARM, {**WARM, **change})[1] is regressed
