@@ -75,7 +75,9 @@ ONE_BROKER = {
 E2E_ONLY = {
     "test_restart.py::test_a_waiting_gang_times_out_after_its_partition_moves_to_a_running_worker[kafka]":
         "42 s; the embedded variant is in ONE_BROKER",
-    "test_restart.py::test_replacement_worker_recovers_committed_capacity[kafka]": "32 s; the embedded variant runs",
+    "test_restart.py::test_replacement_worker_recovers_committed_capacity[kafka]": "32 s",
+    "test_restart.py::test_replacement_worker_recovers_committed_capacity[embedded]":
+        "26 s; test_transactions.py's state worker killed mid-run and test_restore.py recover state in make test",
     "test_transactions.py::test_partitions_of_a_killed_state_worker_taken_over_by_a_running_one_lose_nothing":
         "40 s; test_a_state_worker_killed_mid_run_loses_nothing_and_duplicates_nothing runs",
     "test_sandbox_crash.py::test_a_state_worker_killed_mid_burst_answers_every_claim_once_and_refills_the_pool[kafka]":
