@@ -167,12 +167,10 @@ def outcomes_sender(outbox: Outbox) -> Callable[[list[RawMessage]], Awaitable[No
     return send
 
 
-
 def register(app: faust.App, outcomes: faust.TopicT, sandbox: faust.TopicT, outbox: Outbox, config: AgentConfig,
              transactions: Transactions | None = None) -> StatefulLoop:
     """The forwarder over `outcomes` (bindings, feedback) and the pools over `sandbox`."""
 
     transactions = transactions or Transactions()
     register_forwarder(app, outcomes, "koordstream.sandbox-outcomes", config, transactions, outcomes_sender(outbox))
-
     return register_stateful(app, "pools", sandbox, SandboxCore(config.retention_s), outbox, config, transactions)

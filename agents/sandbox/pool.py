@@ -225,20 +225,36 @@ class PoolState:
             (u for u, s in self.sandboxes.items() if s["state"] == STARTING), key=order)}
         self._uids = {c["uid"]: ck for ck, c in self.claims.items()}
         self._tpl = tpl.template_key(self.pool.template) if self.pool is not None else ""
-        self._gone, self._shutdowns = [], []
-        for ck, entry in self.claims.items():
-            self._claim_set(ck, entry)
-        for uid, ended in self.ended.items():
-            self._ended_set(uid, ended)
+        self._time_heaps()
 
     def _claim_set(self, ck: str, entry: Mapping[str, Any]) -> None:
         if entry.get("gone") is not None:
             heapq.heappush(self._gone, (float(entry["gone"]), "c", ck))
         elif _shutdown_pending(entry):
             heapq.heappush(self._shutdowns, (float(entry["shutdown"]), ck))
+        self._compact()
 
     def _ended_set(self, uid: str, ended: Mapping[str, Any]) -> None:
         heapq.heappush(self._gone, (float(ended["gone"]), "e", uid))
+        self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the heaps once stale entries outnumber the claims (every update of a claim
+        with a shutdown time pushes it again; one far in the future would never come up)."""
+        if len(self._gone) + len(self._shutdowns) > 2 * (len(self.claims) + len(self.ended)) + 64:
+            self._time_heaps()
+
+    def _time_heaps(self) -> None:
+        """The heaps from the claims as they are (no stale entry)."""
+        self._gone, self._shutdowns = [], []
+        for ck, entry in self.claims.items():
+            if entry.get("gone") is not None:
+                self._gone.append((float(entry["gone"]), "c", ck))
+            elif _shutdown_pending(entry):
+                self._shutdowns.append((float(entry["shutdown"]), ck))
+        self._gone += [(float(e["gone"]), "e", uid) for uid, e in self.ended.items()]
+        heapq.heapify(self._gone)
+        heapq.heapify(self._shutdowns)
 
     def next_gone(self) -> tuple[float, str, str] | None:
         """The earliest end of a claim or a replaced claim still kept (stale entries dropped)."""

@@ -383,14 +383,15 @@ class Bridge:
         """The pools' answers to the API server's claims, written into them, and the pools'
         depth into the API server's pools (the last of each claim and pool in the batch)."""
         last: dict[str, SandboxClaimStatus] = {}
-        depth: dict[str, tuple[SandboxPoolStatus, str]] = {}
+        depth: dict[tuple[str, str], SandboxPoolStatus] = {}
         for r in intake(messages).records:
             if isinstance(r, SandboxClaimStatus) and self.mirror.sandboxes.claim_live(r.uid):
                 last[r.uid] = r
-            elif isinstance(r, SandboxPoolStatus) and (uid := self.mirror.sandboxes.pool_uid(r.namespace, r.name)):
-                depth[uid] = (r, uid)
+            elif isinstance(r, SandboxPoolStatus):
+                depth[(r.namespace, r.name)] = r
+        pools = [(s, uid) for s in depth.values() if (uid := self.mirror.sandboxes.pool_uid(s.namespace, s.name))]
         await asyncio.gather(*(self.actuator.claim_status(s) for s in last.values()),
-                             *(self.actuator.pool_status(s, uid) for s, uid in depth.values()))
+                             *(self.actuator.pool_status(s, uid) for s, uid in pools))
         return []
 
     async def _consume(self, name: str, topic_names: Sequence[str],

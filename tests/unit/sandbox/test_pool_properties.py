@@ -436,7 +436,7 @@ heap_steps = st.lists(st.one_of(
     st.tuples(st.just("claim"), st.sampled_from(NAMES), claim_entries),
     st.tuples(st.just("ended"), st.sampled_from(NAMES), st.integers(0, 9).map(float)),
     st.tuples(st.just("forget"), st.sampled_from(["claims", "ended"]), st.sampled_from(NAMES)),
-    st.tuples(st.just("reload"))), max_size=30)
+    st.tuples(st.just("reload"))), max_size=150)
 
 
 @settings(max_examples=300, deadline=None)
@@ -459,3 +459,4 @@ def test_the_earliest_end_and_shutdown_read_from_the_heaps_are_those_of_a_pass_o
                      and c["gone"] is None and c["status"]["phase"] not in ("Expired", "Deleted")]
         assert (None if (g := state.next_gone()) is None else g[0]) == (min(gone) if gone else None)
         assert (None if (s := state.next_shutdown()) is None else s[0]) == (min(shutdowns) if shutdowns else None)
+        assert len(state._gone) + len(state._shutdowns) <= 2 * (len(state.claims) + len(state.ended)) + 64 + 1
