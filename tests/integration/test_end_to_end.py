@@ -39,6 +39,12 @@ async def test_every_pod_bound_once_and_no_node_overcommitted(harness: Harness, 
     uids = {p.uid for p in pods}
     await harness.wait_for(Binding, lambda b: b.uid in uids, count=len(pods))
     bindings = harness.seen(Binding, lambda b: b.uid in uids)
+    # The nodes they name, as `nodes` has them (the pods may go to other tests' nodes of the
+    # shared session, and this test's collector reads `nodes` from its start: it may not have
+    # read that far yet, and a node it has not read counts as having nothing).
+    named = {b.node for b in bindings}
+    await harness.wait_for(Node, lambda n: n.name in named, count=len(named), topic=topics.NODES,
+                           distinct=lambda n: n.name)
     result = check(harness.allocatable(), {p.uid: p.requests for p in pods},
                    [Placement(i, b.uid, b.node) for i, b in enumerate(bindings)])
     assert result.pods_bound == 300 and result.consistent, result.overcommitted
