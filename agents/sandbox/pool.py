@@ -87,6 +87,7 @@ from schemas.errors import FieldError
 from schemas.records import (
     Alternative,
     Binding,
+    Pod,
     PodDeleted,
     PodTerminated,
     Record,
@@ -111,7 +112,7 @@ POOL_KINDS = (SandboxWarmPool, SandboxWarmPoolDeleted, SandboxClaim, SandboxClai
               Binding, SchedulingFeedback, PodDeleted, PodTerminated)
 EPS = 1e-6
 # What a batch sent, as references into the state (`PoolState.sent`, rule 6).
-POD, GONE, ANSWER, BURST, POOL = "pod", "deleted", "claim", "burst", "pool"
+POD, GONE, ANSWER, BURST, POOL, META = "pod", "deleted", "claim", "burst", "pool", "metadata"
 
 
 def claim_key(namespace: str, name: str) -> str:
@@ -184,7 +185,7 @@ class PoolState:
     life: str = ""  # this life of the pool, in its pods' uids and names (rule 3)
     seq: int = 0  # the next sandbox's number
     order: int = 0  # the last pick-order stamp given (`k` of a sandbox: when it entered its set)
-    # uid -> {name, state, node, claim, since, hash, tpl, n, k[, cold][, fb]}
+    # uid -> {name, state, node, claim, since, born, hash, tpl, n, k[, cold][, fb]}
     sandboxes: Tracked = field(default_factory=Tracked)
     claims: Tracked = field(default_factory=Tracked)  # ns/name -> {uid, sandbox, path, status, shutdown, policy, gone}
     ended: Tracked = field(default_factory=Tracked)  # claim uid -> {ck, status, gone}: replaced by another claim
@@ -509,6 +510,7 @@ class PoolCore:
             status = dataclasses.replace(base, phase=READY_PHASE, path=WARM, sandbox=sandbox["name"], pod_uid=uid,
                                          node=sandbox["node"])
             self._record(st, ck, claim, status, uid, WARM)
+            self._send_metadata(st, uid, ck, result)
             self._count(st, "warm_hits")
         elif st._starting:
             uid = next(iter(st._starting))
@@ -516,10 +518,11 @@ class PoolCore:
             status = dataclasses.replace(base, path=VIA_STARTING, sandbox=sandbox["name"], pod_uid=uid,
                                          reason=POOL_EMPTY, message="no ready sandbox: took one that is starting")
             self._record(st, ck, claim, status, uid, VIA_STARTING)
+            self._send_metadata(st, uid, ck, result)
             self._count(st, "starting_hits")
         elif pool.overflow == "Allow":
             uid = tpl.cold_uid(claim.namespace, claim.warm_pool, claim.uid)
-            st.sandboxes[uid] = {"name": claim.name, "state": CLAIMED, "node": "", "claim": ck, "since": t,
+            st.sandboxes[uid] = {"name": claim.name, "state": CLAIMED, "node": "", "claim": ck, "since": t, "born": t,
                                  "hash": pool.template.hash, "tpl": st._tpl, "n": -1, "k": st.stamp(), "cold": True}
             status = dataclasses.replace(base, path=COLD, sandbox=claim.name, pod_uid=uid, reason=POOL_EMPTY,
                                          message="the warm pool is empty: a sandbox is starting through the scheduler")
@@ -698,7 +701,7 @@ class PoolCore:
         st.seq += 1
         uid = tpl.sandbox_uid(pool.namespace, pool.name, n, st.life)
         st.sandboxes[uid] = {"name": tpl.sandbox_name(pool.name, n, st.life), "state": STARTING, "node": "",
-                             "claim": "", "since": now, "hash": pool.template.hash, "tpl": st._tpl, "n": n,
+                             "claim": "", "since": now, "born": now, "hash": pool.template.hash, "tpl": st._tpl, "n": n,
                              "k": st.stamp()}
         st._starting[uid] = None
         self._send_pod(st, uid, result)
@@ -710,20 +713,35 @@ class PoolCore:
             template = st._decoded[key] = cast(SandboxWarmPool, decode_object(carrier, SandboxWarmPool)).template
         return template
 
-    def _send_pod(self, st: PoolState, uid: str, result: PoolResult) -> None:
-        """A sandbox's pod, built from its record (its template, and its claim's for a cold one)."""
+    def _pod(self, st: PoolState, uid: str) -> Pod:
+        """A sandbox's pod, built from its record: its template's, with its claim's metadata
+        once claimed (and the claim's uid label for a cold one, started for the claim)."""
         sandbox = st.sandboxes[uid]
         assert st.pool is not None
         pool = st.pool if sandbox["tpl"] == st._tpl else dataclasses.replace(
             st.pool, template=self._template(st, sandbox["tpl"]))
         claim = None
-        if sandbox.get("cold"):
+        if sandbox.get("claim"):
             s = _status(st.claims[sandbox["claim"]])
             claim = SandboxClaim(uid=s.uid, namespace=s.namespace, name=s.name, warm_pool=s.warm_pool,
                                  labels=s.labels, annotations=s.annotations)
-        pod = tpl.sandbox_pod(pool, uid, sandbox["name"], float(sandbox["since"]), claim)
-        result.outputs.append(Output(topics.PODS, uid, pod))
+        return tpl.sandbox_pod(pool, uid, sandbox["name"], float(sandbox.get("born", sandbox["since"])), claim,
+                               cold=bool(sandbox.get("cold")))
+
+    def _send_pod(self, st: PoolState, uid: str, result: PoolResult) -> None:
+        result.outputs.append(Output(topics.PODS, uid, self._pod(st, uid)))
         result.sent.append([POD, uid])
+
+    def _send_metadata(self, st: PoolState, uid: str, ck: str, result: PoolResult) -> None:
+        """An adopted sandbox's pod again, with its claim's labels and annotations (agent-sandbox's
+        `additionalPodMetadata`), when the claim has any: readers of `pods` (the rebalancer's
+        disruption budgets, the bridge, which writes them onto the pod in the API server) see
+        them; the scheduler reads a bound pod's record as nothing to place, a starting one's as
+        an update."""
+        status = st.claims[ck]["status"]
+        if status.get("labels") or status.get("annotations"):
+            result.outputs.append(Output(topics.PODS, uid, self._pod(st, uid)))
+            result.sent.append([META, uid, ck])
 
     def _send_burst(self, st: PoolState, name: str, decided: float, result: PoolResult) -> None:
         b = st.bursts[name]
@@ -774,6 +792,9 @@ class PoolCore:
                 sandbox = st.sandboxes.get(ref[1])
                 if sandbox is not None and not sandbox["node"]:
                     self._send_pod(st, ref[1], again)
+            elif kind == META:
+                if self._holds(st, ref):
+                    self._send_metadata(st, ref[1], ref[2], again)
             elif kind == GONE:
                 if float(ref[3]) > now - self.retention_s:
                     self._send_deleted(st, ref[1], ref[2], float(ref[3]), again)
@@ -791,6 +812,12 @@ class PoolCore:
         result.outputs[at:at] = again.outputs
         result.sent[refs_at:refs_at] = again.sent
         return status
+
+    @staticmethod
+    def _holds(st: PoolState, ref: Sequence[Any]) -> bool:
+        """The claim of a metadata reference still holds its sandbox."""
+        sandbox = st.sandboxes.get(ref[1])
+        return sandbox is not None and sandbox.get("claim") == ref[2]
 
     def _burst_live(self, st: PoolState, ref: Sequence[Any], now: float) -> bool:
         """A burst's reservations are sent again only while it lasts and within a retention of
@@ -812,6 +839,8 @@ class PoolCore:
             if kind == POD:
                 sandbox = st.sandboxes.get(ref[1])
                 live = sandbox is not None and not sandbox["node"]
+            elif kind == META:
+                live = self._holds(st, ref)
             elif kind == GONE:
                 live = float(ref[3]) > now - self.retention_s
             elif kind == ANSWER:

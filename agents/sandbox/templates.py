@@ -189,14 +189,17 @@ def env_refusal(claim: SandboxClaim, template: SandboxTemplate) -> FieldError | 
 
 
 def sandbox_pod(pool: SandboxWarmPool, uid: str, name: str, created: float,
-                claim: SandboxClaim | None = None) -> Pod:
-    """The pod of one sandbox: the template's, labelled with its hash and pool (and, started
-    cold for a claim, with the claim's metadata)."""
+                claim: SandboxClaim | None = None, cold: bool = True) -> Pod:
+    """The pod of one sandbox: the template's, labelled with its hash and pool; once a claim
+    has it, with the claim's labels under the template's and its annotations over them, and
+    the claim's uid label when it started `cold` for the claim (a burst's reservations select it)."""
     template = pool.template
     labels = {**template.pod.labels, SANDBOX_TEMPLATE_HASH_LABEL: template.hash, SANDBOX_POOL_LABEL: pool.name}
     annotations = dict(template.pod.annotations)
     if claim is not None:
-        labels = {**claim.labels, **labels, SANDBOX_CLAIM_UID_LABEL: claim.uid}
+        labels = {**claim.labels, **labels}
+        if cold:
+            labels[SANDBOX_CLAIM_UID_LABEL] = claim.uid
         annotations = {**annotations, **claim.annotations}
     return dataclasses.replace(template.pod, uid=uid, name=name, namespace=pool.namespace, labels=labels,
                                annotations=annotations, creation_timestamp=created, node_name="", phase="Pending")

@@ -159,6 +159,7 @@ class Actuator:
     _feedback: dict[str, str] = field(default_factory=dict)  # uid -> the message last written
     _claims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> the answer last written
     _pools: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # ns/name -> (uid, status) last written
+    _metadata: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # sandbox uid -> the patch last written
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -312,6 +313,7 @@ class Actuator:
         self._feedback.pop(uid, None)
         self.bound.discard(uid)
         self._claims.pop(uid, None)
+        self._metadata.pop(uid, None)
 
     # -- sandbox pods and claims -------------------------------------------------------------
 
@@ -366,6 +368,21 @@ class Actuator:
         except KubeError as exc:
             if exc.status not in (404, 409):  # gone, or another pod has the name now
                 log.warning("sandbox pod %s/%s not deleted: %s", namespace, name, exc)
+
+    async def sandbox_metadata(self, pod: Pod, api_uid: str, patch: dict[str, Any]) -> None:
+        """Merge a sandbox pod's missing labels and annotations into it (`sandboxes.metadata_patch`);
+        its `metadata.uid` keeps the write off another pod made under the name."""
+        if self._metadata.get(pod.uid) == (api_uid, patch):
+            return  # written already: the pod's change is still to be seen
+        body = {"metadata": {**patch["metadata"], "uid": api_uid}}
+        try:
+            await self._retrying("sandbox_metadata", lambda: self.api.request(
+                "PATCH", pod_path(pod.namespace, pod.name), body=body, content_type=MERGE_PATCH), _transient)
+            self._metadata[pod.uid] = (api_uid, patch)
+            self._count("sandbox_metadata")
+        except KubeError as exc:
+            if exc.status not in (404, 409, 422):  # gone, or another pod of the name
+                log.warning("metadata of sandbox pod %s/%s not written: %s", pod.namespace, pod.name, exc)
 
     async def claim_status(self, s: SandboxClaimStatus) -> None:
         """Write a pool's answer to a claim (see the module docstring); the annotation first, so

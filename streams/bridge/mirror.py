@@ -165,6 +165,7 @@ class _PodSeen:
     terminated: bool = False  # its PodTerminated was sent
     orphaned: bool = False  # bound by us to a node object since deleted: the owner terminated it, it counts as foreign
     api_uid: str = ""  # the API server's uid (a sandbox pod's key is its uid in koordstream)
+    live: Pod | None = None  # a sandbox pod as the API server has it now (published or not)
 
 
 @dataclass
@@ -381,6 +382,8 @@ class Mirror:
             seen = self.pods[uid] = _PodSeen(ours)
         seen.ours = ours
         seen.api_uid = str(meta.get("uid") or seen.api_uid)
+        if sandbox:
+            seen.live = record
         out: list[Output] = []
         self._set_foreign(uid, seen, record.requests if counts and record is not None else None, node)
         if ours and record is not None and (not sandbox or bound_by_us or seen.record is not None):

@@ -26,7 +26,10 @@ that uid, not by the API server's (`Mirror._pod`), publishes it only once koords
 `SandboxPods` is what the bridge knows of each sandbox pod from `pods` (the last record of its
 uid in log order, of any producer): whether it may be created (the pool's record, not deleted
 since, never published bound by a bridge: a pod that was bound and is gone was deleted, and is
-not made again), and the record it is created from.
+not made again), and the record it is created from. A claim's labels and annotations reach the
+pod it adopted the same way: its pool publishes the pod's record again with them, and the bridge
+merges into the pod in the API server what it lacks of them (`metadata_patch`), when it reads
+that record or sees the pod change.
 
 Out: the pools' status. The last `SandboxPoolStatus` of each pool of the API server's in a
 batch is written into its `status` as agent-sandbox's controller keeps it (`pool_status_patch`):
@@ -286,8 +289,8 @@ class SandboxPods:
             seen.deleted = True
         elif by_bridge:
             seen.bound = seen.bound or bool(record.node_name)
-        else:  # the pool's (again, for a uid used again: a pool made anew counts from 0)
-            seen.pod, seen.deleted, seen.bound = record, False, False
+        else:  # the pool's: the pod made anew (a re-send after its deletion), or its claim's metadata
+            seen.pod, seen.deleted = record, False
         arrived = self._arrived.pop(uid, None)
         if arrived is not None:
             arrived.set()
@@ -329,6 +332,19 @@ def pod_manifest(pod: Pod, spec: Mapping[str, Any]) -> dict[str, Any]:
             "metadata": {"name": pod.name, "namespace": pod.namespace, "labels": dict(pod.labels),
                          "annotations": {**pod.annotations, UID_ANNOTATION: pod.uid}},
             "spec": body}
+
+
+def metadata_patch(record: Pod, live: Pod) -> dict[str, Any] | None:
+    """A merge patch of the labels and annotations the pool's record of a sandbox pod has and
+    the pod in the API server lacks or has otherwise (its claim's, once adopted: agent-sandbox's
+    `additionalPodMetadata`); None when there are none. What others put on the pod stays."""
+    meta: dict[str, Any] = {}
+    for name, want, have in (("labels", record.labels, live.labels), ("annotations", record.annotations,
+                                                                       live.annotations)):
+        changed = {k: v for k, v in want.items() if have.get(k) != v}
+        if changed:
+            meta[name] = changed
+    return {"metadata": meta} if meta else None
 
 
 def _reason(reason: str, default: str) -> str:

@@ -43,7 +43,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +78,15 @@ from streams.bridge.actuator import Actuator
 from streams.bridge.lease import LeaderElection
 from streams.bridge.mirror import NODE, PDB, POD, PODGROUP, REPLICASET, RESERVATION, Mirror
 from streams.bridge.reflector import Reflector
-from streams.bridge.sandboxes import CLAIM, TEMPLATE, WARMPOOL, SandboxPods, pod_manifest
+from streams.bridge.sandboxes import (
+    CLAIM,
+    TEMPLATE,
+    WARMPOOL,
+    SandboxPods,
+    metadata_patch,
+    pod_manifest,
+    sandbox_uid,
+)
 from streams.catalogue import TABLE_NODE_STATE
 from streams.connection import connect
 from streams.kubeapi import KubeApi, KubeError, Limits
@@ -281,9 +289,13 @@ class Bridge:
                    ) -> Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[None]]:
         async def on_events(events: list[tuple[str, dict[str, Any]]]) -> None:
             out: list[Output] = []
+            sandboxes = set()
             for event, obj in events:
                 out += self.mirror.apply(kind, event, obj)
+                if kind == POD and event != "DELETED" and (uid := sandbox_uid(obj.get("metadata") or {})):
+                    sandboxes.add(uid)
             await publish(out + self.mirror.flush_nodes())
+            await asyncio.gather(*self._sandbox_metadata(sandboxes))  # (a pod created before its claim's came)
         return on_events
 
     # -- out -----------------------------------------------------------------------------------
@@ -376,8 +388,22 @@ class Bridge:
                                                           seen.api_uid if seen is not None else ""))
             elif seen is None and live and wanted.creatable() and wanted.pod is not None:
                 calls.append(self._create_sandbox(wanted.pod))
+        calls += self._sandbox_metadata(touched)
         await asyncio.gather(*calls)
         return []
+
+    def _sandbox_metadata(self, uids: Iterable[str]) -> list[Awaitable[object]]:
+        """Writes of what the pool's record of each sandbox pod has and the pod in the API server
+        lacks of labels and annotations (its claim's: see `sandboxes.metadata_patch`)."""
+        calls: list[Awaitable[object]] = []
+        for uid in uids:
+            wanted, seen = self.sandbox_pods.pods.get(uid), self.mirror.pods.get(uid)
+            if wanted is None or wanted.pod is None or wanted.deleted or seen is None or seen.live is None:
+                continue
+            patch = metadata_patch(wanted.pod, seen.live)
+            if patch is not None:
+                calls.append(self.actuator.sandbox_metadata(wanted.pod, seen.api_uid, patch))
+        return calls
 
     async def _claims(self, messages: list[RawMessage]) -> list[Output]:
         """The pools' answers to the API server's claims, written into them, and the pools'

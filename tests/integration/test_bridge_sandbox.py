@@ -158,12 +158,23 @@ async def test_a_warm_pool_fills_with_real_pods_and_each_claim_gets_one_of_its_o
         assert pod["spec"]["containers"][0]["image"] == "registry.k8s.io/pause:3.10"  # the template's spec
         assert pod["metadata"]["annotations"]["koordstream.io/hold-id"].startswith(uid)
 
-    await asyncio.gather(*(create(api, group, "sandboxclaims", claim(group, f"c{i}")) for i in range(4)))
+    labelled = claim(group, "c3")
+    labelled["spec"]["additionalPodMetadata"] = {"labels": {"team": "x"}, "annotations": {"trace": "t1"}}
+    await asyncio.gather(*(create(api, group, "sandboxclaims", claim(group, f"c{i}")) for i in range(3)),
+                         create(api, group, "sandboxclaims", labelled))
     claims = [await answered(api, group, f"c{i}") for i in range(4)]
     names = [c["status"]["sandbox"]["name"] for c in claims]
     assert len(set(names)) == 4, names  # a sandbox of its own
     assert all(c["metadata"]["annotations"][SANDBOX_NAME_ANNOTATION] == c["status"]["sandbox"]["name"] for c in claims)
     assert {p["metadata"]["name"] for p in filled} >= set(names)  # warm: the pool's ready pods, no new start
+
+    async def claim_metadata() -> dict[str, Any] | None:  # agent-sandbox's additionalPodMetadata, onto the pod
+        meta: dict[str, Any] = (await api.request("GET", f"/api/v1/namespaces/{group}/pods/{names[3]}"))["metadata"]
+        return meta if meta["labels"].get("team") == "x" and meta["annotations"].get("trace") == "t1" else None
+    adopted = await wait_until("c3's metadata on its sandbox pod", claim_metadata, 30)
+    assert adopted["labels"][SANDBOX_POOL_LABEL] == "pool" and UID_ANNOTATION in adopted["annotations"]
+    others = [p for p in await sandbox_pods(api, group) if p["metadata"]["name"] in names[:3]]
+    assert len(others) == 3 and not any("team" in p["metadata"]["labels"] for p in others)
     # The pool refills its 4 claimed sandboxes: 6 unclaimed again, 10 in all.
     await pool_running(api, group, 10)
     await pool_status(api, group, lambda s: s.get("readyReplicas") == 6 and s.get("replicas") == 6)

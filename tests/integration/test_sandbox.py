@@ -48,7 +48,8 @@ async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harn
     await harness.publish(topics.SANDBOX, [pool])
     await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 6, timeout=60)
     now = time.time()
-    claims = [SandboxClaim(uid=f"{run_id}-{i}", namespace=ns, name=f"c{i}", warm_pool="pool", created=now)
+    claims = [SandboxClaim(uid=f"{run_id}-{i}", namespace=ns, name=f"c{i}", warm_pool="pool", created=now,
+                           labels={"team": "x"} if i == 0 else {})
               for i in range(10)]
     await harness.publish(topics.SANDBOX, claims)
     ready = await harness.wait_for(SandboxClaimStatus, lambda s: s.namespace == ns and s.phase == "Ready",
@@ -64,6 +65,9 @@ async def test_claims_adopt_warm_sandboxes_and_the_rest_start_cold(harness: Harn
     bindings = await harness.wait_for(Binding, lambda b: b.uid in node_of, count=10, topic=topics.BINDINGS,
                                       distinct=lambda b: b.uid)
     assert all(b.node == node_of[b.uid] for b in bindings)
+    # The first claim's labels reach the pod it adopted (agent-sandbox's additionalPodMetadata).
+    adopted = by_claim["c0"].pod_uid
+    await harness.wait_for(Pod, lambda p: p.uid == adopted and p.labels.get("team") == "x", topic=topics.PODS)
     # The pool refills to its replicas.
     await harness.wait_for(SandboxPoolStatus, lambda s: s.namespace == ns and s.ready == 6 and s.claims == 10,
                            timeout=60)

@@ -39,6 +39,7 @@ from streams.bridge.sandboxes import (
     SandboxPods,
     claim_condition,
     claim_status_patch,
+    metadata_patch,
     pod_manifest,
     pool_status_patch,
 )
@@ -180,6 +181,25 @@ def test_a_sandbox_pod_is_known_by_its_uid_and_published_once_bound_by_us() -> N
     assert m.apply(POD, "DELETED", sandbox_pod(1, api_uid="a1")) == []  # never published: its pool deletes it
 
 
+def test_a_claims_metadata_is_merged_into_the_pod_it_adopted_and_what_others_put_there_stays() -> None:
+    m = Mirror(frozenset({"koordstream"}))
+    uid = sandbox_uid(NS, "pool", 0)
+    obj = sandbox_pod()
+    obj["metadata"]["labels"]["theirs"] = "kept"
+    m.apply(POD, "ADDED", obj)
+    live = m.pods[uid].live  # known before it is published (its pool published it pending)
+    assert live is not None and live.labels["theirs"] == "kept"
+    record = Pod(uid=uid, name="pool-0", namespace=NS, labels={SANDBOX_POOL_LABEL: "pool", "team": "x"},
+                 annotations={"trace": "t1"})
+    assert metadata_patch(record, live) == {"metadata": {"labels": {"team": "x"}, "annotations": {"trace": "t1"}}}
+    obj["metadata"]["labels"]["team"] = "x"
+    obj["metadata"]["annotations"]["trace"] = "t1"
+    obj["metadata"]["resourceVersion"] = "2"
+    m.apply(POD, "MODIFIED", obj)
+    live = m.pods[uid].live
+    assert live is not None and metadata_patch(record, live) is None
+
+
 def test_vanished_leaves_the_sandbox_pods_whose_creation_may_be_to_come() -> None:
     m = Mirror(frozenset({"koordstream"}))
     m.apply(NODE, "ADDED", {"metadata": {"name": "n1", "uid": "n-1"}, "status": {"allocatable": {"cpu": "8"}}})
@@ -198,11 +218,17 @@ def test_what_pods_says_of_a_sandbox_pod_is_its_last_record_in_log_order() -> No
     assert not pods.read(pod, False, 10, 0)  # read again (the consumer after the read-back): nothing new
     assert pods.read(Pod(uid=uid, name="pool-0", namespace=NS, node_name="n1"), True, 12, 0)
     assert not pods.pods[uid].creatable() and not pods.to_come(uid)  # bound before: never made again
+    relabelled = Pod(uid=uid, name="pool-0", namespace=NS, labels={"team": "x"})  # adopted by a claim
+    assert pods.read(relabelled, False, 12, 1) and pods.pods[uid].pod == relabelled
+    assert not pods.pods[uid].creatable() and not pods.to_come(uid)  # still bound
     assert pods.read(PodDeleted(uid=uid), False, 13, 0) and pods.pods[uid].deleted
     assert not pods.read(pod, False, 10, 0)  # an older record replayed changes nothing
-    assert pods.read(pod, False, 20, 1) and pods.pods[uid].creatable()  # the uid used again (a pool made anew)
-    pods.deleted(uid)
-    assert not pods.pods[uid].creatable()
+    fresh = sandbox_uid(NS, "pool", 1)
+    assert pods.read(Pod(uid=fresh, name="pool-1", namespace=NS), False, 20, 1) and pods.pods[fresh].creatable()
+    pods.deleted(fresh)
+    assert not pods.pods[fresh].creatable()
+    assert pods.read(Pod(uid=fresh, name="pool-1", namespace=NS), False, 21, 1)  # its pool sent it again
+    assert pods.pods[fresh].creatable()  # never bound: made again
     assert not pods.read(Pod(uid=f"sbx~{NS}~pool~r-b-0", name="r"), False, 21, 0)  # a reservation: not a pod
 
 

@@ -103,6 +103,26 @@ def test_a_claim_adopts_a_ready_sandbox_at_once_and_a_redelivery_gets_the_same_a
     assert again == first
 
 
+def test_an_adopted_sandbox_pod_is_published_again_with_its_claims_metadata() -> None:
+    """agent-sandbox's `additionalPodMetadata`: the claim's labels (under the template's) and
+    annotations reach the pod it adopts, warm or starting; a claim without any sends no pod."""
+    d = warm(2)
+    plain = d.feed(claim("a"), at=3.0)
+    assert not d.pods(plain)
+    r = d.feed(claim("b", labels={"team": "x", SANDBOX_TEMPLATE_HASH_LABEL: "forged"},
+                     annotations={"trace": "t1"}), at=4.0)
+    [pod] = d.pods(r)
+    [status] = d.statuses(r)
+    assert pod.uid == status.pod_uid and pod.name == status.sandbox and status.path == WARM
+    assert pod.labels["team"] == "x" and pod.labels[SANDBOX_TEMPLATE_HASH_LABEL] == tpl.template_hash(TEMPLATE)
+    assert pod.annotations["trace"] == "t1" and SANDBOX_CLAIM_UID_LABEL not in pod.labels
+    assert pod.creation_timestamp == 1.0  # when the pool started it, not when it was bound
+    starting = Driver()
+    starting.feed(pool(1), at=1.0)
+    r = starting.feed(claim("c", labels={"team": "y"}), at=2.0)
+    assert [(p.labels["team"], p.node_name) for p in starting.pods(r)] == [("y", "")]
+
+
 def test_env_on_a_template_that_disallows_it_is_refused_naming_the_field() -> None:
     d = warm()  # agent-sandbox's default policy: Disallowed
     s = d.statuses(d.feed(claim("c1", env=(EnvVar("A", "1"),)), at=3.0))
