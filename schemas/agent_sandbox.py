@@ -131,7 +131,7 @@ def pool_from_manifest(obj: dict[str, Any]) -> UnresolvedPool:
         refill_per_s=_number(annotations.get(REFILL_RATE_ANNOTATION, 500.0), f"metadata.annotations.{REFILL_RATE_ANNOTATION}"),
         refill_batch=_int(_integer(annotations.get(REFILL_BATCH_ANNOTATION, 200)),
                           f"metadata.annotations.{REFILL_BATCH_ANNOTATION}", 1),
-        uid=str(meta.get("uid") or ""))
+        uid=str(meta.get("uid") or ""), generation=_generation(meta))
     return UnresolvedPool(pool, placeholder.name)
 
 
@@ -153,7 +153,11 @@ def claim_from_manifest(obj: dict[str, Any]) -> SandboxClaim:
         annotations=_str_map(extra.get("annotations"), "spec.additionalPodMetadata.annotations"),
         shutdown_time=_timestamp(shutdown, "spec.lifecycle.shutdownTime") if shutdown else None,
         shutdown_policy=str(lifecycle.get("shutdownPolicy") or "Retain"),
-        created=_timestamp(meta.get("creationTimestamp"), "metadata.creationTimestamp"))
+        created=_timestamp(meta.get("creationTimestamp"), "metadata.creationTimestamp"), generation=_generation(meta))
+
+
+def _generation(meta: dict[str, Any]) -> int:
+    return _int(meta.get("generation", 0), "metadata.generation", 0)
 
 
 def burst_from_manifest(obj: dict[str, Any]) -> SandboxBurst:

@@ -957,6 +957,7 @@ class SandboxWarmPool(Record):
     refill_per_s: float = 500.0
     refill_batch: int = 200
     uid: str = ""
+    generation: int = 0  # the manifest's metadata.generation (0: not from the API server)
     kind: str = field(default="SandboxWarmPool", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -990,6 +991,7 @@ class SandboxClaim(Record):
     shutdown_time: float | None = None
     shutdown_policy: str = "Retain"
     created: float = 0.0
+    generation: int = 0  # the manifest's metadata.generation (0: not from the API server)
     kind: str = field(default="SandboxClaim", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -1068,6 +1070,7 @@ class SandboxClaimStatus(Record):
     alternatives: tuple[Alternative, ...] = ()
     claimed_at: float = 0.0
     answered_at: float = 0.0
+    observed_generation: int = 0  # the generation of the claim this answers (its first decided)
     kind: str = field(default="SandboxClaimStatus", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 
@@ -1094,6 +1097,7 @@ class SandboxPoolStatus(Record):
     reserved: int = 0
     message: str = ""
     at: float = 0.0
+    observed_generation: int = 0  # the generation of the pool record this status reflects
     kind: str = field(default="SandboxPoolStatus", init=False)
     schema_version: str = field(default=SCHEMA_VERSION, init=False)
 

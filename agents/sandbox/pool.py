@@ -475,7 +475,8 @@ class PoolCore:
         self._count(st, "claims")
         base = SandboxClaimStatus(uid=claim.uid, namespace=claim.namespace, name=claim.name,
                                   warm_pool=claim.warm_pool, phase=PENDING, env=claim.env, labels=claim.labels,
-                                  annotations=claim.annotations, claimed_at=claim.created, answered_at=t)
+                                  annotations=claim.annotations, claimed_at=claim.created, answered_at=t,
+                                  observed_generation=claim.generation)
         pool = st.pool
         refusal: FieldError | None = None
         try:
@@ -912,7 +913,8 @@ class PoolCore:
 
     def _status_view(self, st: PoolState) -> tuple[Any, ...]:
         return (len(st._ready), len(st._starting), len(st.sandboxes), tuple(sorted(st.stats.items())),
-                st.message, None if st.pool is None else st.pool.replicas, st.deleted, self._reserved(st))
+                st.message, None if st.pool is None else (st.pool.replicas, st.pool.generation), st.deleted,
+                self._reserved(st))
 
     def _pool_status(self, st: PoolState, now: float) -> Output:
         namespace, name = st.key.split("/", 1)
@@ -922,5 +924,5 @@ class PoolCore:
             ready=len(st._ready), starting=len(st._starting), claimed=len(st.sandboxes) - st.unclaimed(),
             claims=s.get("claims", 0), warm_hits=s.get("warm_hits", 0), starting_hits=s.get("starting_hits", 0),
             cold=s.get("cold", 0), refused=s.get("refused", 0), reserved=self._reserved(st), message=st.message,
-            at=now)
+            at=now, observed_generation=0 if st.pool is None else st.pool.generation)
         return Output(topics.SANDBOX_STATUS, name, status)  # keyed by the pool's name, as the catalogue says

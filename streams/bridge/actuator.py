@@ -56,6 +56,7 @@ from typing import Any
 from agents.ports import Output
 from agents.rebalance.binpack import DELETION_COST
 from agents.sandbox.pool import DELETED as CLAIM_DELETED
+from agents.sandbox.pool import READY_PHASE
 from schemas import topics
 from schemas.quantity import format_canonical
 from schemas.records import (
@@ -154,12 +155,14 @@ class Actuator:
     live_annotations: Callable[[str], dict[str, str] | None] = lambda uid: None
     is_bound: Callable[[str], bool] = lambda uid: False  # the mirror's view: the pod has a node
     api_uid: Callable[[str], str] = lambda uid: uid
+    pod_ips: Callable[[str], tuple[str, ...]] = lambda uid: ()  # a sandbox pod's IPs, as the mirror last saw them
     counts: dict[str, int] = field(default_factory=dict)
     bound: set[str] = field(default_factory=set)  # uids this bridge bound (feedback for them is late)
     _feedback: dict[str, str] = field(default_factory=dict)  # uid -> the message last written
-    _claims: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> the answer last written
+    _claims: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # claim uid -> the answer last written
     _pools: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # ns/name -> (uid, status) last written
     _metadata: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # sandbox uid -> the patch last written
+    answers: dict[str, SandboxClaimStatus] = field(default_factory=dict)  # sandbox uid -> its claim's Ready answer
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -314,6 +317,7 @@ class Actuator:
         self.bound.discard(uid)
         self._claims.pop(uid, None)
         self._metadata.pop(uid, None)
+        self.answers.pop(uid, None)
 
     # -- sandbox pods and claims -------------------------------------------------------------
 
@@ -387,7 +391,13 @@ class Actuator:
     async def claim_status(self, s: SandboxClaimStatus) -> None:
         """Write a pool's answer to a claim (see the module docstring); the annotation first, so
         that a reader who sees the claim Ready finds its sandbox's name on it too."""
-        written = (s.phase, s.sandbox, s.node, s.reason, s.message)
+        ready = bool(s.pod_uid) and s.phase == READY_PHASE
+        ips = self.pod_ips(s.pod_uid) if ready else ()
+        written = (s.phase, s.sandbox, s.node, s.reason, s.message, ips)
+        if ready:
+            self.answers[s.pod_uid] = s  # written again when its pod's IPs change (`sandbox_ips`)
+        elif s.pod_uid and self.answers.get(s.pod_uid, s).uid == s.uid:
+            self.answers.pop(s.pod_uid, None)
         if self._claims.get(s.uid) == written:
             return
         path = claims_path(s.namespace, s.name)
@@ -396,7 +406,7 @@ class Actuator:
                 await self._retrying("claim_status", lambda: self.api.request(
                     "PATCH", path, body=claim_annotation_patch(s), content_type=MERGE_PATCH), _transient)
             await self._retrying("claim_status", lambda: self.api.request(
-                "PATCH", path + "/status", body=claim_status_patch(s, _now_rfc3339(self.clock)),
+                "PATCH", path + "/status", body=claim_status_patch(s, _now_rfc3339(self.clock), ips),
                 content_type=JSON_PATCH), _transient)
             self._claims[s.uid] = written
             self._count("claim_status")
@@ -407,6 +417,12 @@ class Actuator:
         except KubeError as exc:
             if exc.status not in (404, 409, 422):  # gone, or another claim of the name (its uid differs)
                 log.warning("status of claim %s/%s not written: %s", s.namespace, s.name, exc)
+
+    async def sandbox_ips(self, uid: str) -> None:
+        """A sandbox pod changed: its claim's status again, if its IPs are not the ones written."""
+        answer = self.answers.get(uid)
+        if answer is not None:
+            await self.claim_status(answer)
 
     async def pool_status(self, s: SandboxPoolStatus, uid: str) -> None:
         """Write a pool's depth into its status (see the module docstring)."""

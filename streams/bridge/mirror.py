@@ -103,6 +103,12 @@ def _bare(record: Record) -> Record:
     return record
 
 
+def _pod_ips(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """A pod's IPs: `status.podIPs`, else `status.podIP` (a kubelet that sets only that)."""
+    ips = tuple(str(p.get("ip")) for p in status.get("podIPs") or () if isinstance(p, Mapping) and p.get("ip"))
+    return ips or ((str(status["podIP"]),) if status.get("podIP") else ())
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -166,6 +172,7 @@ class _PodSeen:
     orphaned: bool = False  # bound by us to a node object since deleted: the owner terminated it, it counts as foreign
     api_uid: str = ""  # the API server's uid (a sandbox pod's key is its uid in koordstream)
     live: Pod | None = None  # a sandbox pod as the API server has it now (published or not)
+    ips: tuple[str, ...] = ()  # a sandbox pod's status.podIPs
 
 
 @dataclass
@@ -384,6 +391,7 @@ class Mirror:
         seen.api_uid = str(meta.get("uid") or seen.api_uid)
         if sandbox:
             seen.live = record
+            seen.ips = _pod_ips(status)
         out: list[Output] = []
         self._set_foreign(uid, seen, record.requests if counts and record is not None else None, node)
         if ours and record is not None and (not sandbox or bound_by_us or seen.record is not None):

@@ -34,8 +34,9 @@ that record or sees the pod change.
 Out: the pools' status. The last `SandboxPoolStatus` of each pool of the API server's in a
 batch is written into its `status` as agent-sandbox's controller keeps it (`pool_status_patch`):
 `replicas` (its unclaimed sandboxes, started or starting), `readyReplicas` (started: what
-`kubectl get sandboxwarmpools` shows as Ready) and `selector` (its pods' label selector, which
-the scale subresource reads).
+`kubectl get sandboxwarmpools` shows as Ready), `selector` (its pods' label selector, which
+the scale subresource reads) and `observedGeneration` (the pool's generation the pool decided
+on; a claim's Ready condition has its claim's).
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ def pools_path(namespace: str, name: str = "") -> str:
 def pool_status_patch(s: SandboxPoolStatus, uid: str) -> list[dict[str, Any]]:
     """A JSON patch of a pool's whole status (see the module docstring), whose `test` of
     `metadata.uid` keeps it off a pool made again under the name."""
-    status = {"replicas": s.ready + s.starting, "readyReplicas": s.ready, "selector": f"{SANDBOX_POOL_LABEL}={s.name}"}
+    status: dict[str, Any] = {"replicas": s.ready + s.starting, "readyReplicas": s.ready,
+                              "selector": f"{SANDBOX_POOL_LABEL}={s.name}"}
+    if s.observed_generation:
+        status["observedGeneration"] = s.observed_generation
     return [{"op": "test", "path": "/metadata/uid", "value": uid}, {"op": "add", "path": "/status", "value": status}]
 
 
@@ -367,17 +371,20 @@ def claim_condition(s: SandboxClaimStatus, now: str) -> dict[str, Any]:
         status, reason, message = "False", "ClaimExpired", s.message
     else:
         status, reason, message = "False", "SandboxDeleted", s.message
-    return {"type": "Ready", "status": status, "reason": reason, "message": (message or s.phase)[:32768],
-            "lastTransitionTime": now}
+    condition: dict[str, Any] = {"type": "Ready", "status": status, "reason": reason,
+                                 "message": (message or s.phase)[:32768], "lastTransitionTime": now}
+    if s.observed_generation:
+        condition["observedGeneration"] = s.observed_generation
+    return condition
 
 
-def claim_status_patch(s: SandboxClaimStatus, now: str) -> list[dict[str, Any]]:
+def claim_status_patch(s: SandboxClaimStatus, now: str, ips: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """A JSON patch of the claim's whole status, whose `test` of `metadata.uid` keeps it off a
     claim made again under the name (on `/status`, a merge patch's `metadata.uid` is dropped
-    with the rest of the metadata, and the write goes through)."""
+    with the rest of the metadata, and the write goes through). `ips`: its sandbox pod's."""
     status: dict[str, Any] = {"conditions": [claim_condition(s, now)]}
     if s.sandbox and s.phase in (pools.READY_PHASE, pools.PENDING):
-        status["sandbox"] = {"name": s.sandbox}
+        status["sandbox"] = {"name": s.sandbox, **({"podIPs": list(ips)} if ips else {})}
     return [{"op": "test", "path": "/metadata/uid", "value": s.uid}, {"op": "add", "path": "/status", "value": status}]
 
 

@@ -151,7 +151,11 @@ class Bridge:
         b = self.settings.bridge
         self.actuator = Actuator(self.api, instance=identity(self.settings), eviction_retry_s=b.eviction_retry_s,
                                  events=b.events, live_annotations=self._live_annotations, is_bound=self._is_bound,
-                                 api_uid=lambda uid: self.mirror.api_uid(uid))
+                                 api_uid=lambda uid: self.mirror.api_uid(uid), pod_ips=self._pod_ips)
+
+    def _pod_ips(self, uid: str) -> tuple[str, ...]:
+        seen = self.mirror.pods.get(uid)
+        return seen.ips if seen is not None else ()
 
     def _live_annotations(self, uid: str) -> dict[str, str] | None:
         seen = self.mirror.pods.get(uid)
@@ -295,7 +299,9 @@ class Bridge:
                 if kind == POD and event != "DELETED" and (uid := sandbox_uid(obj.get("metadata") or {})):
                     sandboxes.add(uid)
             await publish(out + self.mirror.flush_nodes())
-            await asyncio.gather(*self._sandbox_metadata(sandboxes))  # (a pod created before its claim's came)
+            # (a pod created before its claim's metadata came; a pod's IPs, known once it runs)
+            await asyncio.gather(*self._sandbox_metadata(sandboxes),
+                                 *(self.actuator.sandbox_ips(u) for u in sandboxes if u in self.actuator.answers))
         return on_events
 
     # -- out -----------------------------------------------------------------------------------

@@ -150,7 +150,8 @@ async def test_a_warm_pool_fills_with_real_pods_and_each_claim_gets_one_of_its_o
     filled = await pool_running(api, group, 6)
     # The pool's status, as agent-sandbox's controller keeps it (`kubectl get` shows readyReplicas).
     status = await pool_status(api, group, lambda s: s.get("readyReplicas") == 6)
-    assert status == {"replicas": 6, "readyReplicas": 6, "selector": f"{SANDBOX_POOL_LABEL}=pool"}
+    assert status == {"replicas": 6, "readyReplicas": 6, "selector": f"{SANDBOX_POOL_LABEL}=pool",
+                      "observedGeneration": made["metadata"]["generation"]}
     for pod in filled:
         uid = pod["metadata"]["annotations"][UID_ANNOTATION]
         assert uid.startswith(f"sbx~{group}~pool~") and pod["metadata"]["labels"][SANDBOX_POOL_LABEL] == "pool"
@@ -172,6 +173,14 @@ async def test_a_warm_pool_fills_with_real_pods_and_each_claim_gets_one_of_its_o
         meta: dict[str, Any] = (await api.request("GET", f"/api/v1/namespaces/{group}/pods/{names[3]}"))["metadata"]
         return meta if meta["labels"].get("team") == "x" and meta["annotations"].get("trace") == "t1" else None
     adopted = await wait_until("c3's metadata on its sandbox pod", claim_metadata, 30)
+    condition = ready_condition(claims[3])
+    assert condition is not None and condition["observedGeneration"] == claims[3]["metadata"]["generation"]
+
+    async def claim_ips() -> list[str] | None:  # the sandbox pod's IPs (Kwok's), on the claim's status
+        got = await api.request("GET", claims_path(group, "c0"))
+        return got["status"]["sandbox"].get("podIPs") or None
+    pod0 = await api.request("GET", f"/api/v1/namespaces/{group}/pods/{names[0]}")
+    assert await wait_until("c0's podIPs", claim_ips, 30) == [pod0["status"]["podIP"]]
     assert adopted["labels"][SANDBOX_POOL_LABEL] == "pool" and UID_ANNOTATION in adopted["annotations"]
     others = [p for p in await sandbox_pods(api, group) if p["metadata"]["name"] in names[:3]]
     assert len(others) == 3 and not any("team" in p["metadata"]["labels"] for p in others)

@@ -266,6 +266,30 @@ def test_a_claims_answer_as_its_ready_condition(status: SandboxClaimStatus, expe
     assert write["value"].get("sandbox") == ({"name": "pool-0"} if status.sandbox else None)
 
 
+def test_generations_and_a_sandbox_pods_ips_reach_the_status() -> None:
+    """metadata.generation travels on the pool and claim records, back as observedGeneration;
+    the sandbox pod's IPs (podIPs, else podIP) reach the claim's status.sandbox.podIPs."""
+    obj = claim()
+    obj["metadata"]["generation"] = 2
+    [record] = Mirror(frozenset({"koordstream"})).apply(CLAIM, "ADDED", obj)
+    assert isinstance(record.record, SandboxClaim) and record.record.generation == 2
+    ready = SandboxClaimStatus(uid="k1", namespace=NS, name="c", warm_pool="pool", phase="Ready", sandbox="pool-0",
+                               node="n1", observed_generation=2)
+    _, write = claim_status_patch(ready, "2026-12-07T10:00:00Z", ("10.0.0.7",))
+    assert write["value"]["sandbox"] == {"name": "pool-0", "podIPs": ["10.0.0.7"]}
+    assert write["value"]["conditions"][0]["observedGeneration"] == 2
+    depth = SandboxPoolStatus(namespace=NS, name="pool", replicas=3, ready=3, observed_generation=4)
+    assert pool_status_patch(depth, "p1")[1]["value"]["observedGeneration"] == 4
+    m = Mirror(frozenset({"koordstream"}))
+    uid = sandbox_uid(NS, "pool", 0)
+    running = sandbox_pod(node="n1", phase="Running")
+    m.apply(POD, "ADDED", {**running, "status": {"phase": "Running", "podIP": "10.0.0.7"}})
+    assert m.pods[uid].ips == ("10.0.0.7",)
+    m.apply(POD, "MODIFIED", {**running, "metadata": {**running["metadata"], "resourceVersion": "2"},
+                              "status": {"phase": "Running", "podIPs": [{"ip": "10.0.0.7"}, {"ip": "fd00::7"}]}})
+    assert m.pods[uid].ips == ("10.0.0.7", "fd00::7")
+
+
 def test_a_pools_depth_as_its_status_and_only_onto_the_pool_of_its_uid() -> None:
     mirror = Mirror(frozenset({"koordstream"}))
     mirror.apply(WARMPOOL, "ADDED", pool(uid="p1"))

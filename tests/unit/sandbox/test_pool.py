@@ -24,6 +24,7 @@ from schemas.records import (
     SandboxClaim,
     SandboxClaimDeleted,
     SandboxClaimStatus,
+    SandboxPoolStatus,
     SandboxTemplate,
     SandboxTick,
     SandboxWarmPool,
@@ -121,6 +122,16 @@ def test_an_adopted_sandbox_pod_is_published_again_with_its_claims_metadata() ->
     starting.feed(pool(1), at=1.0)
     r = starting.feed(claim("c", labels={"team": "y"}), at=2.0)
     assert [(p.labels["team"], p.node_name) for p in starting.pods(r)] == [("y", "")]
+
+
+def test_the_generations_decided_on_are_on_the_statuses() -> None:
+    d = Driver()
+    first = d.feed(pool(1, generation=4), at=1.0)
+    assert [o.record.observed_generation for o in first.outputs if isinstance(o.record, SandboxPoolStatus)] == [4]
+    again = d.feed(pool(1, generation=5), at=2.0)  # only the generation changed: a status all the same
+    assert [o.record.observed_generation for o in again.outputs if isinstance(o.record, SandboxPoolStatus)] == [5]
+    [status] = d.statuses(d.feed(claim("a", generation=3), at=3.0))
+    assert status.observed_generation == 3
 
 
 def test_env_on_a_template_that_disallows_it_is_refused_naming_the_field() -> None:
