@@ -311,7 +311,19 @@ def cmd_perf_sandbox(args: argparse.Namespace) -> int:
     from perf.plots import write_sandbox_plots
 
     run: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
-    if args.scenario == "sandbox-warm":
+    if args.scenario == "sandbox-warm" and args.kwok:
+        from perf.kube_run import KwokOptions
+        from perf.sandbox_kube import run_warm_kwok
+
+        settings = _settings(args)
+        options = KwokOptions(bootstrap=settings.kafka.bootstrap, broker=args.broker, concurrency=args.concurrency,
+                              run_dir=args.run_dir or "")
+        warm = sr.WarmRun.preset(args.broker, args.quick)
+        run = lambda: run_warm_kwok(warm, settings, options)  # noqa: E731
+    elif args.kwok:
+        console.print(f"[red]perf run {args.scenario}: --kwok runs sandbox-warm, not {args.scenario}[/red]")
+        return 2
+    elif args.scenario == "sandbox-warm":
         warm = sr.WarmRun.preset(args.broker, args.quick)
         run = lambda: sr.run_warm(warm, _settings(args))  # noqa: E731
     else:
@@ -319,7 +331,7 @@ def cmd_perf_sandbox(args: argparse.Namespace) -> int:
         run = lambda: sr.run_churn(churn, _settings(args))  # noqa: E731
     try:
         result = asyncio.run(run())
-    except (ValueError, TimeoutError, OSError) as exc:
+    except (ValueError, TimeoutError, OSError, RuntimeError) as exc:
         console.print(f"[red]perf run {args.scenario}: {exc}[/red]")
         return 2
     plots = [p.name for p in write_sandbox_plots(result, args.report)] if args.report else []
@@ -692,7 +704,8 @@ def parser() -> argparse.ArgumentParser:
                         "with no decisions (the most a run can reach against the no-op limit)")
     r.add_argument("--kwok", action="store_true",
                    help="through the real kube-apiserver and Kwok (`make k8s`), the bridge in between: pods and nodes "
-                        "created through the API, measured from the API server's side")
+                        "(sandbox-warm: its pools and claims) created through the API, measured from the API server's "
+                        "side")
     r.add_argument("--concurrency", type=int, default=64, help="--kwok: creations in flight at once")
     r.add_argument("--seed", type=int, default=1, help="chaos and soak: the seed of the workload (and of the kills)")
     r.add_argument("--run-dir", help="chaos: where the broker's log and the workers' logs go; --kwok: where the "

@@ -55,7 +55,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -451,8 +451,20 @@ async def run_kwok(s: sc.Scenario, settings: Settings, opts: KwokOptions | None 
     arrivals = sc.arrivals(s)
     plan = creations(arrivals, profiles)
     started = time.perf_counter()
+    async with bridged(settings, opts, extra_stages) as (cp, settings, workers, bridge, log):
+        result = await _drive(s, settings, cp, workers, bridge, log, nodes, arrivals, plan, started, opts)
+    result["stages"] = sorted({str((d.get("metadata") or {}).get("name")) for d in extra_stages})
+    return result
+
+
+@contextlib.asynccontextmanager
+async def bridged(settings: Settings, opts: KwokOptions, extra_stages: list[dict[str, Any]] | None = None
+                  ) -> AsyncIterator[tuple[ControlPlane, Settings, list[Any], subprocess.Popen[bytes], Path]]:
+    """The control plane (with `extra_stages`), the system (`perf.demo.system`) and a bridge
+    process between them: (control plane, the system's settings, its workers, the bridge, the
+    bridge's log)."""
     folder = Path(opts.run_dir) if opts.run_dir else None
-    async with ControlPlane(folder, extra_stages=extra_stages, kwok_options=KWOK_OPTIONS) as cp, \
+    async with ControlPlane(folder, extra_stages=extra_stages or [], kwok_options=KWOK_OPTIONS) as cp, \
             system(settings, opts.bootstrap, opts.layout, opts.broker) as (settings, workers):
         env = {**os.environ, **child_env(settings.kafka),
                "KOORDSTREAM_KAFKA_PARTITIONS": str(settings.kafka.partitions),
@@ -466,11 +478,21 @@ async def run_kwok(s: sc.Scenario, settings: Settings, opts: KwokOptions | None 
             bridge = spawn_tied([sys.executable, "-m", "cli.main", "worker", "--roles", "bridge"], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)
         try:
-            result = await _drive(s, settings, cp, workers, bridge, log, nodes, arrivals, plan, started, opts)
+            yield cp, settings, workers, bridge, log
         finally:
             stop(bridge, deadline_s=settings.worker.shutdown_deadline_s + 1.0)
-    result["stages"] = sorted({str((d.get("metadata") or {}).get("name")) for d in extra_stages})
-    return result
+
+
+def checked_alive(bridge: subprocess.Popen[bytes], bridge_log: Path, workers: list[Any]) -> Callable[[], None]:
+    """A check that raises when the bridge or a worker has exited."""
+    def alive() -> None:
+        if bridge.poll() is not None:
+            raise RuntimeError(f"the bridge exited with {bridge.returncode}:\n"
+                               f"{bridge_log.read_text(errors='replace')[-3000:]}")
+        for w in workers:
+            if w.poll() is not None:
+                raise RuntimeError(f"a worker exited with {w.returncode}")
+    return alive
 
 
 async def _drive(s: sc.Scenario, settings: Settings, cp: ControlPlane, workers: list[Any],
@@ -482,14 +504,7 @@ async def _drive(s: sc.Scenario, settings: Settings, cp: ControlPlane, workers: 
     keys = set(pods)
     quiet_gc(settings.worker.gc_threshold)
 
-    def alive() -> None:
-        if bridge.poll() is not None:
-            raise RuntimeError(f"the bridge exited with {bridge.returncode}:\n"
-                               f"{bridge_log.read_text(errors='replace')[-3000:]}")
-        for w in workers:
-            if w.poll() is not None:
-                raise RuntimeError(f"a worker exited with {w.returncode}")
-
+    alive = checked_alive(bridge, bridge_log, workers)
     collector = Collector(kafka, [topics.BINDINGS, topics.FEEDBACK, topics.PROFILING], partitions)
     terminations = Collector(kafka, [topics.NODE_INBOX], partitions, kinds=(PodTerminated,))
     reports = Collector(kafka, [topics.STATE_CHANGES], partitions)

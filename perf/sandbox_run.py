@@ -405,30 +405,39 @@ class Harness:
         return {role: cpu_s(p.pid) for role, p in zip(("state", "scheduler"), self.workers, strict=False)}
 
     def checks(self, t0: float, until: float | None = None) -> dict[str, Any]:
-        """The consistency checks from the topics (sandboxes named Ready by two claims, pods
-        bound twice, nodes over-committed), the nodes the sandboxes used (the most at once, and
-        at `until`), and allocation over time from t0 (`perf.figures`)."""
-        self.answers.update()
-        requests: dict[str, dict[str, int]] = {}
-        bindings = []
-        for ts, b in self.collector.of(Binding):
-            pool = pool_of(b.uid)
-            name = pool.split("/", 1)[1] if pool is not None else ""
-            if name in self.requests:
-                requests[b.uid] = dict(self.requests[name])
-                bindings.append(Placement(ts, b.uid, b.node))
-        ends = [Placement(ts, t.uid, t.node) for ts, t in self.terminations.of(PodTerminated) if t.uid in requests]
-        capacity = {n.name: dict(n.allocatable) for n in self.nodes}
-        checked = check(allocatable=capacity, requests=requests, bindings=bindings, terminations=ends)
-        first: dict[str, tuple[float, str]] = {}
-        for placed in sorted(bindings, key=lambda p: p.time):
-            first.setdefault(placed.uid, (placed.time, placed.node))
-        figures = allocation(capacity, requests, first, [(e.time, e.uid) for e in ends], t0)
-        return {"sandboxes_double_adopted": sum(1 for claims in self.answers.ready_by_pod.values() if len(claims) > 1),
-                "pods_double_bound": checked.pods_double_bound, "nodes_overcommitted": checked.nodes_overcommitted,
-                "overcommitted": dict(list(checked.overcommitted.items())[:10]),
-                "nodes_used": nodes_used(bindings, ends, until),
-                "allocation_pct": figures["allocation_pct"], "allocation_series_pct": figures["allocation_series_pct"]}
+        return topic_checks(self.answers, self.collector, self.terminations, self.nodes, self.requests, t0, until)
+
+
+def topic_checks(answers: Answers, collector: Collector, terminations: Collector, node_list: list[Node],
+                 pool_requests: dict[str, ResourceList], t0: float, until: float | None = None) -> dict[str, Any]:
+    """The consistency checks from the topics (sandboxes named Ready by two claims, pods bound
+    twice, nodes over-committed), the nodes the sandboxes of the pools named in `pool_requests`
+    used (the most at once, and at `until`), and allocation over time from t0 (`perf.figures`)."""
+    answers.update()
+    requests: dict[str, dict[str, int]] = {}
+    bindings = []
+    for ts, b in collector.of(Binding):
+        pool = pool_of(b.uid)
+        name = pool.split("/", 1)[1] if pool is not None else ""
+        if name in pool_requests:
+            requests[b.uid] = dict(pool_requests[name])
+            bindings.append(Placement(ts, b.uid, b.node))
+    ended: dict[str, Placement] = {}  # the first of each pod's (through a bridge, its owner and the bridge send one)
+    for ts, t in terminations.of(PodTerminated):
+        if t.uid in requests:
+            ended.setdefault(t.uid, Placement(ts, t.uid, t.node))
+    ends = list(ended.values())
+    capacity = {n.name: dict(n.allocatable) for n in node_list}
+    checked = check(allocatable=capacity, requests=requests, bindings=bindings, terminations=ends)
+    first: dict[str, tuple[float, str]] = {}
+    for placed in sorted(bindings, key=lambda p: p.time):
+        first.setdefault(placed.uid, (placed.time, placed.node))
+    figures = allocation(capacity, requests, first, [(e.time, e.uid) for e in ends], t0)
+    return {"sandboxes_double_adopted": sum(1 for claims in answers.ready_by_pod.values() if len(claims) > 1),
+            "pods_double_bound": checked.pods_double_bound, "nodes_overcommitted": checked.nodes_overcommitted,
+            "overcommitted": dict(list(checked.overcommitted.items())[:10]),
+            "nodes_used": nodes_used(bindings, ends, until),
+            "allocation_pct": figures["allocation_pct"], "allocation_series_pct": figures["allocation_series_pct"]}
 
 
 def nodes_used(bindings: list[Placement], ends: list[Placement], until: float | None) -> dict[str, int]:
@@ -503,6 +512,9 @@ def _role(pid: int) -> str:
         return "other"
     if b"--roles" in argv:
         return argv[argv.index(b"--roles") + 1].decode()
+    program = Path(argv[0].decode(errors="replace")).name
+    if program in ("kube-apiserver", "etcd", "kwok"):
+        return program
     text = b" ".join(argv)
     return "broker" if b"tansu" in text or b"kafka" in text else "other"
 
@@ -661,7 +673,8 @@ def succeeded(result: dict[str, Any]) -> bool:
 
 
 PHASE_ROWS = ("claims_total", "claims_warm", "claims_starting", "claims_cold", "claims_refused", "claims_unanswered",
-              "warm_hit_rate", "claim_latency_ms", "claim_latency_seen_ms", "pool_depth_min", "fast_path_share", "publish_lag_ms")
+              "warm_hit_rate", "claim_latency_ms", "claim_latency_seen_ms", "claim_latency_decided_ms", "pool_depth_min",
+              "fast_path_share", "publish_lag_ms", "create_round_trip_ms", "create_lag_s", "fill_s")
 
 
 def report(result: dict[str, Any], plots: list[str] | None = None) -> str:

@@ -69,3 +69,22 @@ def test_a_tiny_scenario_runs_through_the_real_api_server_and_kwok(tmp_path: Pat
     text = (tmp_path / "report" / "report.md").read_text()
     assert text.startswith("# koordstream perf run: tiny-kwok")
     assert (tmp_path / "report" / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_warm_claims_through_the_real_api_server_are_answered_once_each(tmp_path: Path) -> None:
+    """`perf run sandbox-warm --kwok --quick`: pools and claims created as agent-sandbox's custom
+    resources, every claim Ready through the bridge, each with a sandbox of its own."""
+    out = tmp_path / "run.json"
+    done = subprocess.run([sys.executable, "-m", "cli.main", "perf", "run", "sandbox-warm", "--kwok", "--quick",
+                           "--json", str(out), "--report", str(tmp_path / "report")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["claims_ready"] == r["claims_total"] == 1495 and r["claims_unanswered"] == 0
+    assert r["sandboxes_double_adopted"] == r["sandboxes_double_named"] == 0
+    assert r["pods_double_bound"] == r["nodes_overcommitted"] == 0
+    for phase in r["phases"].values():
+        assert phase["claims_created"] == phase["claims_ready"] and phase["claim_latency_ms"]["p50"] > 0
+        assert phase["claim_latency_decided_ms"]["p50"] <= phase["claim_latency_ms"]["p50"]
+        assert set(phase["machine"]["cores_by_process"]) >= {"kube-apiserver", "etcd", "kwok", "bridge", "state"}
+    assert (tmp_path / "report" / "report.md").is_file()
