@@ -161,9 +161,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ]:
         table.add_row(name, str(value))
     console.print(table)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    _write_json(args, summary)
     ok = succeeded(summary)
     console.print("[green]OK: every pod bound, consistent[/green]" if ok else "[red]FAILED[/red]")
     return 0 if ok else 1
@@ -199,9 +197,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(args, result)
     return 0 if result["pods_placed"] == w.pods else 1
 
 
@@ -221,9 +217,7 @@ def cmd_bench_trace(args: argparse.Namespace) -> int:
     for policy, s in result["summary"].items():
         table.add_row(policy, f"{s['at_100_mean']:.2f}", f"{s['final_mean']:.2f}", f"{s['pods_failed_mean']:.1f}")
     console.print(table)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(args, result)
     return 0
 
 
@@ -244,9 +238,7 @@ def cmd_bench_rebalance(args: argparse.Namespace) -> int:
     console.print(table)
     goals = {**result["imbalance"]["goals"], **result["scale_down"]["goals"]}
     console.print("goals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in goals.items()))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(args, result)
     return 0
 
 
@@ -335,14 +327,23 @@ def cmd_perf_sandbox(args: argparse.Namespace) -> int:
         console.print(f"[red]perf run {args.scenario}: {exc}[/red]")
         return 2
     plots = [p.name for p in write_sandbox_plots(result, args.report)] if args.report else []
-    text = sr.report(result, plots)
-    console.print(text, markup=False)
+    _write_run(args, result, sr.report(result, plots))
+    return 0 if sr.succeeded(result) else 1
+
+
+def _write_json(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """A command's result as JSON into `--json`'s file, when given."""
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _write_run(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    """Print a perf run's report; write its JSON (`--json`) and report.md (`--report`, beside its plots)."""
+    console.print(text, markup=False)
+    _write_json(args, result)
     if args.report:
         (Path(args.report) / "report.md").write_text(text)
-    return 0 if sr.succeeded(result) else 1
 
 
 def cmd_perf_run(args: argparse.Namespace) -> int:
@@ -408,13 +409,7 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
         from perf.plots import write_plots
 
         plots = [p.name for p in write_plots(result, args.report)]
-    text = report(result, plots)
-    console.print(text, markup=False)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    if args.report:
-        (Path(args.report) / "report.md").write_text(text)
+    _write_run(args, result, report(result, plots))
     ok = succeeded(result) if args.kwok else result["pods_double_bound"] == 0 and result["nodes_overcommitted"] == 0
     return 0 if ok else 1
 
@@ -532,9 +527,7 @@ def cmd_rebalance_plan(args: argparse.Namespace) -> int:
         return 2
     for line in lines:
         print(line)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    _write_json(args, result)
     return 0
 
 

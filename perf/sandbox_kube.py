@@ -270,8 +270,8 @@ async def _phase(api: KubeApi, answers: Answers, cfg: WarmRun, phase: Phase, opt
         "machine": machine, "_latencies": latencies, "_double_named": len(sandboxes) - len(set(sandboxes)),
     }
     # The claims and the pool go: the next phase starts on free nodes.
-    await api.request("DELETE", claims_path(NAMESPACE))
-    await api.request("DELETE", pools_path(NAMESPACE, phase.name))
+    await _delete_all(api, claims_path(NAMESPACE), cfg.fill_timeout_s, alive)
+    await api.request("DELETE", pools_path(NAMESPACE, phase.name), timeout_s=120)
 
     async def gone() -> bool:
         listing = await api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods",
@@ -280,6 +280,20 @@ async def _phase(api: KubeApi, answers: Answers, cfg: WarmRun, phase: Phase, opt
 
     await _until(gone, cfg.fill_timeout_s, f"the pods of pool {phase.name} to go", alive)
     return out
+
+
+async def _delete_all(api: KubeApi, path: str, timeout_s: float, alive: Any) -> None:
+    """Delete every object of a collection: thousands of claims take the API server longer than
+    its request timeout (a 504 while it goes on deleting), so again until none is listed."""
+    async def none_left() -> bool:
+        try:
+            await api.request("DELETE", path, timeout_s=120)
+        except KubeError as exc:
+            if exc.status not in (0, 504):
+                raise
+        return not (await api.request("GET", path, params={"limit": 1})).get("items")
+
+    await _until(none_left, timeout_s, f"every object of {path} deleted", alive)
 
 
 async def _until(check: Any, timeout_s: float, what: str, alive: Any) -> None:

@@ -41,7 +41,8 @@ from; the refill rate limiter's tokens; the last batch's outputs (`sent`). Rules
 4. **Lifecycles**: a claim's `shutdown_time` deletes its sandbox (status Expired with Retain,
    Deleted otherwise); a deleted claim deletes its sandbox; a sandbox pod removed by anyone
    else (the deciders send its PodDeleted or PodTerminated on) leaves the pool, and its claim
-   ends Failed. Ended claims are kept for
+   ends Failed; the pool sends the pod's deletion again (a record of the pod it sent, at its
+   start, in a replay or with its claim's metadata, may have reached `pods` after the removal). Ended claims are kept for
    `retention_s` of log time (a redelivery in that window still gets its answer), then dropped:
    a claim published again after that is decided as a new one (redeliveries come within
    seconds, docs/architecture.md "How long state is kept"; a producer must not publish a
@@ -577,6 +578,9 @@ class PoolCore:
         st.sandboxes.touch(uid)
         st._ready.pop(uid, None)
         st._starting.pop(uid, None)
+        # A record of the pod the pool sent (at its start, again in a replay, with its claim's
+        # metadata) may have reached `pods` after the removal did: the deletion goes out after it.
+        self._send_deleted(st, uid, sandbox["name"], t, result)
         ck: str = sandbox.get("claim") or ""
         entry = st.claims.get(ck) if ck else None
         if entry is not None and entry.get("sandbox") == uid and entry["status"]["phase"] not in ENDED:

@@ -48,6 +48,9 @@ from schemas.records import (
 UID_PREFIX = "sbx"
 SEP = "~"
 UID_MARK = f'"{UID_PREFIX}{SEP}'.encode()  # in the bytes of every message that holds a sandbox uid (a JSON string)
+# Label and annotation domains a claim's additionalPodMetadata may not set (agent-sandbox's claim
+# controller refuses metadata outside an allowed list of domains the same way: InvalidMetadata).
+RESERVED_DOMAINS = ("koordstream.io", "koordinator.sh", "x-k8s.io", "kubernetes.io", "k8s.io")
 ACCOUNTING_LABEL = "sandbox.koordstream.io/accounting-only"  # no pod carries it: nothing consumes such a reservation
 # What scheduling reads of a pod (the template's hash covers these and nothing else).
 _SIGNED = ("requests", "overhead", "runtime_class_name", "qos_class", "priority", "priority_class_name",
@@ -161,6 +164,18 @@ def validate_claim(claim: SandboxClaim) -> None:
     for i, env in enumerate(claim.env):
         if not env.name:
             raise FieldError(f"spec.env[{i}].name", env.name, "an environment variable needs a name")
+    for where, keys in (("labels", claim.labels), ("annotations", claim.annotations)):
+        for key in keys:
+            if reserved_key(key):
+                raise FieldError(f"spec.additionalPodMetadata.{where}", key, "a claim may not set a key of a domain "
+                                 f"koordstream, Koordinator, agent-sandbox or Kubernetes reserve ({', '.join(RESERVED_DOMAINS)}): "
+                                 "the pod's scheduling, its pool and its identity depend on them")
+
+
+def reserved_key(key: str) -> bool:
+    """A label or annotation key of a domain a claim's metadata may not set (`RESERVED_DOMAINS`)."""
+    domain = key.split("/", 1)[0] if "/" in key else ""
+    return any(domain == d or domain.endswith("." + d) for d in RESERVED_DOMAINS)
 
 
 def validate_burst(burst: SandboxBurst) -> None:

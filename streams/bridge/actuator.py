@@ -163,6 +163,7 @@ class Actuator:
     _pools: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # ns/name -> (uid, status) last written
     _metadata: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)  # sandbox uid -> the patch last written
     answers: dict[str, SandboxClaimStatus] = field(default_factory=dict)  # sandbox uid -> its claim's Ready answer
+    _claim_locks: dict[str, asyncio.Lock] = field(default_factory=dict)  # claim uid -> one write at a time
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -318,6 +319,7 @@ class Actuator:
         self._claims.pop(uid, None)
         self._metadata.pop(uid, None)
         self.answers.pop(uid, None)
+        self._claim_locks.pop(uid, None)
 
     # -- sandbox pods and claims -------------------------------------------------------------
 
@@ -388,9 +390,18 @@ class Actuator:
             if exc.status not in (404, 409, 422):  # gone, or another pod of the name
                 log.warning("metadata of sandbox pod %s/%s not written: %s", pod.namespace, pod.name, exc)
 
-    async def claim_status(self, s: SandboxClaimStatus) -> None:
+    async def claim_status(self, s: SandboxClaimStatus, again: bool = False) -> None:
         """Write a pool's answer to a claim (see the module docstring); the annotation first, so
-        that a reader who sees the claim Ready finds its sandbox's name on it too."""
+        that a reader who sees the claim Ready finds its sandbox's name on it too. One write of
+        a claim at a time: its Ready answer written `again` for its pod's IPs (`sandbox_ips`,
+        from another task) is skipped if a later answer came meanwhile."""
+        lock = self._claim_locks.setdefault(s.uid, asyncio.Lock())
+        async with lock:
+            if again and self.answers.get(s.pod_uid) is not s:
+                return
+            await self._claim_status(s)
+
+    async def _claim_status(self, s: SandboxClaimStatus) -> None:
         ready = bool(s.pod_uid) and s.phase == READY_PHASE
         ips = self.pod_ips(s.pod_uid) if ready else ()
         written = (s.phase, s.sandbox, s.node, s.reason, s.message, ips)
@@ -422,7 +433,7 @@ class Actuator:
         """A sandbox pod changed: its claim's status again, if its IPs are not the ones written."""
         answer = self.answers.get(uid)
         if answer is not None:
-            await self.claim_status(answer)
+            await self.claim_status(answer, again=True)
 
     async def pool_status(self, s: SandboxPoolStatus, uid: str) -> None:
         """Write a pool's depth into its status (see the module docstring)."""

@@ -52,7 +52,7 @@ from typing import Any
 
 from agents.ports import Output
 from agents.sandbox import pool as pools
-from agents.sandbox.templates import is_pod_uid, pool_key, template_hash
+from agents.sandbox.templates import is_pod_uid, pool_key, reserved_key, template_hash
 from schemas import topics
 from schemas.agent_sandbox import (
     UnresolvedPool,
@@ -341,11 +341,13 @@ def pod_manifest(pod: Pod, spec: Mapping[str, Any]) -> dict[str, Any]:
 def metadata_patch(record: Pod, live: Pod) -> dict[str, Any] | None:
     """A merge patch of the labels and annotations the pool's record of a sandbox pod has and
     the pod in the API server lacks or has otherwise (its claim's, once adopted: agent-sandbox's
-    `additionalPodMetadata`); None when there are none. What others put on the pod stays."""
+    `additionalPodMetadata`); None when there are none. What others put on the pod stays, and
+    keys of the domains a claim may not set (`templates.reserved_key`) are never written."""
     meta: dict[str, Any] = {}
     for name, want, have in (("labels", record.labels, live.labels), ("annotations", record.annotations,
                                                                        live.annotations)):
-        changed = {k: v for k, v in want.items() if have.get(k) != v}
+        # (keys of reserved domains, the uid annotation among them, are set at creation only)
+        changed = {k: v for k, v in want.items() if have.get(k) != v and not reserved_key(k)}
         if changed:
             meta[name] = changed
     return {"metadata": meta} if meta else None

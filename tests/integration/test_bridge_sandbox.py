@@ -328,3 +328,48 @@ async def test_claim_latency_from_creation_to_ready(api: KubeApi) -> None:
     print(f"\nclaim latency (creation -> Ready seen), 50 claims: p50 {p50:.0f} ms, p99 {p99:.0f} ms, "
           f"max {latencies[-1]:.0f} ms")
     assert p99 < 10_000, latencies
+
+
+class _Slowed:
+    """The real API server, a claim's Ready status write held until `gate` opens (a slow answer)."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api, self.gate = api, asyncio.Event()
+        self.gate.set()
+
+    async def request(self, method: str, path: str, **kw: Any) -> Any:
+        body = kw.get("body")
+        if path.endswith("/status") and isinstance(body, list) and \
+                body[1]["value"]["conditions"][0]["reason"] == "SandboxReady":
+            await self.gate.wait()
+        return await self.api.request(method, path, **kw)
+
+
+async def test_a_claims_ready_status_written_again_for_its_ips_never_lands_after_a_later_answer(
+        control_plane: ControlPlane) -> None:
+    """The claim's Ready answer is written again when its pod's IPs change (from the pods'
+    watch), while the pool's next answer (Expired) is written from the sandbox-status consumer:
+    one write of a claim at a time, and the Ready one is dropped once a later answer came."""
+    group = unique("sip")
+    async with control_plane.api() as real:
+        await create_namespace(real, group)
+        made = await create(real, group, "sandboxclaims", claim(group, "c"))
+        uid = made["metadata"]["uid"]
+        api = _Slowed(real)
+        ips = {"sbx": ("10.0.0.1",)}
+        actuator = Actuator(api, pod_ips=lambda u: ips.get(u, ()))  # type: ignore[arg-type]
+        ready = SandboxClaimStatus(uid=uid, namespace=group, name="c", warm_pool="pool", phase="Ready",
+                                   sandbox="pool-0", pod_uid="sbx", node="n1")
+        await actuator.claim_status(ready)
+        ips["sbx"] = ("10.0.0.2",)
+        api.gate.clear()
+        again = asyncio.create_task(actuator.sandbox_ips("sbx"))  # held at the API server's door
+        await asyncio.sleep(0.05)
+        expired = dataclasses.replace(ready, phase="Expired", message="its shutdown time passed")
+        later = asyncio.create_task(actuator.claim_status(expired))
+        await asyncio.sleep(0.05)
+        api.gate.set()
+        await asyncio.gather(again, later)
+        got = ready_condition(await real.request("GET", claims_path(group, "c")))
+        assert got is not None and got["reason"] == "ClaimExpired", got
+        assert "sbx" not in actuator.answers  # nothing to write again for it

@@ -192,6 +192,9 @@ def test_a_claims_metadata_is_merged_into_the_pod_it_adopted_and_what_others_put
     record = Pod(uid=uid, name="pool-0", namespace=NS, labels={SANDBOX_POOL_LABEL: "pool", "team": "x"},
                  annotations={"trace": "t1"})
     assert metadata_patch(record, live) == {"metadata": {"labels": {"team": "x"}, "annotations": {"trace": "t1"}}}
+    forged = Pod(uid=uid, name="pool-0", namespace=NS, annotations={UID_ANNOTATION: sandbox_uid(NS, "pool", 9)},
+                 labels={"scheduling.koordinator.sh/sandbox-template-hash": "other"})
+    assert metadata_patch(forged, live) is None  # reserved domains are set at creation only
     obj["metadata"]["labels"]["team"] = "x"
     obj["metadata"]["annotations"]["trace"] = "t1"
     obj["metadata"]["resourceVersion"] = "2"
