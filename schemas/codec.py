@@ -65,11 +65,20 @@ def _str(value: Any, path: str) -> str:
     return value
 
 
+# The integers a record can carry: what JSON encoders write (orjson: signed or unsigned 64-bit).
+# A larger number in the JSON is read as a float; taken as an integer it could never be written
+# again (a worker that tried would fail on every retry of the same record).
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+
+
 def _int(value: Any, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and INT_MIN <= value <= INT_MAX:
             return int(value)
-        raise SchemaError(path, value, "must be an integer")
+        raise SchemaError(path, value, "must be an integer" + (" within 64 bits" if isinstance(value, float)
+                                                               and value.is_integer() else ""))
+    if not INT_MIN <= value <= INT_MAX:
+        raise SchemaError(path, value, "must be an integer within 64 bits")
     return value
 
 
@@ -215,7 +224,7 @@ Converter = Callable[[Any], Any]
 
 
 def _fast_int(value: Any) -> int:
-    if value.__class__ is float and value.is_integer():
+    if value.__class__ is float and value.is_integer() and INT_MIN <= value <= INT_MAX:
         return int(value)
     raise _Slow
 

@@ -44,8 +44,11 @@ def test_batch_message_decodes_each_record_and_reports_bad_ones_by_index() -> No
         (b'{"kind": "Pod", "uid": "u", "name": "n", "requests": {"cpu": "lots"}}', "requests.cpu", "lots"),
         (b'{"kind": "Pod", "uid": "u", "name": "n", "requests": {"memory": "-1Gi"}}', "requests.memory", "-1Gi"),
         (b'{"kind": "Spaceship"}', "kind", "Spaceship"),
+        # read as a float by the JSON parser: taken as an integer, it could never be encoded again
+        (b'{"kind": "Pod", "uid": "u", "name": "n", "priority": 18446744073709551616}', "priority", 2.0**64),
     ],
-    ids=["not-json", "major-version", "missing-field", "ill-typed", "unparsable-quantity", "negative", "kind"],
+    ids=["not-json", "major-version", "missing-field", "ill-typed", "unparsable-quantity", "negative", "kind",
+         "beyond-64-bits"],
 )
 def test_bad_input_names_field_and_value(raw: bytes, field: str, value: object) -> None:
     [result] = decode_message(raw)
