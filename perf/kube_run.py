@@ -608,8 +608,10 @@ async def _wait_decided(watch: PodWatch, collector: Collector, keys: set[str], c
     (final feedback), or neither a creation nor a decision happened for the stall time."""
     final: set[str] = set()
     read = 0
-    last, seen = time.monotonic(), -1
-    while True:
+    decided = 0
+
+    def progress() -> int:
+        nonlocal read, decided
         records = collector.records
         for _, _, r in records[read:]:
             if isinstance(r, SchedulingFeedback) and r.final:
@@ -618,19 +620,31 @@ async def _wait_decided(watch: PodWatch, collector: Collector, keys: set[str], c
         decided = watch.bound_targets + sum(1 for k in final if k in keys and k not in watch.bound_at)
         if opts.on_progress is not None:
             opts.on_progress(watch.bound_targets, len(keys))
-        if decided == len(keys) and creator.done():
-            break
-        progress = decided + len(watch.first_seen)
-        if progress != seen:
-            seen, last = progress, time.monotonic()
-        elif time.monotonic() - last > opts.stall_timeout_s:
-            break
+        return decided + len(watch.first_seen)
+
+    await until_decided(lambda: decided == len(keys), progress, creator, opts.stall_timeout_s, alive, watch.changed)
+
+
+async def until_decided(done: Callable[[], bool], progress: Callable[[], int], creator: asyncio.Task[None],
+                        stall_s: float, alive: Callable[[], None], changed: asyncio.Event) -> None:
+    """Wait, woken by `changed` (or every 0.2 s), until the creations are done and `done()`
+    holds (read after each `progress()`), or `progress()` has not moved for `stall_s`; a failed
+    creator or a dead process (`alive`) raises."""
+    last, seen = time.monotonic(), -1
+    while True:
+        moved = progress()
+        if creator.done() and done():
+            return
+        if moved != seen:
+            seen, last = moved, time.monotonic()
+        elif time.monotonic() - last > stall_s:
+            return
         if creator.done() and creator.exception() is not None:
             creator.result()
         alive()
-        watch.changed.clear()
+        changed.clear()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(watch.changed.wait(), 0.2)
+            await asyncio.wait_for(changed.wait(), 0.2)
 
 
 async def _bindings_read(collector: Collector, uids: set[str], timeout_s: float = 30.0) -> None:

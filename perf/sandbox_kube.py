@@ -45,6 +45,7 @@ from perf.kube_run import (
     bridged,
     checked_alive,
     create_all,
+    until_decided,
 )
 from perf.run import latency_cdf
 from perf.sandbox_run import (
@@ -231,18 +232,8 @@ async def _phase(api: KubeApi, answers: Answers, cfg: WarmRun, phase: Phase, opt
     t0 = time.time()
     creator = asyncio.create_task(create_all(api, plan, t0, opts.concurrency, created))
     try:
-        last, seen = time.monotonic(), -1
-        while not (creator.done() and len(watch.ready_at) >= len(names)):
-            if len(watch.ready_at) + len(created.done) != seen:
-                seen, last = len(watch.ready_at) + len(created.done), time.monotonic()
-            elif time.monotonic() - last > cfg.stall_s:
-                break
-            if creator.done() and creator.exception() is not None:
-                creator.result()
-            alive()
-            watch.changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(watch.changed.wait(), 0.2)
+        await until_decided(lambda: len(watch.ready_at) >= len(names),
+                            lambda: len(watch.ready_at) + len(created.done), creator, cfg.stall_s, alive, watch.changed)
     finally:
         creator.cancel()
         watcher.cancel()

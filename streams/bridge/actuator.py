@@ -395,7 +395,9 @@ class Actuator:
         that a reader who sees the claim Ready finds its sandbox's name on it too. One write of
         a claim at a time: its Ready answer written `again` for its pod's IPs (`sandbox_ips`,
         from another task) is skipped if a later answer came meanwhile."""
-        lock = self._claim_locks.setdefault(s.uid, asyncio.Lock())
+        lock = self._claim_locks.get(s.uid)
+        if lock is None:
+            lock = self._claim_locks[s.uid] = asyncio.Lock()
         async with lock:
             if again and self.answers.get(s.pod_uid) is not s:
                 return
@@ -409,11 +411,12 @@ class Actuator:
             self.answers[s.pod_uid] = s  # written again when its pod's IPs change (`sandbox_ips`)
         elif s.pod_uid and self.answers.get(s.pod_uid, s).uid == s.uid:
             self.answers.pop(s.pod_uid, None)
-        if self._claims.get(s.uid) == written:
+        before = self._claims.get(s.uid)
+        if before == written:
             return
         path = claims_path(s.namespace, s.name)
         try:
-            if s.sandbox:
+            if s.sandbox and (before is None or before[1] != s.sandbox):  # (new IPs: the status only)
                 await self._retrying("claim_status", lambda: self.api.request(
                     "PATCH", path, body=claim_annotation_patch(s), content_type=MERGE_PATCH), _transient)
             await self._retrying("claim_status", lambda: self.api.request(
