@@ -390,8 +390,8 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
             if args.kwok:
                 from perf.kube_run import KwokOptions, run_kwok, succeeded
 
-                if args.floor:
-                    raise ValueError("--floor is the protocol's floor on the broker alone: not with --kwok")
+                if args.floor or args.profile:
+                    raise ValueError("--floor and --profile are of runs on the broker alone: not with --kwok")
                 result = asyncio.run(run_kwok(s, settings, KwokOptions(
                     bootstrap=settings.kafka.bootstrap, broker=args.broker, concurrency=args.concurrency,
                     run_dir=args.run_dir or "", on_progress=progress)))
@@ -400,6 +400,7 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
                     bootstrap=settings.kafka.bootstrap,  # empty: a broker of --broker's kind for the run
                     broker=args.broker,
                     floor=args.floor,
+                    profile=args.profile or "",
                     on_progress=progress)))
     except (ValueError, TimeoutError, OSError, RuntimeError) as exc:  # ScenarioError, StageError, bad trace files
         console.print(f"[red]perf run: {exc}[/red]")
@@ -695,6 +696,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--floor", action="store_true",
                    help="also measure the protocol's floor: the same pods through the commit protocol's records "
                         "with no decisions (the most a run can reach against the no-op limit)")
+    r.add_argument("--profile", metavar="DIR",
+                   help="py-spy on every worker while the pods flow: collapsed stacks and a flame graph per worker "
+                        "into DIR, and the workers' CPU per pod by stage in the result")
     r.add_argument("--kwok", action="store_true",
                    help="through the real kube-apiserver and Kwok (`make k8s`), the bridge in between: pods and nodes "
                         "(sandbox-warm: its pools and claims) created through the API, measured from the API server's "

@@ -49,6 +49,7 @@ from perf.floor import protocol_floor
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
 from perf.proc import cpu_s, peak_rss_mb, self_cpu_s
+from perf.profile import Profiler
 from schemas import topics
 from schemas.records import (
     GANG_NAME_ANNOTATION,
@@ -85,6 +86,7 @@ class RunOptions:
     on_progress: Callable[[int, int], None] | None = None
     """Called as the run goes with (pods bound, pods of the scenario): the CLI's progress bar."""
     floor: bool = False  # also measure the protocol's floor (`perf.floor`) after the no-op limit
+    profile: str = ""  # a directory: py-spy on every worker while the pods flow (`perf.profile`)
 
 
 def pod_object(pod: Pod, node: str) -> dict[str, Any]:
@@ -206,6 +208,9 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     harness_before = self_cpu_s()
     published: dict[str, float] = {}
     # With Node stages, nodes register not ready and the lifecycle initializes them.
+    roles = ["state", "scheduler"] if len(workers) == 2 else ["worker"]
+    profiler = (Profiler(opts.profile, s.name, {r: p.pid for r, p in zip(roles, workers, strict=False)})
+                if opts.profile else contextlib.nullcontext())
     staged = nodes if lifecycle.stages.get("Node") else []
     nodes = [not_ready(n) if staged else n for n in nodes]
     try:
@@ -222,15 +227,15 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                 cpu_before = {p.pid: cpu_s(p.pid) for p in workers}
                 harness_before = self_cpu_s()
                 t0 = time.time()
-                await _publish(producer, arrivals, published, t0)
-                await wait_decided(collector, set(pods), opts.stall_timeout_s)
+                async with profiler:
+                    await _publish(producer, arrivals, published, t0)
+                    await wait_decided(collector, set(pods), opts.stall_timeout_s)
             finally:
                 life.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await life
         cpu_workers = {p.pid: cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
         harness_cpu = self_cpu_s() - harness_before
-        roles = ["state", "scheduler"] if len(workers) == 2 else ["worker"]
         memory = {role: peak_rss_mb(p.pid) for role, p in zip(roles, workers, strict=False)}
     finally:
         await collector.stop()
@@ -238,6 +243,8 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     out = result(s, nodes, pods, offsets, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
     out["worker_memory_peak_mb"] = memory
     out["worker_cpu_s"] = {role: round(cpu_workers[p.pid], 2) for role, p in zip(roles, workers, strict=False)}
+    if isinstance(profiler, Profiler):
+        out["profile"] = profiler.figures(out["worker_cpu_s"], len(pods))
     # The physical limit, on the same broker once the run is over (the agents idle).
     limit = await noop_limit(kafka, partitions, list(pods.values()), batch=settings.scheduling.batch_size)
     out["noop_limit_pods_per_s"] = limit
