@@ -24,7 +24,15 @@ import orjson
 from schemas.errors import SchemaError
 from schemas.kube import effective_requests
 from schemas.quantity import MILLI_RESOURCES, format_canonical, to_canonical
-from schemas.records import BY_KIND, SCHEMA_MAJOR, SCHEMA_VERSION, Pod, Record, ResourceList
+from schemas.records import (
+    BY_KIND,
+    SCHEMA_MAJOR,
+    SCHEMA_VERSION,
+    Pod,
+    Record,
+    ResourceList,
+    replace,
+)
 
 Decoder = Callable[[Any, str], Any]
 
@@ -417,7 +425,7 @@ def decode_object(value: Any, expect: type[Record] | None = None) -> Record:
     except (_Slow, SchemaError):
         record = _dataclass_decoder(cls)(value, "")
     if isinstance(record, Pod) and record.containers:
-        record = dataclasses.replace(
+        record = replace(
             record, requests=effective_requests(record.containers, record.init_containers, record.overhead)
         )
     return record

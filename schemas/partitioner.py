@@ -11,21 +11,19 @@ not import `streams`, can check where a record belongs.
 
 from __future__ import annotations
 
+import struct
 from functools import lru_cache
 
 
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 hash (the Java client's `Utils.murmur2`), as an unsigned 32-bit int."""
-    m, r = 0x5BD1E995, 24
+    m = 0x5BD1E995
     length = len(data)
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    for i in range(0, length - length % 4, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+    for k in struct.unpack_from(f"<{length >> 2}I", data):  # the 4-byte words, little-endian
         k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
+        k ^= k >> 24
+        h = ((h * m) & 0xFFFFFFFF) ^ ((k * m) & 0xFFFFFFFF)
     tail = length % 4
     index = length - tail
     if tail >= 3:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 SCHEMA_MAJOR = 1
 SCHEMA_VERSION = "1.0"
@@ -1155,10 +1156,58 @@ def quick_init(cls: type[Any]) -> None:
     cls.__init__ = init
 
 
+_R = TypeVar("_R")
+_REPLACERS: dict[type[Any], Callable[[Any, dict[str, Any]], Any]] = {}
+
+
+def replace(record: _R, /, **changes: Any) -> _R:
+    """`dataclasses.replace` for records, at half its cost: the same result (an init field not
+    given is copied, one that cannot be given takes its default) and the same refusals, from a
+    function made once per class that sets each slot through its descriptor. A record is
+    replaced a few times on its way (admitted, stamped, decoded with its effective requests);
+    other dataclasses go to `dataclasses.replace`."""
+    made = _REPLACERS.get(type(record))
+    if made is None:
+        if type(record) not in _QUICK:
+            return dataclasses.replace(record, **changes)  # type: ignore[type-var]
+        made = _REPLACERS[type(record)] = _replacer(type(record))
+    out: _R = made(record, changes)
+    return out
+
+
+def _replacer(cls: type[Any]) -> Callable[[Any, dict[str, Any]], Any]:
+    fields = dataclasses.fields(cls)
+    given = frozenset(f.name for f in fields if f.init)
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls, "given": given, "slow": dataclasses.replace}
+    body = ["def replacer(record, changes):",
+            "    if changes.keys() - given:",
+            "        return slow(record, **changes)  # its refusal, word for word"]
+    body.append("    out = new(cls)")
+    for index, f in enumerate(fields):
+        slot = next(k.__dict__[f.name] for k in cls.__mro__ if f.name in k.__dict__)
+        scope[f"set{index}"], scope[f"get{index}"] = slot.__set__, slot.__get__
+        if f.init:
+            body.append(f"    set{index}(out, changes[{f.name!r}] if {f.name!r} in changes else get{index}(record))")
+        elif f.default is not dataclasses.MISSING:
+            scope[f"default{index}"] = f.default
+            body.append(f"    set{index}(out, default{index})")
+        elif f.default_factory is not dataclasses.MISSING:
+            scope[f"factory{index}"] = f.default_factory
+            body.append(f"    set{index}(out, factory{index}())")
+    body.append("    return out")
+    exec("\n".join(body), scope)  # noqa: S102 - built above from the class's own fields
+    replacer: Callable[[Any, dict[str, Any]], Any] = scope["replacer"]
+    return replacer
+
+
+_QUICK: set[type[Any]] = set()
+
+
 def _quick_records() -> None:
     for value in list(globals().values()):
         if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == __name__:
             quick_init(value)
+            _QUICK.add(value)
 
 
 _quick_records()

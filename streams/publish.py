@@ -13,7 +13,6 @@ producer that carry none are counted from when their owner first reads their cla
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from schemas.agent_sandbox import resolve
 from schemas.codec import decode_object
 from schemas.errors import SchemaError
 from schemas.kube import from_manifest, is_manifest, load_manifests
-from schemas.records import Record, Reservation, RuntimeClass, SandboxBurst, SandboxClaim
+from schemas.records import Record, Reservation, RuntimeClass, SandboxBurst, SandboxClaim, replace
 from streams.connection import check, connect
 from streams.producer import RecordProducer
 from streams.settings import Settings
@@ -63,9 +62,9 @@ def stamped(records: list[Record], now: float) -> list[Record]:
     out: list[Record] = []
     for r in records:
         if isinstance(r, Reservation) and not r.creation_timestamp:
-            r = dataclasses.replace(r, creation_timestamp=now)
+            r = replace(r, creation_timestamp=now)
         elif isinstance(r, (SandboxClaim, SandboxBurst)) and not r.created:
-            r = dataclasses.replace(r, created=now)
+            r = replace(r, created=now)
         out.append(r)
     return out
 

@@ -73,7 +73,6 @@ asks again for what the restored state needs (`agents.adapters.sandbox.SandboxCo
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -102,6 +101,7 @@ from schemas.records import (
     SandboxWarmPool,
     SandboxWarmPoolDeleted,
     SchedulingFeedback,
+    replace,
 )
 
 STARTING, READY, CLAIMED = "starting", "ready", "claimed"
@@ -442,7 +442,7 @@ class PoolCore:
         except FieldError as exc:
             result.problems.append(Problem(exc.field, str(exc.value), str(exc), pool))
             return
-        pool = dataclasses.replace(pool, template=tpl.with_hash(pool.template))
+        pool = replace(pool, template=tpl.with_hash(pool.template))
         if st.pool is not None and not st.deleted and pool == st.pool:
             return
         if st.pool is None or st.deleted:
@@ -492,7 +492,7 @@ class PoolCore:
         if refusal is not None:
             result.problems.append(Problem(refusal.field, str(refusal.value), str(refusal), claim))
             reason = NOT_FOUND if refusal.field == "spec.warmPoolRef.name" else INVALID
-            status = dataclasses.replace(base, phase=REFUSED, reason=reason, message=str(refusal),
+            status = replace(base, phase=REFUSED, reason=reason, message=str(refusal),
                                          next_step="FixClaim" if reason == INVALID else "CreateWarmPool")
             self._record(st, ck, claim, status, "", "", gone=t)
             self._say(st, ck, result, status)
@@ -501,7 +501,7 @@ class PoolCore:
         assert pool is not None
         if claim.shutdown_time is not None and claim.shutdown_time <= t:
             phase = EXPIRED if claim.shutdown_policy == "Retain" else DELETED
-            status = dataclasses.replace(base, phase=phase, message="the claim's shutdown time had passed when it "
+            status = replace(base, phase=phase, message="the claim's shutdown time had passed when it "
                                                                     "was decided: no sandbox was taken")
             self._record(st, ck, claim, status, "", "", gone=None if phase == EXPIRED else t)
             self._say(st, ck, result, status)
@@ -509,7 +509,7 @@ class PoolCore:
         if st._ready:
             uid = next(iter(st._ready))
             sandbox = self._take(st, uid, ck)
-            status = dataclasses.replace(base, phase=READY_PHASE, path=WARM, sandbox=sandbox["name"], pod_uid=uid,
+            status = replace(base, phase=READY_PHASE, path=WARM, sandbox=sandbox["name"], pod_uid=uid,
                                          node=sandbox["node"])
             self._record(st, ck, claim, status, uid, WARM)
             self._send_metadata(st, uid, ck, result)
@@ -517,7 +517,7 @@ class PoolCore:
         elif st._starting:
             uid = next(iter(st._starting))
             sandbox = self._take(st, uid, ck)
-            status = dataclasses.replace(base, path=VIA_STARTING, sandbox=sandbox["name"], pod_uid=uid,
+            status = replace(base, path=VIA_STARTING, sandbox=sandbox["name"], pod_uid=uid,
                                          reason=POOL_EMPTY, message="no ready sandbox: took one that is starting")
             self._record(st, ck, claim, status, uid, VIA_STARTING)
             self._send_metadata(st, uid, ck, result)
@@ -526,7 +526,7 @@ class PoolCore:
             uid = tpl.cold_uid(claim.namespace, claim.warm_pool, claim.uid)
             st.sandboxes[uid] = {"name": claim.name, "state": CLAIMED, "node": "", "claim": ck, "since": t, "born": t,
                                  "hash": pool.template.hash, "tpl": st._tpl, "n": -1, "k": st.stamp(), "cold": True}
-            status = dataclasses.replace(base, path=COLD, sandbox=claim.name, pod_uid=uid, reason=POOL_EMPTY,
+            status = replace(base, path=COLD, sandbox=claim.name, pod_uid=uid, reason=POOL_EMPTY,
                                          message="the warm pool is empty: a sandbox is starting through the scheduler")
             self._record(st, ck, claim, status, uid, COLD)
             self._send_pod(st, uid, result)  # built from the records just made, as a re-send builds it
@@ -538,7 +538,7 @@ class PoolCore:
             if wait is not None:
                 alternatives.insert(0, Alternative(
                     "Wait", f"a sandbox of the pool is expected ready in {wait:.1f}s", {"retryAfterSeconds": f"{wait:.1f}"}))
-            status = dataclasses.replace(
+            status = replace(
                 base, phase=REFUSED, reason=POOL_EMPTY, retry_after_s=wait, alternatives=tuple(alternatives),
                 next_step="Retry" if wait is not None else "ScaleWarmPool",
                 message=f"warm pool {pool.name} has no unclaimed sandbox and its overflow policy is Deny")
@@ -563,7 +563,7 @@ class PoolCore:
         ck: str = sandbox.get("claim") or ""
         entry = st.claims.get(ck) if ck else None
         if entry is not None and entry["status"]["phase"] == PENDING:  # its claim waited for it: Ready
-            status = dataclasses.replace(_status(entry), phase=READY_PHASE,
+            status = replace(_status(entry), phase=READY_PHASE,
                                          node=binding.node, reason="", message="", answered_at=t)
             self._update(st, ck, status, result)
         return False
@@ -607,8 +607,8 @@ class PoolCore:
         hint: dict[str, Any] = {"reason": fb.reason or UNSCHEDULABLE, "next_step": fb.next_step or "Wait",
                                 "retry_after_s": fb.retry_after_s}
         alts = fb.alternatives
-        status = dataclasses.replace(old, message=fb.message, alternatives=alts, answered_at=t, **hint)
-        if status != dataclasses.replace(old, answered_at=t):
+        status = replace(old, message=fb.message, alternatives=alts, answered_at=t, **hint)
+        if status != replace(old, answered_at=t):
             self._update(st, ck, status, result)
         return False
 
@@ -723,7 +723,7 @@ class PoolCore:
         once claimed (and the claim's uid label for a cold one, started for the claim)."""
         sandbox = st.sandboxes[uid]
         assert st.pool is not None
-        pool = st.pool if sandbox["tpl"] == st._tpl else dataclasses.replace(
+        pool = st.pool if sandbox["tpl"] == st._tpl else replace(
             st.pool, template=self._template(st, sandbox["tpl"]))
         claim = None
         if sandbox.get("claim"):
@@ -751,7 +751,7 @@ class PoolCore:
     def _send_burst(self, st: PoolState, name: str, decided: float, result: PoolResult) -> None:
         b = st.bursts[name]
         assert st.pool is not None
-        pool = dataclasses.replace(st.pool, template=self._template(st, b["tpl"]))
+        pool = replace(st.pool, template=self._template(st, b["tpl"]))
         burst = SandboxBurst(namespace=pool.namespace, name=name, warm_pool=pool.name, count=int(b["count"]),
                              ttl_s=float(b["ttl"]), mode=str(b["mode"]), created=float(b["created"]))
         for r in tpl.burst_reservations(pool, burst, float(b["created"])):
@@ -875,7 +875,7 @@ class PoolCore:
         if entry.get("sandbox"):
             self._delete_sandbox(st, entry["sandbox"], t, result)
         old = _status(entry)
-        status = dataclasses.replace(old, phase=phase, message=message, reason="", next_step="",
+        status = replace(old, phase=phase, message=message, reason="", next_step="",
                                      retry_after_s=None, alternatives=(), answered_at=t)
         # Expired (Retain) keeps the claim until it is deleted; the others are gone from now.
         st.claims[ck] = {**entry, "sandbox": "", "status": to_plain(status), "shutdown": None,

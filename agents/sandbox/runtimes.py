@@ -46,7 +46,6 @@ sandboxes. Which pods are sandboxes at all is one rule, `is_sandbox`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
 from schemas.errors import FieldError, SchemaError
@@ -59,6 +58,7 @@ from schemas.records import (
     ResourceList,
     RuntimeClass,
     Toleration,
+    replace,
 )
 
 MI = 2**20
@@ -141,6 +141,10 @@ def with_overhead(pod: Pod, overhead: Mapping[str, int]) -> Pod:
     """The pod with `overhead` as its overhead, its effective request recomputed with it (from
     its containers; a record built without containers: its request less the old overhead,
     plus the new)."""
+    return replace(pod, **_overhead_changes(pod, overhead))
+
+
+def _overhead_changes(pod: Pod, overhead: Mapping[str, int]) -> dict[str, ResourceList]:
     overhead = ResourceList({k: v for k, v in overhead.items() if v})
     if pod.containers or pod.init_containers:
         requests = effective_requests(pod.containers, pod.init_containers, overhead)
@@ -149,7 +153,7 @@ def with_overhead(pod: Pod, overhead: Mapping[str, int]) -> Pod:
         for name, amount in pod.overhead.items():
             requests[name] = requests.get(name, 0) - amount
         requests = ResourceList({k: v for k, v in requests.plus(overhead).items() if v > 0})
-    return dataclasses.replace(pod, overhead=overhead, requests=requests)
+    return {"overhead": overhead, "requests": requests}
 
 
 def admit(pod: Pod, rc: RuntimeClass) -> Pod:
@@ -172,13 +176,12 @@ def admit(pod: Pod, rc: RuntimeClass) -> Pod:
     qos = asked or rc.default_qos_class
     if qos and labels.get(QOS_LABEL) != qos:
         labels = {**labels, QOS_LABEL: qos}
-    admitted = dataclasses.replace(
+    # One replace: the overhead's changes depend on nothing the others change.
+    return replace(
         pod, node_selector=selector,
         tolerations=merge_tolerations(pod.tolerations, rc.tolerations) if rc.tolerations else pod.tolerations,
-        labels=labels, qos_class=qos or pod.qos_class)
-    if rc.overhead and not overhead:
-        admitted = with_overhead(admitted, rc.overhead)
-    return admitted
+        labels=labels, qos_class=qos or pod.qos_class,
+        **(_overhead_changes(pod, rc.overhead) if rc.overhead and not overhead else {}))
 
 
 def withdraw(pod: Pod, rc: RuntimeClass | None) -> Pod:
@@ -188,7 +191,7 @@ def withdraw(pod: Pod, rc: RuntimeClass | None) -> Pod:
     knows), only the name and any overhead go. The QoS label stays."""
     selector = {k: v for k, v in pod.node_selector.items() if rc is None or rc.node_selector.get(k) != v}
     tolerations = tuple(t for t in pod.tolerations if rc is None or t not in rc.tolerations)
-    bare = dataclasses.replace(pod, runtime_class_name="", node_selector=selector, tolerations=tolerations)
+    bare = replace(pod, runtime_class_name="", node_selector=selector, tolerations=tolerations)
     return with_overhead(bare, {}) if pod.overhead else bare
 
 
@@ -235,7 +238,7 @@ class RuntimeTable:
         labels = dict(bare.labels)
         if qos:
             labels[QOS_LABEL] = qos
-        return self.admit(dataclasses.replace(bare, runtime_class_name=runtime, labels=labels,
+        return self.admit(replace(bare, runtime_class_name=runtime, labels=labels,
                                               qos_class=qos or bare.qos_class))
 
 

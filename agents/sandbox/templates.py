@@ -43,6 +43,7 @@ from schemas.records import (
     SandboxClaim,
     SandboxTemplate,
     SandboxWarmPool,
+    replace,
 )
 
 UID_PREFIX = "sbx"
@@ -79,7 +80,7 @@ def template_key(template: SandboxTemplate) -> str:
 
 def with_hash(template: SandboxTemplate) -> SandboxTemplate:
     """The template with its `hash` set (recomputed: a producer's hash is not trusted)."""
-    return dataclasses.replace(template, hash=template_hash(template))
+    return replace(template, hash=template_hash(template))
 
 
 def life(t: float) -> str:
@@ -216,7 +217,7 @@ def sandbox_pod(pool: SandboxWarmPool, uid: str, name: str, created: float,
         if cold:
             labels[SANDBOX_CLAIM_UID_LABEL] = claim.uid
         annotations = {**annotations, **claim.annotations}
-    return dataclasses.replace(template.pod, uid=uid, name=name, namespace=pool.namespace, labels=labels,
+    return replace(template.pod, uid=uid, name=name, namespace=pool.namespace, labels=labels,
                                annotations=annotations, creation_timestamp=created, node_name="", phase="Pending")
 
 

@@ -66,7 +66,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import replace
 
 from agents.intake import EpochFence, RawMessage, intake
 from agents.ports import Clock, Outbox, Output, deliver
@@ -83,6 +82,7 @@ from schemas.records import (
     Record,
     Requeue,
     Reservation,
+    replace,
 )
 
 PROFILING_EVERY_S = 1.0

@@ -23,7 +23,7 @@ changes; filters read them instead of looping over nodes.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Flag, auto
 
 import numpy as np
@@ -45,6 +45,7 @@ from schemas.records import (
     Nomination,
     RdmaDevice,
     Taint,
+    replace,
 )
 
 _FREEING = frozenset({HoldStatus.RELEASED, HoldStatus.REJECTED, HoldStatus.TERMINATED})

@@ -16,10 +16,8 @@ bad input (`KoordinatorError` names the field).
 
 from __future__ import annotations
 
-import dataclasses
-
 from schemas.errors import FieldError
-from schemas.records import QOS_CLASSES, QOS_LABEL, ContainerResources, Pod
+from schemas.records import QOS_CLASSES, QOS_LABEL, ContainerResources, Pod, replace
 
 PROD, MID, BATCH, FREE = "koord-prod", "koord-mid", "koord-batch", "koord-free"
 # class -> (lowest, highest, default value)
@@ -82,7 +80,7 @@ def with_defaults(pod: Pod) -> Pod:
     qos, value = qos_class(pod), priority(pod)
     if qos == pod.qos_class and value == pod.priority:
         return pod
-    return dataclasses.replace(pod, qos_class=qos, priority=value)
+    return replace(pod, qos_class=qos, priority=value)
 
 
 def defaults(pod: Pod) -> tuple[str, int]:

@@ -85,7 +85,7 @@ written before uids were carried) deletes the node of that name, whichever it is
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields
 from itertools import repeat
 from typing import Any, TypeVar
 
@@ -124,6 +124,7 @@ from schemas.records import (
     SchedulingFeedback,
     Yield,
     carry,
+    replace,
 )
 
 HELD, COMMITTED, RELEASED, REJECTED, TERMINATED = (HoldStatus.HELD, HoldStatus.COMMITTED, HoldStatus.RELEASED,

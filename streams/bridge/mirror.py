@@ -48,7 +48,6 @@ object unchanged since is not published again.
 from __future__ import annotations
 
 import base64
-import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +82,7 @@ from schemas.records import (
     Reservation,
     ResourceList,
     ScaleDownEvent,
+    replace,
 )
 from streams.bridge import sandboxes
 from streams.bridge.sandboxes import SandboxObjects, sandbox_uid
@@ -99,7 +99,7 @@ POD, NODE, RESERVATION, PDB, REPLICASET, PODGROUP = (
 def _bare(record: Record) -> Record:
     """The record as compared: its resourceVersion left out."""
     if isinstance(record, (Pod, Node)):
-        return dataclasses.replace(record, resource_version="")
+        return replace(record, resource_version="")
     return record
 
 
@@ -384,7 +384,7 @@ class Mirror:
             return []
         record = pod_from_manifest(self._with_gang(dict(obj))) if ours or counts else None
         if record is not None and sandbox:
-            record = dataclasses.replace(record, uid=uid)
+            record = replace(record, uid=uid)
         if seen is None:
             seen = self.pods[uid] = _PodSeen(ours)
         seen.ours = ours
@@ -503,7 +503,7 @@ class Mirror:
         gpus: tuple[GpuDevice, ...] = record.gpus
         if NVIDIA_GPU in left and len(gpus) > left[NVIDIA_GPU]:
             gpus = gpus[:left[NVIDIA_GPU]]  # whole GPUs a foreign pod took: which ones is not known here
-        return dataclasses.replace(record, allocatable=left, gpus=gpus)
+        return replace(record, allocatable=left, gpus=gpus)
 
     # -- the rest -----------------------------------------------------------------------------
 
@@ -530,7 +530,7 @@ class Mirror:
         if event == "DELETED":
             if not self._changed(PDB, key, None):
                 return []
-            return [Output(topics.DISRUPTION_BUDGETS, record.uid, dataclasses.replace(record, deleted=True))]
+            return [Output(topics.DISRUPTION_BUDGETS, record.uid, replace(record, deleted=True))]
         return [Output(topics.DISRUPTION_BUDGETS, record.uid, record)] if self._changed(PDB, key, record) else []
 
     def _replicaset(self, event: str, obj: Mapping[str, Any], key: str) -> list[Output]:

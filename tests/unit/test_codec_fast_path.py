@@ -107,3 +107,32 @@ def test_a_quick_init_builds_what_the_dataclass_init_builds() -> None:
         for f in dataclasses.fields(cls):  # a default from a factory is made afresh for each record
             if f.default_factory is not dataclasses.MISSING:
                 assert getattr(twin, f.name) is not getattr(quick, f.name) or getattr(quick, f.name) == ()
+
+
+@settings(max_examples=300)
+@given(st.sampled_from(RECORD_TYPES).flatmap(lambda cls: st.tuples(record_of(cls), record_of(cls))), st.data())
+def test_records_replace_builds_what_dataclasses_replace_builds(pair: Any, data: Any) -> None:
+    record, other = pair
+    names = [f.name for f in dataclasses.fields(record) if f.init]
+    changed = data.draw(st.lists(st.sampled_from(names), unique=True, max_size=len(names)))
+    changes = {name: getattr(other, name) for name in changed}
+    mine, theirs = records_module.replace(record, **changes), dataclasses.replace(record, **changes)
+    assert mine == theirs and type(mine) is type(theirs)
+    assert all(getattr(mine, f.name) is getattr(theirs, f.name) for f in dataclasses.fields(record) if f.init)
+    assert mine.schema_version == theirs.schema_version and mine.kind == theirs.kind
+
+
+def test_records_replace_refuses_what_dataclasses_replace_refuses() -> None:
+    pod = records_module.Pod(uid="u", name="n", namespace="ns")
+    for bad, error in (({"kind": "Node"}, ValueError), ({"nope": 1}, TypeError)):
+        try:
+            records_module.replace(pod, **bad)
+        except error as exc:
+            try:
+                dataclasses.replace(pod, **bad)
+            except error as theirs:
+                assert str(exc) == str(theirs)
+        else:
+            raise AssertionError(f"replace accepted {bad}")
+    settings_like = ports.AgentConfig(partitions=3)
+    assert records_module.replace(settings_like, partitions=4) == dataclasses.replace(settings_like, partitions=4)
