@@ -227,7 +227,7 @@ class WorkerSettings:
 class RebalancerSettings:
     config: str = ""
     """Path of a DeschedulerConfiguration-like YAML (`deschedulingInterval`, profiles with
-    FragmentationAware / ScaleDownBinPack and their args; README, "Rebalancer"); empty: one
+    FragmentationAware / ScaleDownBinPack and their args; docs/rebalancer.md); empty: one
     profile with both plugins at Koordinator's defaults, every 60 s."""
     tick_s: float = 0.2
     """How often the leader looks at its jobs (ttl, evictions to send) between cycles."""

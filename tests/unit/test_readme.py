@@ -1,10 +1,13 @@
-"""The README's library example runs as written."""
+"""The README's and the reference pages' examples run as written, and the settings table is whole."""
 
 import os
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+SANDBOXES = ROOT / "docs" / "sandboxes.md"
 
 CLUSTER = """
 apiVersion: v1
@@ -26,7 +29,7 @@ spec: {containers: [{name: c, resources: {requests: {cpu: 500m}}}]}
 
 
 def test_library_example_runs(tmp_path: Path, capsys) -> None:
-    block = re.search(r"## Using the core as a library.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    block = re.search(r"## Using the core as a library.*?```python\n(.*?)```", README.read_text(), re.S)
     assert block
     (tmp_path / "cluster.yaml").write_text(CLUSTER)
     cwd = os.getcwd()
@@ -47,8 +50,8 @@ def test_every_setting_is_in_the_configuration_table() -> None:
 
     from streams.settings import Settings
 
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Configuration"):readme.index("### Scheduler profiles")]
+    text = CONFIGURATION.read_text()
+    table = text[text.index("## Settings"):text.index("## Secured Kafka")]
     documented = set()
     for section, name, other in re.findall(r"^\| `([a-z_]+)\.([a-z_]+)`(?: / `([a-z_]+)`)?", table, re.M):
         documented |= {f"{section}.{name}", f"{section}.{other}"}
@@ -63,7 +66,7 @@ def test_the_secured_kafka_example_loads_and_logs_in_with_scram_over_tls(tmp_pat
     from streams.kafka_broker import write_tls_files
     from streams.settings import load_settings
 
-    block = re.search(r"### Secured Kafka.*?```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    block = re.search(r"## Secured Kafka.*?```yaml\n(.*?)```", CONFIGURATION.read_text(), re.S)
     assert block
     write_tls_files(tmp_path)
     (tmp_path / "password").write_text("from-a-file\n")
@@ -80,7 +83,7 @@ def test_the_sandbox_runtimes_example_loads_and_admits() -> None:
     from agents.sandbox.runtimes import load_runtimes
     from schemas.records import Pod, ResourceList
 
-    block = re.search(r"### Sandbox runtimes.*?```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    block = re.search(r"## Runtime classes.*?```yaml\n(.*?)```", SANDBOXES.read_text(), re.S)
     assert block
     pod = load_runtimes(block.group(1)).admit(Pod(uid="p", name="p", runtime_class_name="gvisor",
                                                   requests=ResourceList(cpu=100)))
@@ -94,8 +97,36 @@ def test_the_warm_pool_example_is_a_pool_the_pools_accept() -> None:
     from schemas.codec import decode_object
     from schemas.records import SandboxWarmPool
 
-    block = re.search(r"## Sandboxes and warm pools.*?```json\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    block = re.search(r"## Sandboxes and warm pools.*?```json\n(.*?)```", README.read_text(), re.S)
     assert block
     pool = decode_object(json.loads(block.group(1)))
     assert isinstance(pool, SandboxWarmPool) and pool.replicas == 20 and pool.template.pod.runtime_class_name == "gvisor"
     validate_pool(pool)
+
+
+def test_the_readme_configuration_example_loads(tmp_path: Path) -> None:
+    from streams.settings import load_settings
+
+    block = re.search(r"## Configuration.*?```yaml\n(.*?)```", README.read_text(), re.S)
+    assert block
+    (tmp_path / "koordstream.yaml").write_text(block.group(1))
+    settings = load_settings(tmp_path / "koordstream.yaml", env={})
+    assert settings.worker.roles == ("scheduler", "state") and settings.worker.metrics_port == 9100
+
+
+def test_the_warm_pool_manifests_convert_to_a_pool_the_pools_accept(tmp_path: Path) -> None:
+    from agents.sandbox.templates import validate_pool
+    from schemas.records import SandboxWarmPool
+    from streams.publish import read_records
+
+    block = re.search(r"## Warm pools.*?```yaml\n(.*?)```", SANDBOXES.read_text(), re.S)
+    assert block
+    (tmp_path / "pools.yaml").write_text(block.group(1))
+    [pool] = read_records(tmp_path / "pools.yaml")
+    assert isinstance(pool, SandboxWarmPool) and pool.replicas == 20 and pool.template.pod.runtime_class_name == "gvisor"
+    validate_pool(pool)
+
+
+def test_the_reference_pages_linked_from_the_readme_exist() -> None:
+    for link in re.findall(r"\]\((docs/[a-z-]+\.md)", README.read_text()):
+        assert (ROOT / link).is_file(), link
