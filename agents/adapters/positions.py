@@ -72,7 +72,8 @@ class CommittedStart:
     async def end(self, topic: str, partition: int) -> int:
         """Where the partition ends now (its last stable offset when read committed, else its
         high watermark), as a fetch answers it (Tansu's ListOffsets answers too low, see
-        docs/architecture.md); a fetch that brings no answer raises TimeoutError."""
+        docs/architecture.md, "Workarounds for the embedded broker"); a fetch that brings no
+        answer raises TimeoutError."""
         async with self.lock:
             await self._consumer()
             tp = TopicPartition(topic, partition)

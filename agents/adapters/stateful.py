@@ -93,7 +93,7 @@ def register_stateful(app: faust.App, name: str, channel: faust.TopicT, core: Co
     # The start check (`StatefulLoop._starts_right`, `watch_starts`) runs on both brokers: the
     # faust losses it catches are faust's, not the broker's. (It once ran with transactions only:
     # on Tansu, two clean-clone CI runs with it on left pods unbound; the cause was a gang
-    # livelock, fixed since, docs/architecture.md "Known gaps".)
+    # livelock, fixed since: docs/history.md, "A gang stuck on Tansu".)
     probe = CommittedStart(transactions.kafka, transactions.group_id, read_committed=transactions.enabled) \
         if transactions.kafka is not None else None
     loop = StatefulLoop(name, core, table, ownership, sink, timers, seek=seeker(app), probe=probe,
