@@ -607,7 +607,7 @@ def parser() -> argparse.ArgumentParser:
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT (default: embedded broker where possible)")
-        sp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker)")
+        sp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker, rebalancer, bridge, sandbox)")
 
     roles = "comma-separated: scheduler, state, rebalancer, bridge (default: scheduler,state)"
     sp = sub.add_parser("up", help="embedded broker (unless --bootstrap), topics, all agents in one worker")
@@ -726,7 +726,7 @@ def parser() -> argparse.ArgumentParser:
     source.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT: read nodes, pods and bindings from the topics")
     rp.add_argument("--rebalancer", dest="rebalancer_config",
                     help="a DeschedulerConfiguration-like YAML (default: FragmentationAware, global mode)")
-    rp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker), with --bootstrap")
+    rp.add_argument("--config", help="settings YAML (sections kafka, scheduling, worker, rebalancer, bridge, sandbox), with --bootstrap")
     rp.add_argument("--profiles", help="the scheduler profiles YAML that destinations are simulated with")
     rp.add_argument("--scale-down", action="append", default=[], metavar="NAMESPACE/NAME=N",
                     help="also rank the pods of this workload (its controller's name, or KIND/NAME) to lose N replicas")

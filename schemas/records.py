@@ -938,7 +938,8 @@ class SandboxTemplate(Record):
 
 @dataclass(frozen=True, slots=True)
 class SandboxWarmPool(Record):
-    """A SandboxWarmPool, keyed `namespace/name` on `sandbox`: `replicas` sandboxes of
+    """A SandboxWarmPool, keyed by its name on `sandbox` (its warm pools' table entry is
+    `namespace/name`): `replicas` sandboxes of
     `template` kept started. The pool carries its template resolved (where it was published:
     `schemas.kube`, the bridge), so that the pool's partition alone decides everything about
     it; publishing the pool again with a changed template is a template update
@@ -977,7 +978,7 @@ class SandboxWarmPoolDeleted(Record):
 @dataclass(frozen=True, slots=True)
 class SandboxClaim(Record):
     """A SandboxClaim (v1beta1: `warmPoolRef`, `lifecycle`, `additionalPodMetadata`, `env`),
-    keyed by its pool (`namespace/warm_pool`) on `sandbox`. `created` is when it was published
+    keyed by its pool's name (`warm_pool`) on `sandbox`. `created` is when it was published
     (unix seconds): latency counts from it. `shutdown_time` (unix seconds) ends the sandbox;
     `shutdown_policy` says whether the claim's status then reads Expired (Retain) or Deleted."""
 
@@ -1044,7 +1045,7 @@ class SandboxTick(Record):
 
 @dataclass(frozen=True, slots=True)
 class SandboxClaimStatus(Record):
-    """A claim's answer, keyed `namespace/name` on `sandbox-status`. `phase`: Ready (its
+    """A claim's answer, keyed by the claim's uid on `sandbox-status`. `phase`: Ready (its
     sandbox is `sandbox` on `node`), Pending (a sandbox is starting for it), Refused (with
     `reason`, `message`, `next_step`, `retry_after_s` and `alternatives`), Expired or Deleted.
     `path`: warm (a ready sandbox adopted at once), starting (a pool sandbox still starting),
@@ -1078,7 +1079,7 @@ class SandboxClaimStatus(Record):
 
 @dataclass(frozen=True, slots=True)
 class SandboxPoolStatus(Record):
-    """A pool's status, keyed `namespace/name` on `sandbox-status` after every batch that
+    """A pool's status, keyed by the pool's name on `sandbox-status` after every batch that
     changed it: `ready` (started, unclaimed: the pool's depth), `starting`, `claimed` (live
     sandboxes of claims), and counters since the pool was created: claims, warm hits (claims
     that adopted a ready sandbox), starting and cold paths, refusals."""

@@ -191,8 +191,9 @@ class WorkerSettings:
     the garbage cycles formed while frozen; it pauses the worker as long as a full pass does).
     0: never."""
     metrics_port: int = 0
-    """Port of the scheduler's Prometheus endpoint (`GET /metrics`, kube-scheduler's metric
-    names; see streams/metrics.py); 0: no endpoint. Only workers with the scheduler role serve it."""
+    """Port of the worker's Prometheus endpoint (`GET /metrics`: kube-scheduler's metric names for
+    the scheduler role, the stateful agents' loops and the rebalancer's; see streams/metrics.py);
+    0: no endpoint."""
     state_dir: str = ""
     """Folder for the worker's faust data (faust's `<group>-data` goes inside it). Empty: a new
     folder under the system's temporary directory, removed when the worker exits, so workers
@@ -228,7 +229,8 @@ class RebalancerSettings:
     config: str = ""
     """Path of a DeschedulerConfiguration-like YAML (`deschedulingInterval`, profiles with
     FragmentationAware / ScaleDownBinPack and their args; docs/rebalancer.md); empty: one
-    profile with both plugins at Koordinator's defaults, every 60 s."""
+    profile with both plugins (FragmentationAware in its `global` mode, ScaleDownBinPack), every
+    60 s."""
     tick_s: float = 0.2
     """How often the leader looks at its jobs (ttl, evictions to send) between cycles."""
 
