@@ -1256,10 +1256,22 @@ def carry(target: type[Any], source: object, **given: Any) -> Any:
     owner's hold (`HoldEntry`) -> Held (and the decider's waiting entry -> Binding): a field
     declared on the next record under the same name travels without code of its own.
     Sequences take the target's kind (a tuple on records, a list on JSON-backed entries) and
-    mappings are copied, so no two records share a mutable value."""
-    kinds = _carried_kinds(target)
+    mappings are copied, so no two records share a mutable value. For a dataclass source the
+    copying is a function made once per target, source class and names given (`_carrier`),
+    as the owners carry a claim twice per pod."""
+    key = (target, type(source), tuple(given))
+    made = _CARRIERS.get(key)
+    if made is None:
+        made = _CARRIERS[key] = _carrier(target, type(source), given)
+    try:
+        return made(source, given)
+    except AttributeError:  # an attribute its class declares, missing on this instance
+        return _carry_slowly(target, source, given)
+
+
+def _carry_slowly(target: type[Any], source: object, given: dict[str, Any]) -> Any:
     values: dict[str, Any] = {}
-    for name, kind in kinds.items():
+    for name, kind in _carried_kinds(target).items():
         if name in given or not hasattr(source, name):
             continue
         value = getattr(source, name)
@@ -1267,6 +1279,31 @@ def carry(target: type[Any], source: object, **given: Any) -> Any:
             value = kind(value)
         values[name] = value
     return target(**values, **given)
+
+
+_CARRIERS: dict[tuple[type[Any], type[Any], tuple[str, ...]], Callable[[Any, dict[str, Any]], Any]] = {}
+
+
+def _carrier(target: type[Any], source: type[Any], given: dict[str, Any]) -> Callable[[Any, dict[str, Any]], Any]:
+    """`carry` for one target, source class and names given, as straight-line code: the names
+    the source's instances have are its dataclass fields and its class's attributes."""
+    if not dataclasses.is_dataclass(source):
+        return lambda record, names: _carry_slowly(target, record, names)
+    fields = {f.name for f in dataclasses.fields(source)}
+    scope: dict[str, Any] = {"target": target}
+    body, args = ["def carrier(source, given):"], []
+    for index, (name, kind) in enumerate(_carried_kinds(target).items()):
+        if name in given or not (name in fields or hasattr(source, name)):
+            continue
+        body.append(f"    v{index} = source.{name}")
+        if kind is not None:
+            scope[f"kind{index}"] = kind
+            body.append(f"    if v{index} is not None:\n        v{index} = kind{index}(v{index})")
+        args.append(f"{name}=v{index}")
+    body.append(f"    return target({', '.join([*args, '**given'])})")
+    exec("\n".join(body), scope)  # noqa: S102 - built above from the classes' own fields
+    carrier: Callable[[Any, dict[str, Any]], Any] = scope["carrier"]
+    return carrier
 
 
 _KINDS: dict[type[Any], dict[str, Any]] = {}

@@ -136,3 +136,19 @@ def test_records_replace_refuses_what_dataclasses_replace_refuses() -> None:
             raise AssertionError(f"replace accepted {bad}")
     settings_like = ports.AgentConfig(partitions=3)
     assert records_module.replace(settings_like, partitions=4) == dataclasses.replace(settings_like, partitions=4)
+
+
+@settings(max_examples=200)
+@given(record_of(records_module.Claim), st.sampled_from(["", "held", "rejected"]), st.booleans())
+def test_carry_made_once_per_class_carries_what_the_generic_carry_does(claim: Any, status: str, soft: bool) -> None:
+    from agents.state.owner import HoldEntry
+
+    given_hold = {"requests": dict(claim.requests), "status": status, "reason": "", "soft": soft}
+    hold = records_module.carry(HoldEntry, claim, **given_hold)
+    assert hold == records_module._carry_slowly(HoldEntry, claim, given_hold)
+    assert hold.devices is not claim.devices and isinstance(hold.devices, list)  # the target's kind, a copy
+    held = records_module.carry(records_module.Held, hold, node="n1")
+    assert held == records_module._carry_slowly(records_module.Held, hold, {"node": "n1"})
+    del hold.__dict__["priority"]  # an attribute its class declares, missing on an instance: the generic way
+    assert records_module.carry(records_module.Held, hold, node="n1") == records_module._carry_slowly(
+        records_module.Held, hold, {"node": "n1"})

@@ -138,3 +138,23 @@ def test_copies_and_pickles_tally_their_own_holds() -> None:
     for hold in (copy.copy(node.holds["a"]), copy.deepcopy(node.holds["a"]), pickle.loads(pickle.dumps(node.holds["a"]))):
         hold.status = RELEASED  # no member of the original
         assert node.holds.tracked and node.used() == node.count_used() == {"cpu": 700}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries({"uid": st.text(max_size=4), "attempt": st.integers(0, 9), "decision_key": st.text(max_size=4),
+                              "requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), st.integers(0, 99)),
+                              "priority": st.integers(-9, 9), "status": st.sampled_from([HELD, RELEASED])},
+                             optional={"reason": st.text(max_size=3), "devices": st.lists(st.text(max_size=3), max_size=2),
+                                       "consumed": st.dictionaries(st.just("cpu"), st.integers(0, 9)),
+                                       "reserving": st.none() | st.just({"uid": "r"}), "created": st.floats(0, 9),
+                                       "yields": st.dictionaries(st.text(max_size=2), st.lists(st.text(max_size=2))),
+                                       "sandbox": st.booleans(), "warm_pool": st.text(max_size=3)}))
+def test_the_quick_init_builds_what_the_dataclass_init_builds(kwargs: dict[str, Any]) -> None:
+    quick = HoldEntry(**kwargs)
+    careful = object.__new__(HoldEntry)
+    HoldEntry.__dataclass_init__(careful, **kwargs)  # type: ignore[attr-defined]
+    assert list(quick.__dict__.items()) == list(careful.__dict__.items())  # the same keys, in the same order
+    assert quick.plain() == careful.plain() and list(quick.plain()) == list(careful.plain())
+    bare = {k: v for k, v in kwargs.items() if k not in ("devices", "consumed", "yields")}
+    one, other = HoldEntry(**bare), HoldEntry(**bare)
+    assert one.devices is not other.devices and one.consumed is not other.consumed  # a factory per hold
