@@ -367,6 +367,9 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
     if not path.suffix:
         path = Path(__file__).resolve().parents[1] / "perf" / "scenarios" / f"{args.scenario}.yaml"
     try:
+        for flag, n in (("--schedulers", args.schedulers), ("--state-workers", args.state_workers)):
+            if n < 1:
+                raise ValueError(f"{flag}={n}: at least 1 process")
         s = scenario.load(path)
         s = s.quick() if args.quick else s
         if s.trace_load or args.nodes_csv or args.pods_csv:
@@ -390,8 +393,9 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
             if args.kwok:
                 from perf.kube_run import KwokOptions, run_kwok, succeeded
 
-                if args.floor or args.profile:
-                    raise ValueError("--floor and --profile are of runs on the broker alone: not with --kwok")
+                if args.floor or args.profile or (args.schedulers, args.state_workers) != (1, 1):
+                    raise ValueError("--floor, --profile, --schedulers and --state-workers are of runs on the broker "
+                                     "alone: not with --kwok")
                 result = asyncio.run(run_kwok(s, settings, KwokOptions(
                     bootstrap=settings.kafka.bootstrap, broker=args.broker, concurrency=args.concurrency,
                     run_dir=args.run_dir or "", on_progress=progress)))
@@ -401,6 +405,7 @@ def cmd_perf_run(args: argparse.Namespace) -> int:
                     broker=args.broker,
                     floor=args.floor,
                     profile=args.profile or "",
+                    replicas=(args.state_workers, args.schedulers),
                     on_progress=progress)))
     except (ValueError, TimeoutError, OSError, RuntimeError) as exc:  # ScenarioError, StageError, bad trace files
         console.print(f"[red]perf run: {exc}[/red]")
@@ -431,6 +436,27 @@ def cmd_perf_compare(args: argparse.Namespace) -> int:
         table.add_row(*(str(x) for x in row))
     console.print(table)
     return 1 if regressed else 0
+
+
+def cmd_perf_model(args: argparse.Namespace) -> int:
+    from perf.scale import model
+
+    try:
+        out = model(json.loads(Path(args.run).read_text()), args.cores, args.partitions)
+    except (OSError, ValueError) as exc:  # ModelError, bad JSON
+        console.print(f"[red]perf model: {exc}[/red]")
+        return 2
+    console.print(f"{out['scenario']}: CPU per pod (us) {out['costs_us_per_pod']}; "
+                  f"ceiling as replicas grow {out['ceiling_pods_per_s']} pods/s")
+    table = Table(title="the best split of the cores between the roles")
+    for col in ("cores", "partitions", "scheduler replicas", "state workers", "pods/s", "broker cores"):
+        table.add_column(col)
+    for p in out["points"]:
+        table.add_row(*(str(p[k]) for k in ("cores", "partitions", "schedulers", "state_workers", "pods_per_s",
+                                             "broker_cores")))
+    console.print(table)
+    _write_json(args, out)
+    return 0
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -696,6 +722,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--floor", action="store_true",
                    help="also measure the protocol's floor: the same pods through the commit protocol's records "
                         "with no decisions (the most a run can reach against the no-op limit)")
+    r.add_argument("--schedulers", type=int, default=1, metavar="N",
+                   help="scheduler replicas, each a process (at most the partition count does work)")
+    r.add_argument("--state-workers", type=int, default=1, metavar="N",
+                   help="state worker processes (owners, deciders, warm pools), sharing the partitions")
     r.add_argument("--profile", metavar="DIR",
                    help="py-spy on every worker while the pods flow: collapsed stacks and a flame graph per worker "
                         "into DIR, and the workers' CPU per pod by stage in the result")
@@ -718,6 +748,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("baseline")
     c.add_argument("new")
     c.set_defaults(fn=cmd_perf_compare)
+    m = psub.add_parser("model", help="what more cores would give, from a profiled run's CPU per pod by stage")
+    m.add_argument("run", help="a `perf run --profile` result (JSON)")
+    m.add_argument("--cores", type=int, nargs="+", default=[2, 4, 16, 64], help="worker core counts to model")
+    m.add_argument("--partitions", type=int, default=0, help="partitions of every topic (default: as many as cores)")
+    m.add_argument("--json", help="write the model as JSON to this file")
+    m.set_defaults(fn=cmd_perf_model)
     sp = sub.add_parser("rebalance", help="the rebalancer (FragmentationAware, ScaleDownBinPack)")
     rsub = sp.add_subparsers(dest="rebalance_command", required=True)
     rp = rsub.add_parser("plan", help="print a dry-run plan (moves, or ranks on a scale-down) without acting")

@@ -85,11 +85,11 @@ async def wait_decided(collector: Collector, uids: set[str], stall_s: float) -> 
 @contextlib.asynccontextmanager
 async def system(settings: Settings, bootstrap: str = "", layout: str = "split", broker_kind: str = "tansu",
                  metrics_ports: Sequence[int] = (), extra_env: Mapping[str, str] | None = None,
-                 rebalancers: int = 0) -> AsyncIterator[tuple[Settings, list[Any]]]:
+                 rebalancers: int = 0, replicas: tuple[int, int] = (1, 1)) -> AsyncIterator[tuple[Settings, list[Any]]]:
     """The real system for a run: a broker (unless `bootstrap` names one: the embedded Tansu,
     or with `broker_kind="kafka"` Apache Kafka from `make kafka`), the topics, and the workers
-    (`split`: a state process and a scheduler process, in that order; `single`: one; then
-    `rebalancers` processes with only the rebalancer role). With `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to every worker.
+    (`split`: state processes and scheduler processes, in that order, as many of each as
+    `replicas` says; `single`: one; then `rebalancers` processes with only the rebalancer role). With `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to every worker.
     A broker given is reached as `settings.kafka` says (its security settings go to the
     workers too); a broker started here is PLAINTEXT. Yields the settings pointing at the broker
     and the worker processes; stops everything after."""
@@ -118,7 +118,9 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
         if broker is None:  # a broker started here guards its own (EmbeddedBroker.start); one given: ask it
             await guard_gaps(settings)  # the harness's collectors read the same partitions as the workers
         worker = [sys.executable, "-m", "cli.main", "worker"]
-        commands = [worker + ["--roles", "state"], worker + ["--roles", "scheduler"]] if layout == "split" else [worker]
+        states, schedulers = replicas
+        commands = ([worker + ["--roles", "state"]] * states + [worker + ["--roles", "scheduler"]] * schedulers
+                    if layout == "split" else [worker])
         commands += [worker + ["--roles", "rebalancer"]] * rebalancers
         workers = [spawn_tied(cmd, env={**env, **({"KOORDSTREAM_WORKER_METRICS_PORT": str(metrics_ports[i])}
                                                    if i < len(metrics_ports) else {})})

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -48,7 +49,7 @@ from perf.figures import allocation, burst_throughput
 from perf.floor import protocol_floor
 from perf.kwok import Lifecycle, load_stages
 from perf.noop import noop_limit
-from perf.proc import cpu_s, peak_rss_mb, self_cpu_s
+from perf.proc import children, cpu_s, peak_rss_mb, self_cpu_s
 from perf.profile import Profiler
 from schemas import topics
 from schemas.records import (
@@ -87,6 +88,16 @@ class RunOptions:
     """Called as the run goes with (pods bound, pods of the scenario): the CLI's progress bar."""
     floor: bool = False  # also measure the protocol's floor (`perf.floor`) after the no-op limit
     profile: str = ""  # a directory: py-spy on every worker while the pods flow (`perf.profile`)
+    replicas: tuple[int, int] = (1, 1)  # split layout: state workers, scheduler replicas
+
+
+def worker_roles(layout: str, replicas: tuple[int, int]) -> list[str]:
+    """The names of a run's worker processes, in `system`'s order: `state`, `state-2`, ...,
+    `scheduler`, `scheduler-2`, ... (`worker` for the single layout)."""
+    if layout != "split":
+        return ["worker"]
+    return [f"{role}{'' if i == 1 else f'-{i}'}" for role, n in zip(("state", "scheduler"), replicas, strict=True)
+            for i in range(1, n + 1)]
 
 
 def pod_object(pod: Pod, node: str) -> dict[str, Any]:
@@ -104,7 +115,7 @@ async def run_scenario(s: sc.Scenario, settings: Settings, opts: RunOptions | No
     if s.profiles:
         settings = replace(settings, scheduling=replace(settings.scheduling, profiles=str(ROOT / s.profiles)))
     started = time.perf_counter()
-    async with system(settings, opts.bootstrap, opts.layout, opts.broker) as (settings, workers):
+    async with system(settings, opts.bootstrap, opts.layout, opts.broker, replicas=opts.replicas) as (settings, workers):
         return await _drive(s, settings, workers, Lifecycle(stages, speedup=s.speedup, seed=s.seed), started, opts)
 
 
@@ -206,9 +217,10 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     await collector.start()
     cpu_before = {p.pid: cpu_s(p.pid) for p in workers}
     harness_before = self_cpu_s()
+    broker_before: dict[int, float] = {}
     published: dict[str, float] = {}
     # With Node stages, nodes register not ready and the lifecycle initializes them.
-    roles = ["state", "scheduler"] if len(workers) == 2 else ["worker"]
+    roles = worker_roles(opts.layout, opts.replicas)
     profiler = (Profiler(opts.profile, s.name, {r: p.pid for r, p in zip(roles, workers, strict=False)})
                 if opts.profile else contextlib.nullcontext())
     staged = nodes if lifecycle.stages.get("Node") else []
@@ -226,6 +238,8 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                 startup_s = time.perf_counter() - started
                 cpu_before = {p.pid: cpu_s(p.pid) for p in workers}
                 harness_before = self_cpu_s()
+                # The broker, when the run started it (this process's other children).
+                broker_before = {pid: cpu_s(pid) for pid in children(os.getpid()) if pid not in cpu_before}
                 t0 = time.time()
                 async with profiler:
                     await _publish(producer, arrivals, published, t0)
@@ -236,6 +250,7 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
                     await life
         cpu_workers = {p.pid: cpu_s(p.pid) - cpu_before.get(p.pid, 0.0) for p in workers}
         harness_cpu = self_cpu_s() - harness_before
+        broker_cpu = sum(cpu_s(pid) - before for pid, before in broker_before.items())
         memory = {role: peak_rss_mb(p.pid) for role, p in zip(roles, workers, strict=False)}
     finally:
         await collector.stop()
@@ -243,6 +258,9 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
     out = result(s, nodes, pods, offsets, published, collector, loop, startup_s, t0, cpu_workers, harness_cpu)
     out["worker_memory_peak_mb"] = memory
     out["worker_cpu_s"] = {role: round(cpu_workers[p.pid], 2) for role, p in zip(roles, workers, strict=False)}
+    out["worker_cpu_us_per_pod"] = round(sum(cpu_workers.values()) / max(len(pods), 1) * 1e6, 1)
+    if broker_before:
+        out["broker_cpu_s"] = round(broker_cpu, 2)
     if isinstance(profiler, Profiler):
         out["profile"] = profiler.figures(out["worker_cpu_s"], len(pods))
     # The physical limit, on the same broker once the run is over (the agents idle).
@@ -259,7 +277,6 @@ async def _drive(s: sc.Scenario, settings: Settings, workers: list[Any], lifecyc
         out["ratio_to_floor"] = round(pace / floor.pods_per_s, 3) if floor.pods_per_s else 0.0
         # CPU per pod, the floor's two processes against the workers over the run.
         out["floor_cpu_us_per_pod"] = floor.cpu_us_per_pod
-        out["worker_cpu_us_per_pod"] = round(sum(cpu_workers.values()) / max(len(pods), 1) * 1e6, 1)
     return out
 
 
