@@ -1287,20 +1287,34 @@ _CARRIERS: dict[tuple[type[Any], type[Any], tuple[str, ...]], Callable[[Any, dic
 def _carrier(target: type[Any], source: type[Any], given: dict[str, Any]) -> Callable[[Any, dict[str, Any]], Any]:
     """`carry` for one target, source class and names given, as straight-line code: the names
     the source's instances have are its dataclass fields and its class's attributes."""
-    if not dataclasses.is_dataclass(source):
+    if not dataclasses.is_dataclass(source) or hasattr(source, "__getattr__"):
         return lambda record, names: _carry_slowly(target, record, names)
     fields = {f.name for f in dataclasses.fields(source)}
     scope: dict[str, Any] = {"target": target}
-    body, args = ["def carrier(source, given):"], []
+    body, args, extra = ["def carrier(source, given):"], [], []
     for index, (name, kind) in enumerate(_carried_kinds(target).items()):
-        if name in given or not (name in fields or hasattr(source, name)):
+        if name in given:
+            continue
+        if not (name in fields or hasattr(source, name)):
+            if "__slots__" not in source.__dict__:  # an instance may still have it of its own
+                extra.append((index, name, kind))
             continue
         body.append(f"    v{index} = source.{name}")
         if kind is not None:
             scope[f"kind{index}"] = kind
             body.append(f"    if v{index} is not None:\n        v{index} = kind{index}(v{index})")
         args.append(f"{name}=v{index}")
-    body.append(f"    return target({', '.join([*args, '**given'])})")
+    if extra:
+        body.append("    own = source.__dict__")
+        body.append("    values = {}")
+        for index, name, kind in extra:
+            scope[f"kind{index}"] = kind
+            body.append(f"    if {name!r} in own:\n        values[{name!r}] = own[{name!r}]"
+                        + (f"\n        if values[{name!r}] is not None:\n"
+                           f"            values[{name!r}] = kind{index}(values[{name!r}])" if kind is not None else ""))
+        body.append(f"    return target({', '.join([*args, '**values', '**given'])})")
+    else:
+        body.append(f"    return target({', '.join([*args, '**given'])})")
     exec("\n".join(body), scope)  # noqa: S102 - built above from the classes' own fields
     carrier: Callable[[Any, dict[str, Any]], Any] = scope["carrier"]
     return carrier

@@ -84,10 +84,11 @@ written before uids were carried) deletes the node of that name, whichever it is
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from itertools import repeat
-from typing import Any, TypeVar
+from typing import Any, TypeVar, final
 
 from agents.ports import Entries, Output, Problem
 from agents.state import admission, cpus, devices, gangs
@@ -148,6 +149,7 @@ BY_COMMIT_ON_DELETED_NODE = "Commit"  # committed after its node was deleted, te
 BY_EXPIRY = "ReservationExpired"  # a reservation's expiry (else the hold id of the consumer that ended it)
 
 
+@final
 @dataclass
 class HoldEntry:
     uid: str
@@ -359,7 +361,10 @@ def _quick_hold_init() -> None:
     dict: what the dataclass's `__init__` leaves there (through `__setattr__`, which for an
     object in no `Holds` stores the value and clears `_plain`), at a third of the cost. The
     owners make a hold per claim; `tests/unit/test_holds_tally.py` checks that both build the
-    same holds."""
+    same holds. So a hold is made once (never initialised again while in a `Holds`, whose
+    tallies would not see it) and `HoldEntry` is final (a subclass's `__setattr__` would not
+    run at its creation)."""
+    original = inspect.signature(HoldEntry.__init__).parameters
     params, body, scope = ["self"], ["    d = self.__dict__"], {}
     for index, f in enumerate(fields(HoldEntry)):
         if f.default is not MISSING:
@@ -367,7 +372,8 @@ def _quick_hold_init() -> None:
             params.append(f"{f.name}=default{index}")
             value = f.name
         elif f.default_factory is not MISSING:
-            scope[f"factory{index}"], scope["marker"] = f.default_factory, _MARKER
+            # The marker dataclasses gives such a parameter as its default: the same signature.
+            scope[f"factory{index}"], scope["marker"] = f.default_factory, original[f.name].default
             params.append(f"{f.name}=marker")
             value = f"factory{index}() if {f.name} is marker else {f.name}"
         else:
@@ -379,11 +385,11 @@ def _quick_hold_init() -> None:
     exec(f"def __init__({', '.join(params)}):\n" + "\n".join(body), scope)  # noqa: S102 - from the fields above
     init = scope["__init__"]
     init.__qualname__, init.__module__ = "HoldEntry.__init__", __name__
+    init.__annotations__ = dict(HoldEntry.__init__.__annotations__)
     HoldEntry.__dataclass_init__ = HoldEntry.__init__  # type: ignore[attr-defined]  # kept for the test
     HoldEntry.__init__ = init  # type: ignore[method-assign]
 
 
-_MARKER = object()
 _quick_hold_init()
 _HOLD_FIELDS = {f.name: f for f in fields(HoldEntry)}
 _HOLD_REQUIRED = frozenset(n for n, f in _HOLD_FIELDS.items() if f.default is MISSING and f.default_factory is MISSING)

@@ -149,6 +149,8 @@ def test_carry_made_once_per_class_carries_what_the_generic_carry_does(claim: An
     assert hold.devices is not claim.devices and isinstance(hold.devices, list)  # the target's kind, a copy
     held = records_module.carry(records_module.Held, hold, node="n1")
     assert held == records_module._carry_slowly(records_module.Held, hold, {"node": "n1"})
+    hold.node = "n0"  # an attribute of the instance's own, neither a field nor its class's: carried too
+    assert records_module.carry(records_module.Held, hold) == records_module._carry_slowly(records_module.Held, hold, {})
     del hold.__dict__["priority"]  # an attribute its class declares, missing on an instance: the generic way
     assert records_module.carry(records_module.Held, hold, node="n1") == records_module._carry_slowly(
         records_module.Held, hold, {"node": "n1"})

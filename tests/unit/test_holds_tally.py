@@ -155,6 +155,10 @@ def test_the_quick_init_builds_what_the_dataclass_init_builds(kwargs: dict[str, 
     HoldEntry.__dataclass_init__(careful, **kwargs)  # type: ignore[attr-defined]
     assert list(quick.__dict__.items()) == list(careful.__dict__.items())  # the same keys, in the same order
     assert quick.plain() == careful.plain() and list(quick.plain()) == list(careful.plain())
+    import inspect
+
+    dataclass_init = inspect.signature(HoldEntry.__dataclass_init__)  # type: ignore[attr-defined]
+    assert inspect.signature(HoldEntry) == dataclass_init.replace(parameters=list(dataclass_init.parameters.values())[1:])
     bare = {k: v for k, v in kwargs.items() if k not in ("devices", "consumed", "yields")}
     one, other = HoldEntry(**bare), HoldEntry(**bare)
     assert one.devices is not other.devices and one.consumed is not other.consumed  # a factory per hold
