@@ -118,6 +118,7 @@ def test_sandbox_churn_quick_churns_claims_through_the_real_system(tmp_path: Pat
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "alibaba-gpu-2023"
 
 
+@pytest.mark.e2e  # 43 s; tests/unit/test_trace.py replays the trace through the core in `make test`
 @pytest.mark.skipif(not (TRACE / "openb_node_list_gpu_node.csv").exists(),
                     reason="the Alibaba trace is not next to the repository")
 def test_the_alibaba_trace_runs_through_the_real_system_with_fgd(tmp_path: Path) -> None:
