@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import sys
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -143,10 +144,10 @@ def flamegraph_svg(profile: Profile, title: str, width: int = 1600, row: int = 1
                 depth_max = max(depth_max, depth)
                 label = html.escape(f"{name} ({kid['n']} samples, {kid['n'] / total:.2%})")
                 text = html.escape(name.split(" (")[0]) if w > 40 else ""
-                hue = 20 + hash(name.split(" (")[-1].split(":")[0]) % 40
+                hue = 20 + zlib.crc32(name.split(" (")[-1].split(":")[0].encode()) % 40  # by file, the same each run
                 rects.append(f'<g><title>{label}</title><rect x="{x:.1f}" y="{{y{depth}}}" width="{w:.1f}" '
                              f'height="{row - 1}" fill="hsl({hue},80%,60%)"/>'
-                             f'<text x="{x + 2:.1f}" y="{{t{depth}}}" font-size="11" clip-path="none">'
+                             f'<text x="{x + 2:.1f}" y="{{t{depth}}}" font-size="11">'
                              f'{text[: int(w / 7)]}</text></g>')
                 draw(kid, x, depth + 1)
             x += w
