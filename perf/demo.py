@@ -89,7 +89,9 @@ async def system(settings: Settings, bootstrap: str = "", layout: str = "split",
     """The real system for a run: a broker (unless `bootstrap` names one: the embedded Tansu,
     or with `broker_kind="kafka"` Apache Kafka from `make kafka`), the topics, and the workers
     (`split`: state processes and scheduler processes, in that order, as many of each as
-    `replicas` says; `single`: one; then `rebalancers` processes with only the rebalancer role). With `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to every worker.
+    `replicas` says; `single`: one; then `rebalancers` processes with only the rebalancer
+    role). With `metrics_ports`, worker i serves its metrics on port i; `extra_env` goes to
+    every worker.
     A broker given is reached as `settings.kafka` says (its security settings go to the
     workers too); a broker started here is PLAINTEXT. Yields the settings pointing at the broker
     and the worker processes; stops everything after."""

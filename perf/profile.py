@@ -133,31 +133,27 @@ def flamegraph_svg(profile: Profile, title: str, width: int = 1600, row: int = 1
             node = node["kids"].setdefault(frame, {"n": 0, "kids": {}})
             node["n"] += n
     total = max(tree["n"], 1)
-    rects: list[str] = []
-    depth_max = 0
+    frames: list[tuple[float, int, float, str, int]] = []  # x, depth, width, name, samples
 
-    def draw(node: dict[str, Any], x: float, depth: int) -> None:
-        nonlocal depth_max
+    def lay_out(node: dict[str, Any], x: float, depth: int) -> None:
         for name, kid in sorted(node["kids"].items()):
             w = kid["n"] / total * width
             if kid["n"] / total >= 0.0005:
-                depth_max = max(depth_max, depth)
-                label = html.escape(f"{name} ({kid['n']} samples, {kid['n'] / total:.2%})")
-                text = html.escape(name.split(" (")[0]) if w > 40 else ""
-                hue = 20 + zlib.crc32(name.split(" (")[-1].split(":")[0].encode()) % 40  # by file, the same each run
-                rects.append(f'<g><title>{label}</title><rect x="{x:.1f}" y="{{y{depth}}}" width="{w:.1f}" '
-                             f'height="{row - 1}" fill="hsl({hue},80%,60%)"/>'
-                             f'<text x="{x + 2:.1f}" y="{{t{depth}}}" font-size="11">'
-                             f'{text[: int(w / 7)]}</text></g>')
-                draw(kid, x, depth + 1)
+                frames.append((x, depth, w, name, kid["n"]))
+                lay_out(kid, x, depth + 1)
             x += w
 
-    draw(tree, 0.0, 0)
-    height = (depth_max + 2) * row + 24
+    lay_out(tree, 0.0, 0)
+    height = (max((f[1] for f in frames), default=0) + 2) * row + 24
+    rects = []
+    for x, depth, w, name, n in frames:
+        y = height - (depth + 1) * row
+        label = html.escape(f"{name} ({n} samples, {n / total:.2%})")
+        text = html.escape(name.split(" (")[0])[: int(w / 7)] if w > 40 else ""
+        hue = 20 + zlib.crc32(name.split(" (")[-1].split(":")[0].encode()) % 40  # by file, the same each run
+        rects.append(f'<g><title>{label}</title><rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 1}" '
+                     f'fill="hsl({hue},80%,60%)"/><text x="{x + 2:.1f}" y="{y + row - 4}" font-size="11">{text}</text></g>')
     body = "\n".join(rects)
-    for d in range(depth_max + 1):
-        y = height - (d + 1) * row
-        body = body.replace(f"{{y{d}}}", str(y)).replace(f"{{t{d}}}", str(y + row - 4))
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace">\n'
             f'<text x="4" y="16" font-size="13">{html.escape(title)} ({total} samples)</text>\n{body}\n</svg>\n')
 
@@ -205,10 +201,8 @@ class Profiler:
         """Per role: samples, samples by stage, and the role's CPU per pod by stage."""
         out: dict[str, Any] = {}
         for role, p in self.profiles.items():
-            by_stage = stages(p)
-            out[role] = {"samples": p.samples, "stages": by_stage, "codec": codec(p),
-                         "cpu_us_per_pod": per_pod_us(by_stage, cpu_s.get(role, 0.0), pods),
-                         "codec_us_per_pod": per_pod_us({**codec(p), "idle": by_stage.get("idle", 0)},
-                                                        cpu_s.get(role, 0.0), pods, busy=p.samples
-                                                        - by_stage.get("idle", 0))}
+            by_stage, by_op, cpu = stages(p), codec(p), cpu_s.get(role, 0.0)
+            out[role] = {"samples": p.samples, "stages": by_stage, "codec": by_op,
+                         "cpu_us_per_pod": per_pod_us(by_stage, cpu, pods),
+                         "codec_us_per_pod": per_pod_us(by_op, cpu, pods, busy=p.samples - by_stage.get("idle", 0))}
         return out

@@ -80,14 +80,12 @@ INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 
 
 def _int(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer() and INT_MIN <= value <= INT_MAX:
-            return int(value)
-        raise SchemaError(path, value, "must be an integer" + (" within 64 bits" if isinstance(value, float)
-                                                               and value.is_integer() else ""))
+    whole = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+    if not whole:
+        raise SchemaError(path, value, "must be an integer")
     if not INT_MIN <= value <= INT_MAX:
         raise SchemaError(path, value, "must be an integer within 64 bits")
-    return value
+    return value if isinstance(value, int) else int(value)
 
 
 def _float(value: Any, path: str) -> float:

@@ -19,6 +19,7 @@ and `QuotaGranted` / `QuotaDenied` by the asker's decision key on `holds`; `Bind
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -1131,8 +1132,7 @@ def quick_init(cls: type[Any]) -> None:
     for index, f in enumerate(fields):
         if not f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             continue  # left unset, as dataclasses leaves it
-        slot = next(k.__dict__[f.name] for k in cls.__mro__ if f.name in k.__dict__)
-        scope[f"set{index}"] = slot.__set__
+        scope[f"set{index}"] = _slot(cls, f.name).__set__
         if f.default is not dataclasses.MISSING:
             scope[f"default{index}"] = f.default
             value = f.name if f.init else f"default{index}"
@@ -1164,14 +1164,12 @@ _REPLACERS: dict[type[Any], Callable[[Any, dict[str, Any]], Any]] = {}
 def replace(record: _R, /, **changes: Any) -> _R:
     """`dataclasses.replace` for records, at half its cost: the same result (an init field not
     given is copied, one that cannot be given takes its default) and the same refusals, from a
-    function made once per class that sets each slot through its descriptor. A record is
+    function made once per record class that sets each slot through its descriptor. A record is
     replaced a few times on its way (admitted, stamped, decoded with its effective requests);
     other dataclasses go to `dataclasses.replace`."""
     made = _REPLACERS.get(type(record))
     if made is None:
-        if type(record) not in _QUICK:
-            return dataclasses.replace(record, **changes)  # type: ignore[type-var]
-        made = _REPLACERS[type(record)] = _replacer(type(record))
+        return dataclasses.replace(record, **changes)  # type: ignore[type-var]
     out: _R = made(record, changes)
     return out
 
@@ -1185,7 +1183,7 @@ def _replacer(cls: type[Any]) -> Callable[[Any, dict[str, Any]], Any]:
             "        return slow(record, **changes)  # its refusal, word for word"]
     body.append("    out = new(cls)")
     for index, f in enumerate(fields):
-        slot = next(k.__dict__[f.name] for k in cls.__mro__ if f.name in k.__dict__)
+        slot = _slot(cls, f.name)
         scope[f"set{index}"], scope[f"get{index}"] = slot.__set__, slot.__get__
         if f.init:
             body.append(f"    set{index}(out, changes[{f.name!r}] if {f.name!r} in changes else get{index}(record))")
@@ -1201,14 +1199,17 @@ def _replacer(cls: type[Any]) -> Callable[[Any, dict[str, Any]], Any]:
     return replacer
 
 
-_QUICK: set[type[Any]] = set()
+
+def _slot(cls: type[Any], name: str) -> Any:
+    """The slot descriptor of a field of a slotted class (on the class that declares it)."""
+    return next(k.__dict__[name] for k in cls.__mro__ if name in k.__dict__)
 
 
 def _quick_records() -> None:
     for value in list(globals().values()):
         if isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == __name__:
             quick_init(value)
-            _QUICK.add(value)
+            _REPLACERS[value] = _replacer(value)
 
 
 _quick_records()
@@ -1286,38 +1287,42 @@ _CARRIERS: dict[tuple[type[Any], type[Any], tuple[str, ...]], Callable[[Any, dic
 
 def _carrier(target: type[Any], source: type[Any], given: dict[str, Any]) -> Callable[[Any, dict[str, Any]], Any]:
     """`carry` for one target, source class and names given, as straight-line code: the names
-    the source's instances have are its dataclass fields and its class's attributes."""
+    the source's instances have are its dataclass fields and its class's attributes, and, for
+    a class without slots, whatever else of the target's an instance has of its own."""
     if not dataclasses.is_dataclass(source) or hasattr(source, "__getattr__"):
-        return lambda record, names: _carry_slowly(target, record, names)
+        return functools.partial(_carry_slowly, target)
     fields = {f.name for f in dataclasses.fields(source)}
-    scope: dict[str, Any] = {"target": target}
-    body, args, extra = ["def carrier(source, given):"], [], []
+    scope: dict[str, Any] = {"target": target, "own_values": _own_values}
+    body, args, own = ["def carrier(source, given):"], [], []
     for index, (name, kind) in enumerate(_carried_kinds(target).items()):
         if name in given:
             continue
         if not (name in fields or hasattr(source, name)):
-            if "__slots__" not in source.__dict__:  # an instance may still have it of its own
-                extra.append((index, name, kind))
+            if "__slots__" not in source.__dict__:
+                own.append((name, kind))
             continue
         body.append(f"    v{index} = source.{name}")
         if kind is not None:
             scope[f"kind{index}"] = kind
             body.append(f"    if v{index} is not None:\n        v{index} = kind{index}(v{index})")
         args.append(f"{name}=v{index}")
-    if extra:
-        body.append("    own = source.__dict__")
-        body.append("    values = {}")
-        for index, name, kind in extra:
-            scope[f"kind{index}"] = kind
-            body.append(f"    if {name!r} in own:\n        values[{name!r}] = own[{name!r}]"
-                        + (f"\n        if values[{name!r}] is not None:\n"
-                           f"            values[{name!r}] = kind{index}(values[{name!r}])" if kind is not None else ""))
-        body.append(f"    return target({', '.join([*args, '**values', '**given'])})")
-    else:
-        body.append(f"    return target({', '.join([*args, '**given'])})")
+    if own:
+        scope["own"] = tuple(own)
+        args.append("**own_values(source.__dict__, own)")
+    body.append(f"    return target({', '.join([*args, '**given'])})")
     exec("\n".join(body), scope)  # noqa: S102 - built above from the classes' own fields
     carrier: Callable[[Any, dict[str, Any]], Any] = scope["carrier"]
     return carrier
+
+
+def _own_values(attributes: dict[str, Any], names: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+    """Of `names` (with their kinds), those an instance's own `attributes` hold, as carried."""
+    out = {}
+    for name, kind in names:
+        if name in attributes:
+            value = attributes[name]
+            out[name] = kind(value) if kind is not None and value is not None else value
+    return out
 
 
 _KINDS: dict[type[Any], dict[str, Any]] = {}

@@ -42,8 +42,9 @@ from; the refill rate limiter's tokens; the last batch's outputs (`sent`). Rules
    Deleted otherwise); a deleted claim deletes its sandbox; a sandbox pod removed by anyone
    else (the deciders send its PodDeleted or PodTerminated on) leaves the pool, and its claim
    ends Failed; the pool sends the pod's deletion again (a record of the pod it sent, at its
-   start, in a replay or with its claim's metadata, may have reached `pods` after the removal). Ended claims are kept for
-   `retention_s` of log time (a redelivery in that window still gets its answer), then dropped:
+   start, in a replay or with its claim's metadata, may have reached `pods` after the
+   removal). Ended claims are kept for `retention_s` of log time (a redelivery in that window
+   still gets its answer), then dropped:
    a claim published again after that is decided as a new one (redeliveries come within
    seconds, docs/architecture.md "How long state is kept"; a producer must not publish a
    deleted claim again, or its new sandbox waits for a deletion that never comes).
@@ -493,7 +494,7 @@ class PoolCore:
             result.problems.append(Problem(refusal.field, str(refusal.value), str(refusal), claim))
             reason = NOT_FOUND if refusal.field == "spec.warmPoolRef.name" else INVALID
             status = replace(base, phase=REFUSED, reason=reason, message=str(refusal),
-                                         next_step="FixClaim" if reason == INVALID else "CreateWarmPool")
+                             next_step="FixClaim" if reason == INVALID else "CreateWarmPool")
             self._record(st, ck, claim, status, "", "", gone=t)
             self._say(st, ck, result, status)
             self._count(st, "refused")
@@ -510,7 +511,7 @@ class PoolCore:
             uid = next(iter(st._ready))
             sandbox = self._take(st, uid, ck)
             status = replace(base, phase=READY_PHASE, path=WARM, sandbox=sandbox["name"], pod_uid=uid,
-                                         node=sandbox["node"])
+                             node=sandbox["node"])
             self._record(st, ck, claim, status, uid, WARM)
             self._send_metadata(st, uid, ck, result)
             self._count(st, "warm_hits")
@@ -518,7 +519,7 @@ class PoolCore:
             uid = next(iter(st._starting))
             sandbox = self._take(st, uid, ck)
             status = replace(base, path=VIA_STARTING, sandbox=sandbox["name"], pod_uid=uid,
-                                         reason=POOL_EMPTY, message="no ready sandbox: took one that is starting")
+                             reason=POOL_EMPTY, message="no ready sandbox: took one that is starting")
             self._record(st, ck, claim, status, uid, VIA_STARTING)
             self._send_metadata(st, uid, ck, result)
             self._count(st, "starting_hits")
@@ -527,7 +528,7 @@ class PoolCore:
             st.sandboxes[uid] = {"name": claim.name, "state": CLAIMED, "node": "", "claim": ck, "since": t, "born": t,
                                  "hash": pool.template.hash, "tpl": st._tpl, "n": -1, "k": st.stamp(), "cold": True}
             status = replace(base, path=COLD, sandbox=claim.name, pod_uid=uid, reason=POOL_EMPTY,
-                                         message="the warm pool is empty: a sandbox is starting through the scheduler")
+                             message="the warm pool is empty: a sandbox is starting through the scheduler")
             self._record(st, ck, claim, status, uid, COLD)
             self._send_pod(st, uid, result)  # built from the records just made, as a re-send builds it
             self._count(st, "cold")
@@ -564,7 +565,7 @@ class PoolCore:
         entry = st.claims.get(ck) if ck else None
         if entry is not None and entry["status"]["phase"] == PENDING:  # its claim waited for it: Ready
             status = replace(_status(entry), phase=READY_PHASE,
-                                         node=binding.node, reason="", message="", answered_at=t)
+                             node=binding.node, reason="", message="", answered_at=t)
             self._update(st, ck, status, result)
         return False
 
@@ -876,7 +877,7 @@ class PoolCore:
             self._delete_sandbox(st, entry["sandbox"], t, result)
         old = _status(entry)
         status = replace(old, phase=phase, message=message, reason="", next_step="",
-                                     retry_after_s=None, alternatives=(), answered_at=t)
+                         retry_after_s=None, alternatives=(), answered_at=t)
         # Expired (Retain) keeps the claim until it is deleted; the others are gone from now.
         st.claims[ck] = {**entry, "sandbox": "", "status": to_plain(status), "shutdown": None,
                          "gone": None if phase == EXPIRED else t}

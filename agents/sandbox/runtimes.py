@@ -239,7 +239,7 @@ class RuntimeTable:
         if qos:
             labels[QOS_LABEL] = qos
         return self.admit(replace(bare, runtime_class_name=runtime, labels=labels,
-                                              qos_class=qos or bare.qos_class))
+                                  qos_class=qos or bare.qos_class))
 
 
 def load_runtimes(text: str, *, defaults: bool = True) -> RuntimeTable:

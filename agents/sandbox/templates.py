@@ -175,8 +175,8 @@ def validate_claim(claim: SandboxClaim) -> None:
 
 def reserved_key(key: str) -> bool:
     """A label or annotation key of a domain a claim's metadata may not set (`RESERVED_DOMAINS`)."""
-    domain = key.split("/", 1)[0] if "/" in key else ""
-    return any(domain == d or domain.endswith("." + d) for d in RESERVED_DOMAINS)
+    domain, slash, _ = key.partition("/")
+    return bool(slash) and any(domain == d or domain.endswith("." + d) for d in RESERVED_DOMAINS)
 
 
 def validate_burst(burst: SandboxBurst) -> None:
@@ -218,7 +218,7 @@ def sandbox_pod(pool: SandboxWarmPool, uid: str, name: str, created: float,
             labels[SANDBOX_CLAIM_UID_LABEL] = claim.uid
         annotations = {**annotations, **claim.annotations}
     return replace(template.pod, uid=uid, name=name, namespace=pool.namespace, labels=labels,
-                               annotations=annotations, creation_timestamp=created, node_name="", phase="Pending")
+                   annotations=annotations, creation_timestamp=created, node_name="", phase="Pending")
 
 
 def burst_reservations(pool: SandboxWarmPool, burst: SandboxBurst, created: float) -> list[Reservation]:
