@@ -166,6 +166,7 @@ async def test_transactions_commit_and_abort(kafka_bootstrap: str) -> None:
     assert b"aborted" in everything  # written, and only hidden from read_committed readers
 
 
+@pytest.mark.e2e  # 11 s waiting for the log cleaner: in `make e2e`, to keep `make test` within its 10 minutes
 async def test_compacted_catalogue_topic_is_compacted_within_a_run(own_broker: KafkaBroker) -> None:
     """One node's record rewritten again and again on `nodes`: once a segment closes (after
     the catalogue's segment_ms) the cleaner keeps only the last record of that key in it."""

@@ -80,6 +80,7 @@ def test_worker_alone_exits_on_sigterm_within_10s(bootstrap: str) -> None:
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.e2e  # 14 s of housekeeping: in `make e2e`, to keep `make test` within its 10 minutes
 def test_a_worker_keeps_its_data_out_of_the_directory_it_started_from(bootstrap: str, tmp_path: Path) -> None:
     """faust's data folder (`<group>-data`) goes into `worker.state_dir`, or a temporary folder
     removed on exit; it used to land in whatever directory the worker was started from."""

@@ -22,6 +22,7 @@ from streams.settings import load_settings
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.e2e  # 11 s; tests/integration/test_sandbox.py drives the pools through the broker in `make test`
 def test_up_publishes_the_warm_pools_of_its_config_and_the_pools_start(tmp_path: Path) -> None:
     pools = tmp_path / "pools.yaml"
     pools.write_text(POOLS)
