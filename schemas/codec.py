@@ -13,6 +13,7 @@ only agrees (see "the fast path") and a careful one that names what it refuses.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 import types
 import typing
@@ -60,8 +61,88 @@ def to_plain(record: Record) -> dict[str, Any]:
     return plain
 
 
-def encode_batch(records: Iterable[Record]) -> bytes:
-    return orjson.dumps(list(records), default=_default, option=_OPTS)
+def encode_batch(records: Iterable[Record], batched: bool = True) -> bytes:
+    """A message of `records`; with `batched`, each run of two or more records of one kind is
+    written as one `Batch` (schema 1.1: "batches" below), else every record is its own."""
+    items: list[Any] = list(records)
+    if batched and len(items) > 1:
+        items = _batched(items)
+    return orjson.dumps(items, default=_default, option=_OPTS)
+
+
+# --- batches -------------------------------------------------------------------------------
+#
+# A run of records of one kind in a message is written as one element, {"kind": "Batch",
+# "schema_version", "of": the kind, "shared": the fields whose value every member has,
+# "members": [each member's other fields]}. A member is the record `{**shared, **member}` of
+# kind `of`: readers see the same records, in the same order, as if each had been written on
+# its own (`tests/unit/test_codec_batches.py`), and a bad member is a dead letter naming
+# `members[i].<field>` (or `shared.<field>`) while the others are read. A field is shared
+# only when its values are equal and of one class (so 1 and True, which compare equal, are
+# not merged); a field of a type that the reader does not convert exactly (nested records, maps of
+# any values) only when every member has the same empty value.
+
+BATCH_KIND = "Batch"
+
+
+def _exact_type(tp: Any) -> bool:
+    """Values of this type are equal only when they encode the same (given one class)."""
+    inner, _ = _optional(tp)
+    origin, args = typing.get_origin(inner), typing.get_args(inner)
+    return (inner in (str, int, float, bool) or inner is ResourceList
+            or (origin is tuple and args[0] is str) or (origin is dict and args[1] in (str, int)))
+
+
+_COLUMNS: dict[type, tuple[tuple[str, ...], tuple[bool, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def _columns(cls: type) -> tuple[tuple[str, ...], tuple[bool, ...], Callable[[Any], tuple[Any, ...]]]:
+    found = _COLUMNS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        names = tuple(f.name for _, f in _init_fields(cls) if f.name != "schema_version")
+        getter = operator.attrgetter(*names)
+        found = names, tuple(_exact_type(hints[n]) for n in names), (
+            getter if len(names) > 1 else lambda r: (getter(r),))
+        _COLUMNS[cls] = found
+    return found
+
+
+def _batch(records: list[Any]) -> dict[str, Any]:
+    cls = records[0].__class__
+    names, exact, row = _columns(cls)
+    shared: dict[str, Any] = {}
+    own: list[int] = []
+    count = len(records)
+    rows = list(map(row, records))
+    for index, column in enumerate(zip(*rows, strict=True)):
+        first = column[0]
+        kind = first.__class__
+        if (column.count(first) == count and all(v.__class__ is kind for v in column)
+                and (exact[index] or not first)):
+            shared[names[index]] = first
+        else:
+            own.append(index)
+    own_names = [names[i] for i in own]
+    pick = operator.itemgetter(*own) if len(own) > 1 else (lambda values: (values[own[0]],)) if own else (
+        lambda values: ())
+    members = [dict(zip(own_names, pick(values), strict=True)) for values in rows]
+    return {"kind": BATCH_KIND, "schema_version": SCHEMA_VERSION, "of": cls.KIND, "shared": shared,
+            "members": members}
+
+
+def _batched(records: list[Any]) -> list[Any]:
+    """Runs of one kind as batches, the rest as they are, in order."""
+    out: list[Any] = []
+    start = 0
+    for end in range(1, len(records) + 1):
+        if end == len(records) or records[end].__class__ is not records[start].__class__:
+            if end - start > 1:
+                out.append(_batch(records[start:end]))
+            else:
+                out.append(records[start])
+            start = end
+    return out
 
 
 # --- decoding -----------------------------------------------------------------------------
@@ -344,6 +425,44 @@ def _fast_converter(tp: Any) -> Converter:
 _FAST: dict[type, Converter] = {}
 
 
+def _field_lines(index: int, f: dataclasses.Field[Any], tp: Any, keyed: frozenset[str], scope: dict[str, Any],
+                 indent: str, fallback: str | None = None) -> list[str]:
+    """Lines that leave field `f`'s value (from the dict read through `get`) in `v{index}`:
+    its default when absent (or `fallback`, an expression, when given), raising `_Slow`
+    when it is not taken as it is."""
+    lines = [f"{indent}v = get({f.name!r}, M)"]
+    if fallback is not None:
+        lines.append(f"{indent}if v is M: v = {fallback}")
+    elif f.default is not dataclasses.MISSING:
+        scope[f"d{index}"] = f.default
+        lines.append(f"{indent}if v is M: v = d{index}")
+    elif f.default_factory is not dataclasses.MISSING:
+        scope[f"d{index}"] = f.default_factory
+        lines.append(f"{indent}if v is M: v = d{index}()")
+    else:
+        lines.append(f"{indent}if v is M: raise _Slow")
+    lines.append(f"{indent}else:")
+    inner, optional = _optional(tp)
+    if inner in _INLINE:
+        check = _INLINE[inner] or "pass"
+    else:
+        scope[f"c{index}"] = _fast_converter(inner)
+        check = f"v = c{index}(v)"
+    deeper = indent + "    "
+    if optional:
+        lines.append(f"{deeper}if v is not None:")
+        deeper += "    "
+    lines.append(f"{deeper}{check}")
+    if f.name in keyed and inner is str:
+        lines.append(f"{deeper}if control(v): raise _Slow")
+    lines.append(f"{indent}v{index} = v")
+    return lines
+
+
+def _init_fields(cls: type) -> list[tuple[int, dataclasses.Field[Any]]]:
+    return [(index, f) for index, f in enumerate(f for f in dataclasses.fields(cls) if f.init)]
+
+
 def _fast_decoder(cls: type) -> Converter:
     if cls in _FAST:
         return _FAST[cls]
@@ -351,44 +470,102 @@ def _fast_decoder(cls: type) -> Converter:
     keyed = _keyed(cls)
     scope: dict[str, Any] = {**_INLINE_SCOPE, "M": _MISSING, "control": _CONTROL.search, "cls": cls}
     lines = ["def decode(value):", "    if value.__class__ is not dict: raise _Slow", "    get = value.get"]
-    names = []
-    for index, f in enumerate(f for f in dataclasses.fields(cls) if f.init):
-        var = f"v{index}"
-        names.append(var)
-        tp = hints[f.name]
+    fields = _init_fields(cls)
+    for index, f in fields:
         if f.name == "schema_version":
             scope[f"d{index}"] = f.default
-            lines.append(f"    {var} = d{index}")
-            continue
-        lines.append(f"    v = get({f.name!r}, M)")
-        if f.default is not dataclasses.MISSING:
-            scope[f"d{index}"] = f.default
-            lines.append(f"    if v is M: v = d{index}")
-        elif f.default_factory is not dataclasses.MISSING:
-            scope[f"d{index}"] = f.default_factory
-            lines.append(f"    if v is M: v = d{index}()")
+            lines.append(f"    v{index} = d{index}")
         else:
-            lines.append("    if v is M: raise _Slow")
-        lines.append("    else:")
-        inner, optional = _optional(tp)
-        if inner in _INLINE:
-            check = _INLINE[inner] or "pass"
-        else:
-            scope[f"c{index}"] = _fast_converter(inner)
-            check = f"v = c{index}(v)"
-        indent = "        "
-        if optional:
-            lines.append(f"{indent}if v is not None:")
-            indent += "    "
-        lines.append(f"{indent}{check}")
-        if f.name in keyed and inner is str:
-            lines.append(f"{indent}if control(v): raise _Slow")
-        lines.append(f"    {var} = v")
-    lines.append(f"    return cls({', '.join(names)})")
+            lines += _field_lines(index, f, hints[f.name], keyed, scope, "    ")
+    lines.append(f"    return cls({', '.join(f'v{index}' for index, _ in fields)})")
     exec("\n".join(lines), scope)  # noqa: S102 - source built above from the class's own fields
     decoder: Converter = scope["decode"]
     _FAST[cls] = decoder
     return decoder
+
+
+_FAST_BATCH: dict[tuple[type, frozenset[str]], Callable[[dict[str, Any], list[Any]], list[Any]]] = {}
+_FAST_BATCH_MAX = 1024
+
+
+def _fast_batch_decoder(cls: type, shared: frozenset[str]) -> Callable[[dict[str, Any], list[Any]], list[Any]]:
+    """Decodes a batch's members (None for one it does not take as it is): a shared field of
+    an exact type is converted once (a map copied per member), any other per member."""
+    key = (cls, shared)
+    found = _FAST_BATCH.get(key)
+    if found is not None:
+        return found
+    hints = typing.get_type_hints(cls)
+    keyed = _keyed(cls)
+    scope: dict[str, Any] = {**_INLINE_SCOPE, "M": _MISSING, "control": _CONTROL.search, "cls": cls,
+                             "SchemaError": SchemaError, "RL": ResourceList}
+    head = ["def decode(shared, members):", "    get = shared.get"]
+    body = []
+    fields = _init_fields(cls)
+    for index, f in fields:
+        tp = hints[f.name]
+        if f.name == "schema_version":
+            scope[f"d{index}"] = f.default
+            body.append(f"            v{index} = d{index}")
+            continue
+        if f.name not in shared:
+            body += _field_lines(index, f, tp, keyed, scope, "            ")
+            continue
+        inner, optional = _optional(tp)
+        if _exact_type(tp) and not optional:
+            head += [line.replace(f"v{index} = v", f"s{index} = v") if line.strip() == f"v{index} = v" else line
+                     for line in _field_lines(index, f, tp, keyed, scope, "    ")]
+            copy = "RL" if inner is ResourceList else "dict" if typing.get_origin(inner) is dict else ""
+            body += _field_lines(index, f, tp, keyed, scope, "            ",
+                                 fallback=f"{copy}(s{index})" if copy else f"s{index}")
+        else:  # converted per member from the shared value as written
+            head.append(f"    r{index} = shared[{f.name!r}]")
+            lines = _field_lines(index, f, tp, keyed, scope, "            ", fallback="M")
+            body += [lines[0], f"            if v is M: v = r{index}", "            if True:"] + lines[3:]
+    loop = ["    out = []", "    append = out.append", "    for value in members:",
+            "        if value.__class__ is not dict:", "            append(None)", "            continue",
+            "        get = value.get", "        try:"]
+    tail = ["        except (_Slow, SchemaError):", "            append(None)", "            continue",
+            f"        append(cls({', '.join(f'v{index}' for index, _ in fields)}))", "    return out"]
+    exec("\n".join(head + loop + body + tail), scope)  # noqa: S102 - source built above from the class's own fields
+    decoder: Callable[[dict[str, Any], list[Any]], list[Any]] = scope["decode"]
+    if len(_FAST_BATCH) >= _FAST_BATCH_MAX:
+        _FAST_BATCH.clear()
+    _FAST_BATCH[key] = decoder
+    return decoder
+
+
+def _decode_batch(value: dict[str, Any]) -> list[Record | SchemaError]:
+    """A `Batch` element's members, each a record or the error naming its field."""
+    check_version(value)
+    of, shared, members = value.get("of"), value.get("shared", {}), value.get("members")
+    if not isinstance(of, str) or of not in BY_KIND:
+        raise SchemaError("of", of, f"unknown record kind (known: {', '.join(sorted(BY_KIND))})")
+    if not isinstance(shared, dict):
+        raise SchemaError("shared", shared, "must be a JSON object of the fields every member has")
+    if not isinstance(members, list):
+        raise SchemaError("members", members, "must be a JSON array of the members' own fields")
+    cls = BY_KIND[of]
+    names = frozenset(shared).intersection(f.name for _, f in _init_fields(cls))
+    try:
+        fast: list[Any] = _fast_batch_decoder(cls, names)(shared, members)
+    except (_Slow, SchemaError):  # a shared value not taken as it is: each member the careful way
+        fast = [None] * len(members)
+    out: list[Record | SchemaError] = []
+    for index, (member, record) in enumerate(zip(members, fast, strict=True)):
+        if record is None:
+            try:
+                if not isinstance(member, dict):
+                    raise SchemaError("", member, "a member must be a JSON object")
+                record = decode_object({**shared, **member, "kind": of,
+                                        "schema_version": value.get("schema_version", SCHEMA_VERSION)})
+            except SchemaError as exc:
+                top = re.split(r"[.\[]", exc.field, maxsplit=1)[0]
+                mine = not top or not isinstance(member, dict) or top in member or top not in shared
+                out.append(exc.under(f"members[{index}]" if mine else "shared"))
+                continue
+        out.append(_finished(record))
+    return out
 
 
 def check_version(value: Any) -> None:
@@ -422,6 +599,11 @@ def decode_object(value: Any, expect: type[Record] | None = None) -> Record:
         record = _fast_decoder(cls)(value)
     except (_Slow, SchemaError):
         record = _dataclass_decoder(cls)(value, "")
+    return _finished(record)
+
+
+def _finished(record: Record) -> Record:
+    """A decoded record as readers take it (a pod's requests are its containers' effective ones)."""
     if isinstance(record, Pod) and record.containers:
         record = replace(
             record, requests=effective_requests(record.containers, record.init_containers, record.overhead)
@@ -441,7 +623,12 @@ def decode_message(data: bytes | None) -> list[Record | SchemaError]:
     out: list[Record | SchemaError] = []
     for index, item in enumerate(items):
         try:
-            out.append(decode_object(item))
+            if item.__class__ is dict and item.get("kind") == BATCH_KIND:
+                batch = _decode_batch(item)
+                out += [r.under(f"[{index}]") if isinstance(r, SchemaError) and isinstance(value, list) else r
+                        for r in batch]
+            else:
+                out.append(decode_object(item))
         except SchemaError as exc:
             out.append(exc.under(f"[{index}]") if isinstance(value, list) else exc)
     return out

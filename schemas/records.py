@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 SCHEMA_MAJOR = 1
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 GANG_NAME_ANNOTATION = "gang.scheduling.koordinator.sh/name"
 GANG_MIN_AVAILABLE_ANNOTATION = "gang.scheduling.koordinator.sh/min-available"

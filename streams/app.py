@@ -217,7 +217,8 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False, kafka: 
         fut: Awaitable[object] = await app.producer.send(topic, key, value, partition, None, headers)
         return fut
 
-    outbox = PartitionedOutbox(send, p)
+    batched = settings.kafka.record_batches
+    outbox = PartitionedOutbox(send, p, batched=batched)
 
     # The deciders keep the elastic quotas' ledgers (`agents.state.quotas`): the same profiles
     # as the schedulers', so that the max a scheduler pre-filters with is the one guaranteed.
@@ -237,7 +238,7 @@ def wire(app: faust.App, settings: Settings, transactions: bool = False, kafka: 
             producer_options={"compression_type": transport.COMPRESSION,
                               "max_batch_size": transport.MAX_BATCH_BYTES, "max_request_size": 4 * 1024 * 1024,
                               "retry_backoff_ms": 10},
-            make_outbox=lambda send_fn: PartitionedOutbox(send_fn, p))
+            make_outbox=lambda send_fn: PartitionedOutbox(send_fn, p, batched=batched))
         # With transactions the input offsets are committed inside each batch's transaction:
         # faust must not commit them too (acks off on the channel).
         loops = [

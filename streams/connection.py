@@ -57,10 +57,11 @@ class KafkaAccessRefused(RuntimeError):
 def connect(k: KafkaSettings) -> KafkaConnection:
     """The connection the kafka settings describe (validated already, by `load_settings`)."""
     if not k.uses_sasl:
-        return KafkaConnection(k.bootstrap, k.security_protocol, ssl_context=tls_context(k) if k.uses_tls else None)
+        return KafkaConnection(k.bootstrap, k.security_protocol, ssl_context=tls_context(k) if k.uses_tls else None,
+                               record_batches=k.record_batches)
     return KafkaConnection(k.bootstrap, k.security_protocol, sasl_mechanism=k.sasl_mechanism,
                            sasl_username=k.sasl_username, sasl_password=k.sasl_secret(),
-                           ssl_context=tls_context(k) if k.uses_tls else None)
+                           ssl_context=tls_context(k) if k.uses_tls else None, record_batches=k.record_batches)
 
 
 def child_env(k: KafkaSettings) -> dict[str, str]:

@@ -28,9 +28,11 @@ def compacted_topics(partitions: int) -> frozenset[str]:
 
 
 class PartitionedOutbox:
-    def __init__(self, send: SendFn, partitions: int, keyed: Collection[str] | None = None) -> None:
+    def __init__(self, send: SendFn, partitions: int, keyed: Collection[str] | None = None,
+                 batched: bool = True) -> None:
         self._send = send
         self.partitions = partitions
+        self.batched = batched  # kafka.record_batches
         self.keyed = frozenset(compacted_topics(partitions) if keyed is None else keyed)  # one key per message
 
     def group(self, outputs: Sequence[Output]) -> dict[tuple[str, int, Origin | None, str], list[Output]]:
@@ -55,7 +57,7 @@ class PartitionedOutbox:
 
     def _messages(self, chunk: Sequence[Output]) -> list[tuple[Sequence[Output], bytes]]:
         """Encoded batches of at most MAX_MESSAGE_BYTES (halving a chunk that is larger)."""
-        value = encode_batch(o.record for o in chunk)
+        value = encode_batch((o.record for o in chunk), self.batched)
         if len(value) <= MAX_MESSAGE_BYTES or len(chunk) == 1:
             return [(chunk, value)]
         middle = len(chunk) // 2

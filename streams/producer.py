@@ -56,7 +56,7 @@ class RecordProducer:
         self.bootstrap = self.kafka.bootstrap
         self._producer = self.kafka.producer(linger_ms=linger_ms, max_request_size=4 * 1024 * 1024,
                                              compression_type=COMPRESSION, max_batch_size=MAX_BATCH_BYTES)
-        self.outbox = PartitionedOutbox(self._send, partitions)
+        self.outbox = PartitionedOutbox(self._send, partitions, batched=self.kafka.record_batches)
 
     async def _send(self, topic: str, key: bytes | None, value: bytes, partition: int,
                     headers: list[tuple[str, bytes]] | None) -> Awaitable[object]:

@@ -66,6 +66,10 @@ class KafkaSettings:
     earlier one to the same partition is visible, and a consumer would read past it for good.
     `on`, `off`, or `auto` (on when the broker refuses InitProducerId, as Tansu does: without
     transactions or compaction every offset holds a record, so a gap is a write in flight)."""
+    record_batches: bool = True
+    """Write each run of records of one kind in a message as one `Batch` record (schema 1.1:
+    the fields every member shares once, then each member's own), which workers and readers
+    before 1.1 do not know. Off while any of them still reads the topics (README, "Upgrading")."""
     gap_wait_s: float = 5.0
     """How long a consumer waits for a gap's records before it reads past them (a warning
     names them); measured on Tansu, gaps filled within 30 ms."""

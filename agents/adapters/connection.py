@@ -68,6 +68,7 @@ class KafkaConnection:
     sasl_username: str = ""
     sasl_password: Secret = field(default_factory=Secret)
     ssl_context: ssl.SSLContext | None = field(default=None, compare=False)
+    record_batches: bool = True  # kafka.record_batches: what this connection's producers write
 
     @classmethod
     def of(cls, kafka: KafkaConnection | str) -> KafkaConnection:

@@ -25,7 +25,8 @@ at every point between table write, outputs and offset commit:
   table, rewinds to the committed offset and loses what was not acknowledged; `abort` does
   the same but keeps the table in memory (a transaction aborted, or a producer restarted,
   while the partition stays ours);
-- outputs reach the broker when flushed, in order, possibly in part, the table written first
+- outputs reach the broker when flushed, in order, possibly in part, each destination's records
+  of a flush through the codec as one message of `Batch`es (`through_the_wire`), the table written first
   (the loop writes a run's table before its outputs, or with them in a transaction); records
   may be delivered twice; timers fire as records on the deciders' and owners' own logs,
   re-armed from their tables after a crash.
@@ -91,6 +92,7 @@ from perf.checker import (
     partial_gangs,
 )
 from schemas import topics
+from schemas.codec import decode_message, encode_batch
 from schemas.records import (
     GANG_MIN_AVAILABLE_ANNOTATION,
     GANG_NAME_ANNOTATION,
@@ -168,6 +170,22 @@ RESERVATIONS = {uid: Reservation(uid=uid, name=uid, owners=(ReservationOwner(mat
 CONSUMERS = ("a", "b")
 
 
+def through_the_wire(outputs: list[Output]) -> list[Output]:
+    """The outputs as their readers get them: each destination's records of a flush encoded as
+    one message, runs of one kind as `Batch`es (so a crash part-way through a batch's records
+    replays the rest, and a re-sent batch has other members than the first), and decoded."""
+    by_destination: dict[tuple[str, str], list[int]] = {}
+    for index, out in enumerate(outputs):
+        by_destination.setdefault((out.topic, out.key), []).append(index)
+    read = list(outputs)
+    for indexes in by_destination.values():
+        decoded = decode_message(encode_batch([outputs[i].record for i in indexes]))
+        for i, record in zip(indexes, decoded, strict=True):
+            assert isinstance(record, Record), record
+            read[i] = Output(outputs[i].topic, outputs[i].key, record, outputs[i].origin)
+    return read
+
+
 def node_record(name: str, small: bool = False, incarnation: int = 0) -> Node:
     """The node; `small`: added again with less cpu and one GPU fewer; `incarnation`: how many
     times it was deleted and added again (another object: another uid)."""
@@ -236,7 +254,7 @@ class World:
         return self.clock
 
     def route(self, outputs: list[Output]) -> None:
-        for out in outputs:
+        for out in through_the_wire(outputs):
             r = out.record
             if out.topic == topics.NODE_INBOX:
                 self.owners[out.key].log.append(r)
