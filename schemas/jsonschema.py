@@ -132,12 +132,28 @@ def record_schema(cls: type[Record]) -> dict[str, Any]:
             "description": (cls.__doc__ or "").strip(), **schema}
 
 
+def batch_schema() -> dict[str, Any]:
+    """A `Batch` element of a message (schema 1.1): one record of kind `of` per member, its
+    fields those of `shared` and then the member's own (`schemas.codec`, "batches")."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Batch",
+            "description": (batch_schema.__doc__ or "").strip(), "type": "object",
+            "properties": {
+                "kind": {"const": "Batch"},
+                "schema_version": {"type": "string", "pattern": f"^{SCHEMA_MAJOR}\\.[1-9][0-9]*$"},
+                "of": {"enum": sorted(cls.KIND for cls in RECORD_TYPES)},
+                "shared": {"type": "object", "description": "fields every member has"},
+                "members": {"type": "array", "items": {"type": "object"}, "description": "each member's own fields"},
+            },
+            "required": ["kind", "of", "members"]}
+
+
 def write_schemas(directory: str | Path) -> list[Path]:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for cls in RECORD_TYPES:
-        path = out / f"{cls.KIND}.schema.json"
-        path.write_text(json.dumps(record_schema(cls), indent=2, sort_keys=True) + "\n")
+    schemas = [(cls.KIND, record_schema(cls)) for cls in RECORD_TYPES] + [("Batch", batch_schema())]
+    for kind, schema in schemas:
+        path = out / f"{kind}.schema.json"
+        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
         written.append(path)
     return written

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -114,6 +115,18 @@ def test_a_batch_names_what_is_wrong_with_it() -> None:
         assert len(out) == 1 and isinstance(out[0], SchemaError) and out[0].field == field, (change, out)
     out = decode_message(orjson.dumps({**base, "members": [7, base["members"][1]]}))
     assert isinstance(out[0], SchemaError) and out[0].field == "members[0]" and isinstance(out[1], Claim)
+
+
+def test_the_batch_json_schema_accepts_what_the_codec_writes() -> None:
+    import jsonschema
+
+    from schemas.jsonschema import batch_schema
+
+    item = orjson.loads(encode_batch([_claim(i) for i in range(2)]))[0]
+    jsonschema.validate(item, batch_schema())
+    for bad in ({"of": "Nope"}, {"members": {}}, {"schema_version": "1.0"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**item, **bad}, batch_schema())
 
 
 def test_a_message_of_plain_records_is_read_as_before() -> None:
