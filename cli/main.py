@@ -201,6 +201,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if result["pods_placed"] == w.pods else 1
 
 
+def cmd_bench_codec(args: argparse.Namespace) -> int:
+    from perf.codec_bench import run_codec
+
+    result = run_codec(args.count, args.rounds)
+    table = Table(title=f"koordstream bench codec: {args.count} records a message, median of {args.rounds} rounds")
+    for col in ("kind", "encode us (one by one / batched)", "decode us", "bytes a record"):
+        table.add_column(col, justify="left" if col == "kind" else "right")
+    for kind, f in result["kinds"].items():
+        table.add_row(kind, f"{f['plain_encode']} / {f['batched_encode']}", f"{f['plain_decode']} / {f['batched_decode']}",
+                      f"{f['plain_bytes']} / {f['batched_bytes']}")
+    per_pod = result["codec_us_per_pod"]
+    table.add_row("a pod's records", "", "", f"{per_pod['plain']} / {per_pod['batched']} us")
+    console.print(table)
+    _write_json(args, result)
+    return 0
+
+
 def cmd_bench_trace(args: argparse.Namespace) -> int:
     from perf.trace import POLICIES, bench_trace, parse_seeds
 
@@ -700,6 +717,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", type=int, default=2, help="processes to run seeds and policies in")
     t.add_argument("--json", help="write the results as JSON to this file")
     t.set_defaults(fn=cmd_bench_trace)
+    c = bsub.add_parser("codec", help="a record's encode, decode and bytes, one by one and as Batches")
+    c.add_argument("--count", type=int, default=500, help="records a message")
+    c.add_argument("--rounds", type=int, default=30, help="rounds (the median is reported)")
+    c.add_argument("--json", help="write the result as JSON to this file")
+    c.set_defaults(fn=cmd_bench_codec)
     rb = bsub.add_parser("rebalance", help="the rebalancer's planners from the same start (imbalance, scale-down)")
     rb.add_argument("--nodes", type=int, default=500, help="imbalance: nodes (20 pods each)")
     rb.add_argument("--max-cycles", type=int, default=200, help="imbalance: cycles at most per planner")

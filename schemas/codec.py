@@ -62,10 +62,10 @@ def to_plain(record: Record) -> dict[str, Any]:
 
 
 def encode_batch(records: Iterable[Record], batched: bool = True) -> bytes:
-    """A message of `records`; with `batched`, each run of two or more records of one kind is
-    written as one `Batch` (schema 1.1: "batches" below), else every record is its own."""
+    """A message of `records`; with `batched`, each run of `MIN_BATCH` or more records of one
+    kind is written as one `Batch` (schema 1.1: "batches" below), else every record is its own."""
     items: list[Any] = list(records)
-    if batched and len(items) > 1:
+    if batched and len(items) >= MIN_BATCH:
         items = _batched(items)
     return orjson.dumps(items, default=_default, option=_OPTS)
 
@@ -83,6 +83,9 @@ def encode_batch(records: Iterable[Record], batched: bool = True) -> bytes:
 # any values) only when every member has the same empty value.
 
 BATCH_KIND = "Batch"
+# The shortest run written as a batch: below it the columns' comparison costs more than the
+# smaller message saves (measured: a run of 2 costs half as much again, one of 8 breaks even).
+MIN_BATCH = 8
 
 
 def _exact_type(tp: Any) -> bool:
@@ -117,16 +120,17 @@ def _batch(records: list[Any]) -> dict[str, Any]:
     rows = list(map(row, records))
     for index, column in enumerate(zip(*rows, strict=True)):
         first = column[0]
-        kind = first.__class__
-        if (column.count(first) == count and all(v.__class__ is kind for v in column)
-                and (exact[index] or not first)):
+        if (column.count(first) == count and (exact[index] or not first)
+                and len(set(map(type, column))) == 1):
             shared[names[index]] = first
         else:
             own.append(index)
     own_names = [names[i] for i in own]
-    pick = operator.itemgetter(*own) if len(own) > 1 else (lambda values: (values[own[0]],)) if own else (
-        lambda values: ())
-    members = [dict(zip(own_names, pick(values), strict=True)) for values in rows]
+    if len(own) > 1:
+        pick = operator.itemgetter(*own)
+        members = [dict(zip(own_names, pick(values), strict=True)) for values in rows]
+    else:
+        members = [{own_names[0]: values[own[0]]} for values in rows] if own else [{} for _ in rows]
     return {"kind": BATCH_KIND, "schema_version": SCHEMA_VERSION, "of": cls.KIND, "shared": shared,
             "members": members}
 
@@ -137,10 +141,10 @@ def _batched(records: list[Any]) -> list[Any]:
     start = 0
     for end in range(1, len(records) + 1):
         if end == len(records) or records[end].__class__ is not records[start].__class__:
-            if end - start > 1:
+            if end - start >= MIN_BATCH:
                 out.append(_batch(records[start:end]))
             else:
-                out.append(records[start])
+                out += records[start:end]
             start = end
     return out
 
@@ -425,38 +429,42 @@ def _fast_converter(tp: Any) -> Converter:
 _FAST: dict[type, Converter] = {}
 
 
-def _field_lines(index: int, f: dataclasses.Field[Any], tp: Any, keyed: frozenset[str], scope: dict[str, Any],
-                 indent: str, fallback: str | None = None) -> list[str]:
-    """Lines that leave field `f`'s value (from the dict read through `get`) in `v{index}`:
-    its default when absent (or `fallback`, an expression, when given), raising `_Slow`
-    when it is not taken as it is."""
-    lines = [f"{indent}v = get({f.name!r}, M)"]
-    if fallback is not None:
-        lines.append(f"{indent}if v is M: v = {fallback}")
-    elif f.default is not dataclasses.MISSING:
+def _absent(index: int, f: dataclasses.Field[Any], scope: dict[str, Any]) -> str:
+    """The statement that gives `v` field `f`'s value when it is not written (or refuses)."""
+    if f.default is not dataclasses.MISSING:
         scope[f"d{index}"] = f.default
-        lines.append(f"{indent}if v is M: v = d{index}")
-    elif f.default_factory is not dataclasses.MISSING:
+        return f"v = d{index}"
+    if f.default_factory is not dataclasses.MISSING:
         scope[f"d{index}"] = f.default_factory
-        lines.append(f"{indent}if v is M: v = d{index}()")
-    else:
-        lines.append(f"{indent}if v is M: raise _Slow")
-    lines.append(f"{indent}else:")
+        return f"v = d{index}()"
+    return "raise _Slow"
+
+
+def _convert(index: int, f: dataclasses.Field[Any], tp: Any, keyed: frozenset[str], scope: dict[str, Any],
+             indent: str) -> list[str]:
+    """Lines that check and convert `v`, a written value of field `f`, raising `_Slow` when it
+    is not taken as it is."""
     inner, optional = _optional(tp)
     if inner in _INLINE:
         check = _INLINE[inner] or "pass"
     else:
         scope[f"c{index}"] = _fast_converter(inner)
         check = f"v = c{index}(v)"
-    deeper = indent + "    "
+    lines = []
     if optional:
-        lines.append(f"{deeper}if v is not None:")
-        deeper += "    "
-    lines.append(f"{deeper}{check}")
+        lines.append(f"{indent}if v is not None:")
+        indent += "    "
+    lines.append(f"{indent}{check}")
     if f.name in keyed and inner is str:
-        lines.append(f"{deeper}if control(v): raise _Slow")
-    lines.append(f"{indent}v{index} = v")
+        lines.append(f"{indent}if control(v): raise _Slow")
     return lines
+
+
+def _field_lines(index: int, f: dataclasses.Field[Any], tp: Any, keyed: frozenset[str], scope: dict[str, Any],
+                 indent: str) -> list[str]:
+    """Lines that leave field `f`'s value (from the dict read through `get`) in `v{index}`."""
+    return [f"{indent}v = get({f.name!r}, M)", f"{indent}if v is M: {_absent(index, f, scope)}", f"{indent}else:",
+            *_convert(index, f, tp, keyed, scope, indent + "    "), f"{indent}v{index} = v"]
 
 
 def _init_fields(cls: type) -> list[tuple[int, dataclasses.Field[Any]]]:
@@ -484,15 +492,15 @@ def _fast_decoder(cls: type) -> Converter:
     return decoder
 
 
-_FAST_BATCH: dict[tuple[type, frozenset[str]], Callable[[dict[str, Any], list[Any]], list[Any]]] = {}
-_FAST_BATCH_MAX = 1024
+_FAST_BATCH: dict[type, Callable[[dict[str, Any], list[Any]], list[Any]]] = {}
 
 
-def _fast_batch_decoder(cls: type, shared: frozenset[str]) -> Callable[[dict[str, Any], list[Any]], list[Any]]:
-    """Decodes a batch's members (None for one it does not take as it is): a shared field of
-    an exact type is converted once (a map copied per member), any other per member."""
-    key = (cls, shared)
-    found = _FAST_BATCH.get(key)
+def _fast_batch_decoder(cls: type) -> Callable[[dict[str, Any], list[Any]], list[Any]]:
+    """Decodes a batch's members (None for one it does not take as it is), made once per
+    class for any set of shared fields: a shared field of an exact type is converted once (a
+    map copied per member), any other converted per member from the shared value as written;
+    a member's own value goes over the shared one."""
+    found = _FAST_BATCH.get(cls)
     if found is not None:
         return found
     hints = typing.get_type_hints(cls)
@@ -502,26 +510,28 @@ def _fast_batch_decoder(cls: type, shared: frozenset[str]) -> Callable[[dict[str
     head = ["def decode(shared, members):", "    get = shared.get"]
     body = []
     fields = _init_fields(cls)
+    deep = "                    "
     for index, f in fields:
         tp = hints[f.name]
         if f.name == "schema_version":
             scope[f"d{index}"] = f.default
             body.append(f"            v{index} = d{index}")
             continue
-        if f.name not in shared:
-            body += _field_lines(index, f, tp, keyed, scope, "            ")
-            continue
         inner, optional = _optional(tp)
+        body += [f"            v = get({f.name!r}, M)", "            if v is M:"]
         if _exact_type(tp) and not optional:
-            head += [line.replace(f"v{index} = v", f"s{index} = v") if line.strip() == f"v{index} = v" else line
-                     for line in _field_lines(index, f, tp, keyed, scope, "    ")]
+            head += [f"    v = get({f.name!r}, M)", "    if v is not M:",
+                     *_convert(index, f, tp, keyed, scope, "        "), f"    s{index} = v"]
             copy = "RL" if inner is ResourceList else "dict" if typing.get_origin(inner) is dict else ""
-            body += _field_lines(index, f, tp, keyed, scope, "            ",
-                                 fallback=f"{copy}(s{index})" if copy else f"s{index}")
-        else:  # converted per member from the shared value as written
-            head.append(f"    r{index} = shared[{f.name!r}]")
-            lines = _field_lines(index, f, tp, keyed, scope, "            ", fallback="M")
-            body += [lines[0], f"            if v is M: v = r{index}", "            if True:"] + lines[3:]
+            body += [f"                v = s{index}", f"                if v is M: {_absent(index, f, scope)}"]
+            if copy:
+                body.append(f"                else: v = {copy}(v)")
+        else:
+            head.append(f"    r{index} = get({f.name!r}, M)")
+            body += [f"                v = r{index}", f"                if v is M: {_absent(index, f, scope)}",
+                     "                else:", *_convert(index, f, tp, keyed, scope, deep)]
+        body += ["            else:", *_convert(index, f, tp, keyed, scope, "                "),
+                 f"            v{index} = v"]
     loop = ["    out = []", "    append = out.append", "    for value in members:",
             "        if value.__class__ is not dict:", "            append(None)", "            continue",
             "        get = value.get", "        try:"]
@@ -529,9 +539,7 @@ def _fast_batch_decoder(cls: type, shared: frozenset[str]) -> Callable[[dict[str
             f"        append(cls({', '.join(f'v{index}' for index, _ in fields)}))", "    return out"]
     exec("\n".join(head + loop + body + tail), scope)  # noqa: S102 - source built above from the class's own fields
     decoder: Callable[[dict[str, Any], list[Any]], list[Any]] = scope["decode"]
-    if len(_FAST_BATCH) >= _FAST_BATCH_MAX:
-        _FAST_BATCH.clear()
-    _FAST_BATCH[key] = decoder
+    _FAST_BATCH[cls] = decoder
     return decoder
 
 
@@ -546,9 +554,8 @@ def _decode_batch(value: dict[str, Any]) -> list[Record | SchemaError]:
     if not isinstance(members, list):
         raise SchemaError("members", members, "must be a JSON array of the members' own fields")
     cls = BY_KIND[of]
-    names = frozenset(shared).intersection(f.name for _, f in _init_fields(cls))
     try:
-        fast: list[Any] = _fast_batch_decoder(cls, names)(shared, members)
+        fast: list[Any] = _fast_batch_decoder(cls)(shared, members)
     except (_Slow, SchemaError):  # a shared value not taken as it is: each member the careful way
         fast = [None] * len(members)
     out: list[Record | SchemaError] = []

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.codec import BATCH_KIND, decode_message, encode_batch
+from schemas.codec import BATCH_KIND, MIN_BATCH, decode_message, encode_batch
 from schemas.errors import SchemaError
 from schemas.records import RECORD_TYPES, Claim, Commit, Held, ResourceList
 from tests.unit.test_codec_fast_path import JSON, record_of
@@ -31,10 +31,10 @@ def _runs(cls_and_count: list[tuple[type, int]]) -> st.SearchStrategy[list[Any]]
 
 # Runs of one kind (what batches), alternating kinds, and records that share most fields.
 MESSAGES = st.one_of(
-    st.sampled_from(RECORD_TYPES).flatmap(lambda cls: st.lists(record_of(cls), min_size=1, max_size=5)),
-    st.lists(st.sampled_from(RECORD_TYPES), min_size=1, max_size=4).flatmap(
-        lambda kinds: _runs([(cls, 2) for cls in kinds])),
-    st.lists(st.integers(0, 9), min_size=2, max_size=6).flatmap(lambda ids: st.builds(
+    st.sampled_from(RECORD_TYPES).flatmap(lambda cls: st.lists(record_of(cls), min_size=1, max_size=MIN_BATCH + 3)),
+    st.lists(st.sampled_from(RECORD_TYPES), min_size=1, max_size=3).flatmap(
+        lambda kinds: _runs([(cls, MIN_BATCH) for cls in kinds])),
+    st.lists(st.integers(0, 9), min_size=MIN_BATCH, max_size=MIN_BATCH + 4).flatmap(lambda ids: st.builds(
         lambda extra: [_claim(i, priority=extra if i % 2 else 0) for i in ids], st.integers(0, 2))),
 )
 
@@ -55,27 +55,29 @@ def _plain(result: Any) -> Any:
 
 
 def test_runs_of_one_kind_become_batches_with_their_common_fields_shared() -> None:
-    records = [_claim(i) for i in range(3)] + [Commit(uid="p0", attempt=1, node="n0", decision_key="p0")] + [
-        _claim(i) for i in range(3, 5)]
+    records = [_claim(i) for i in range(MIN_BATCH)] + [Commit(uid="p0", attempt=1, node="n0", decision_key="p0")] + [
+        _claim(i) for i in range(MIN_BATCH, 2 * MIN_BATCH)]
     items = orjson.loads(encode_batch(records))
     assert [item["kind"] for item in items] == [BATCH_KIND, "Commit", BATCH_KIND]
     first = items[0]
     assert first["of"] == "Claim" and first["schema_version"] == "1.1"
     assert first["shared"]["requests"] == {"cpu": "250m", "memory": "536870912"}
     assert first["shared"]["namespace"] == "sb" and "uid" not in first["shared"]
-    assert [m["uid"] for m in first["members"]] == ["p0", "p1", "p2"]
+    assert [m["uid"] for m in first["members"]] == [f"p{i}" for i in range(MIN_BATCH)]
     assert decode_message(encode_batch(records)) == records
 
 
 def test_equal_values_of_different_classes_are_not_merged() -> None:
-    one, two = _claim(1, gang_strict=True), dataclasses.replace(_claim(2), gang_min=1)
-    items = orjson.loads(encode_batch([one, two]))
-    assert "gang_min" not in items[0]["shared"]
-    assert decode_message(encode_batch([one, two])) == [one, two]
+    records = [_claim(i) for i in range(MIN_BATCH - 1)] + [dataclasses.replace(_claim(9), gang_strict=1)]  # type: ignore[arg-type]
+    items = orjson.loads(encode_batch(records))
+    assert "gang_strict" not in items[0]["shared"] and "namespace" in items[0]["shared"]
+    batched, one_by_one = decode_message(encode_batch(records)), decode_message(encode_batch(records, batched=False))
+    assert [_plain(r) for r in batched] == [_plain(r) for r in one_by_one]
+    assert isinstance(batched[-1], SchemaError) and batched[-1].field == f"[0].members[{MIN_BATCH - 1}].gang_strict"
 
 
 def test_a_bad_member_is_named_and_the_others_are_read() -> None:
-    records = [_claim(i) for i in range(3)]
+    records = [_claim(i) for i in range(MIN_BATCH)]
     items = orjson.loads(encode_batch(records))
     items[0]["members"][1]["attempt"] = "two"
     out = decode_message(orjson.dumps(items))
@@ -85,30 +87,30 @@ def test_a_bad_member_is_named_and_the_others_are_read() -> None:
 
 
 def test_a_bad_shared_value_fails_every_member_naming_the_shared_field() -> None:
-    items = orjson.loads(encode_batch([_claim(i) for i in range(2)]))
+    items = orjson.loads(encode_batch([_claim(i) for i in range(MIN_BATCH)]))
     items[0]["shared"]["requests"] = {"cpu": "lots"}
     out = decode_message(orjson.dumps(items))
-    assert len(out) == 2
+    assert len(out) == MIN_BATCH
     assert all(isinstance(e, SchemaError) and e.field == "[0].shared.requests.cpu" for e in out)
 
 
 def test_a_member_that_sets_a_shared_field_keeps_its_own_value() -> None:
-    items = orjson.loads(encode_batch([_claim(i) for i in range(2)]))
+    items = orjson.loads(encode_batch([_claim(i) for i in range(MIN_BATCH)]))
     items[0]["members"][1]["namespace"] = "other"
     out = decode_message(orjson.dumps(items))
-    assert [r.namespace for r in out] == ["sb", "other"]
+    assert [r.namespace for r in out] == ["sb", "other"] + ["sb"] * (MIN_BATCH - 2)
 
 
 @settings(max_examples=200)
 @given(st.dictionaries(st.sampled_from(["of", "shared", "members", "schema_version"]), JSON, min_size=1))
 def test_a_malformed_batch_is_an_error_never_an_exception(mangled: dict[str, Any]) -> None:
-    base = orjson.loads(encode_batch([_claim(i) for i in range(2)]))[0]
+    base = orjson.loads(encode_batch([_claim(i) for i in range(MIN_BATCH)]))[0]
     out = decode_message(orjson.dumps({**base, **mangled}))
     assert all(isinstance(r, (Claim, SchemaError)) for r in out)
 
 
 def test_a_batch_names_what_is_wrong_with_it() -> None:
-    base = orjson.loads(encode_batch([_claim(i) for i in range(2)]))[0]
+    base = orjson.loads(encode_batch([_claim(i) for i in range(MIN_BATCH)]))[0]
     for change, field in (({"of": "Nope"}, "of"), ({"members": {}}, "members"), ({"shared": []}, "shared"),
                           ({"schema_version": "2.0"}, "schema_version")):
         out = decode_message(orjson.dumps({**base, **change}))
@@ -122,11 +124,16 @@ def test_the_batch_json_schema_accepts_what_the_codec_writes() -> None:
 
     from schemas.jsonschema import batch_schema
 
-    item = orjson.loads(encode_batch([_claim(i) for i in range(2)]))[0]
+    item = orjson.loads(encode_batch([_claim(i) for i in range(MIN_BATCH)]))[0]
     jsonschema.validate(item, batch_schema())
     for bad in ({"of": "Nope"}, {"members": {}}, {"schema_version": "1.0"}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate({**item, **bad}, batch_schema())
+
+
+def test_a_run_shorter_than_min_batch_is_written_record_by_record() -> None:
+    items = orjson.loads(encode_batch([_claim(i) for i in range(MIN_BATCH - 1)]))
+    assert [item["kind"] for item in items] == ["Claim"] * (MIN_BATCH - 1)
 
 
 def test_a_message_of_plain_records_is_read_as_before() -> None:
