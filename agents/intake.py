@@ -136,19 +136,22 @@ def intake(messages: Iterable[RawMessage], expect: tuple[type[Record], ...] | No
     for msg in messages:
         if fence is not None and not fence.admit(msg.origin):
             continue
+        letters = len(out.dead_letters)
         for result in decode_message(msg.value):
+            # The message's bytes go on its first letter only (`DeadLetter.original`).
+            original = msg.value if len(out.dead_letters) == letters else None
             if isinstance(result, SchemaError):
                 out.dead_letters.append(_letter(str(result), result.field, result.value, msg.topic,
-                                                msg.partition, msg.offset, msg.value))
+                                                msg.partition, msg.offset, original))
             elif expect is not None and not isinstance(result, expect):
                 out.dead_letters.append(_letter(
                     f"kind: {result.KIND} does not belong on {msg.topic}", "kind", result.KIND,
-                    msg.topic, msg.partition, msg.offset, msg.value,
+                    msg.topic, msg.partition, msg.offset, original,
                 ))
             elif (bad := _bad_device(result)) is not None:
                 field, value, error = bad
                 out.dead_letters.append(_letter(f"{field}: {error} (value: {value!r})", field, value,
-                                                msg.topic, msg.partition, msg.offset, msg.value))
+                                                msg.topic, msg.partition, msg.offset, original))
             else:
                 out.records.append(result)
                 out.sources[id(result)] = msg

@@ -76,11 +76,13 @@ def encode_batch(records: Iterable[Record], batched: bool = True) -> bytes:
 # "schema_version", "of": the kind, "shared": the fields whose value every member has,
 # "members": [each member's other fields]}. A member is the record `{**shared, **member}` of
 # kind `of`: readers see the same records, in the same order, as if each had been written on
-# its own (`tests/unit/test_codec_batches.py`), and a bad member is a dead letter naming
-# `members[i].<field>` (or `shared.<field>`) while the others are read. A field is shared
-# only when its values are equal and of one class (so 1 and True, which compare equal, are
-# not merged); a field of a type that the reader does not convert exactly (nested records, maps of
-# any values) only when every member has the same empty value.
+# its own (`tests/unit/test_codec_batches.py`; equal, not byte for byte: 0.0 and -0.0 are merged,
+# and equal maps take the first member's key order), and no two of them share a mutable value;
+# a bad member is a dead letter naming `members[i].<field>` (or `shared.<field>`) while the
+# others are read. A field is shared only when its values are equal and of one class, a map's
+# values too (so 1 and True, which compare equal, are not merged); a field of a type that the
+# reader does not convert exactly (nested records, maps of any values) only when every member
+# has the same empty value.
 
 BATCH_KIND = "Batch"
 # The shortest run written as a batch: below it the columns' comparison costs more than the
@@ -96,16 +98,26 @@ def _exact_type(tp: Any) -> bool:
             or (origin is tuple and args[0] is str) or (origin is dict and args[1] in (str, int)))
 
 
-_COLUMNS: dict[type, tuple[tuple[str, ...], tuple[bool, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+_Columns = tuple[tuple[str, ...], tuple[int, ...], Callable[[Any], tuple[Any, ...]]]
+_COLUMNS: dict[type, _Columns] = {}
+_OTHER, _EXACT, _EXACT_MAP = 0, 1, 2  # how a column's values are compared (see `_batch`)
 
 
-def _columns(cls: type) -> tuple[tuple[str, ...], tuple[bool, ...], Callable[[Any], tuple[Any, ...]]]:
+def _columns(cls: type) -> _Columns:
+    """A class's field names, how each is compared, and a getter of a record's values."""
     found = _COLUMNS.get(cls)
     if found is None:
         hints = typing.get_type_hints(cls)
         names = tuple(f.name for _, f in _init_fields(cls) if f.name != "schema_version")
         getter = operator.attrgetter(*names)
-        found = names, tuple(_exact_type(hints[n]) for n in names), (
+
+        def comparison(tp: Any) -> int:
+            if not _exact_type(tp):
+                return _OTHER
+            inner = _optional(tp)[0]
+            return _EXACT_MAP if inner is ResourceList or typing.get_origin(inner) is dict else _EXACT
+
+        found = names, tuple(comparison(hints[n]) for n in names), (
             getter if len(names) > 1 else lambda r: (getter(r),))
         _COLUMNS[cls] = found
     return found
@@ -121,7 +133,8 @@ def _batch(records: list[Any]) -> dict[str, Any]:
     for index, column in enumerate(zip(*rows, strict=True)):
         first = column[0]
         if (column.count(first) == count and (exact[index] or not first)
-                and len(set(map(type, column))) == 1):
+                and len(set(map(type, column))) == 1
+                and (exact[index] != _EXACT_MAP or len({v.__class__ for m in column for v in m.values()}) < 2)):
             shared[names[index]] = first
         else:
             own.append(index)
@@ -495,6 +508,11 @@ def _fast_decoder(cls: type) -> Converter:
 _FAST_BATCH: dict[type, Callable[[dict[str, Any], list[Any]], list[Any]]] = {}
 
 
+def _copied(value: Any) -> Any:
+    """A JSON value with nothing shared with `value` (a shared map or list, one per member)."""
+    return orjson.loads(orjson.dumps(value))
+
+
 def _fast_batch_decoder(cls: type) -> Callable[[dict[str, Any], list[Any]], list[Any]]:
     """Decodes a batch's members (None for one it does not take as it is), made once per
     class for any set of shared fields: a shared field of an exact type is converted once (a
@@ -506,7 +524,7 @@ def _fast_batch_decoder(cls: type) -> Callable[[dict[str, Any], list[Any]], list
     hints = typing.get_type_hints(cls)
     keyed = _keyed(cls)
     scope: dict[str, Any] = {**_INLINE_SCOPE, "M": _MISSING, "control": _CONTROL.search, "cls": cls,
-                             "SchemaError": SchemaError, "RL": ResourceList}
+                             "SchemaError": SchemaError, "RL": ResourceList, "copied": _copied}
     head = ["def decode(shared, members):", "    get = shared.get"]
     body = []
     fields = _init_fields(cls)
@@ -529,7 +547,9 @@ def _fast_batch_decoder(cls: type) -> Callable[[dict[str, Any], list[Any]], list
         else:
             head.append(f"    r{index} = get({f.name!r}, M)")
             body += [f"                v = r{index}", f"                if v is M: {_absent(index, f, scope)}",
-                     "                else:", *_convert(index, f, tp, keyed, scope, deep)]
+                     "                else:",
+                     f"{deep}if v.__class__ is dict or v.__class__ is list: v = copied(v)  # each its own",
+                     *_convert(index, f, tp, keyed, scope, deep)]
         body += ["            else:", *_convert(index, f, tp, keyed, scope, "                "),
                  f"            v{index} = v"]
     loop = ["    out = []", "    append = out.append", "    for value in members:",
@@ -551,8 +571,8 @@ def _decode_batch(value: dict[str, Any]) -> list[Record | SchemaError]:
         raise SchemaError("of", of, f"unknown record kind (known: {', '.join(sorted(BY_KIND))})")
     if not isinstance(shared, dict):
         raise SchemaError("shared", shared, "must be a JSON object of the fields every member has")
-    if not isinstance(members, list):
-        raise SchemaError("members", members, "must be a JSON array of the members' own fields")
+    if not isinstance(members, list) or not members:
+        raise SchemaError("members", members, "must be a non-empty JSON array of the members' own fields")
     cls = BY_KIND[of]
     try:
         fast: list[Any] = _fast_batch_decoder(cls)(shared, members)
@@ -564,8 +584,8 @@ def _decode_batch(value: dict[str, Any]) -> list[Record | SchemaError]:
             try:
                 if not isinstance(member, dict):
                     raise SchemaError("", member, "a member must be a JSON object")
-                record = decode_object({**shared, **member, "kind": of,
-                                        "schema_version": value.get("schema_version", SCHEMA_VERSION)})
+                record = decode_object(_copied({**shared, **member, "kind": of,
+                                                "schema_version": value.get("schema_version", SCHEMA_VERSION)}))
             except SchemaError as exc:
                 top = re.split(r"[.\[]", exc.field, maxsplit=1)[0]
                 mine = not top or not isinstance(member, dict) or top in member or top not in shared
@@ -582,7 +602,7 @@ def check_version(value: Any) -> None:
     if not isinstance(version, str):
         raise SchemaError("schema_version", version, "must be a string 'MAJOR.MINOR'")
     major = version.split(".", 1)[0]
-    if not (major.isascii() and major.isdigit()):
+    if not (major.isascii() and major.isdigit() and len(major) < 10):
         raise SchemaError("schema_version", version, "must look like 'MAJOR.MINOR'")
     if int(major) != SCHEMA_MAJOR:
         raise SchemaError("schema_version", version, f"unknown major version (this reader knows {SCHEMA_MAJOR})")
@@ -638,6 +658,10 @@ def decode_message(data: bytes | None) -> list[Record | SchemaError]:
                 out.append(decode_object(item))
         except SchemaError as exc:
             out.append(exc.under(f"[{index}]") if isinstance(value, list) else exc)
+        except (ValueError, ArithmeticError, TypeError, RecursionError) as exc:  # a decoder's own fault:
+            # still this element's dead letter, never the agent's crash on every restart
+            error = SchemaError("", str(item)[:200], f"cannot be decoded ({type(exc).__name__}: {exc})")
+            out.append(error.under(f"[{index}]") if isinstance(value, list) else error)
     return out
 
 

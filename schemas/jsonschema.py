@@ -142,7 +142,8 @@ def batch_schema() -> dict[str, Any]:
                 "schema_version": {"type": "string", "pattern": f"^{SCHEMA_MAJOR}\\.[1-9][0-9]*$"},
                 "of": {"enum": sorted(cls.KIND for cls in RECORD_TYPES)},
                 "shared": {"type": "object", "description": "fields every member has"},
-                "members": {"type": "array", "items": {"type": "object"}, "description": "each member's own fields"},
+                "members": {"type": "array", "items": {"type": "object"}, "minItems": 1,
+                            "description": "each member's own fields"},
             },
             "required": ["kind", "of", "members"]}
 

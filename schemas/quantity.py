@@ -33,6 +33,9 @@ _DECIMAL = {
 _QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 
 
+MAX_QUANTITY_CHARS = 64  # far beyond any real quantity; keeps Decimal and int() from huge inputs
+
+
 def parse_quantity(value: object, field: str) -> Decimal:
     """Parse a Kubernetes quantity into an exact decimal number of base units."""
     if isinstance(value, bool):
@@ -42,6 +45,8 @@ def parse_quantity(value: object, field: str) -> Decimal:
     elif isinstance(value, float):
         number = Decimal(repr(value))
     elif isinstance(value, str):
+        if len(value) > MAX_QUANTITY_CHARS:
+            raise SchemaError(field, value, f"a quantity is at most {MAX_QUANTITY_CHARS} characters")
         match = _QUANTITY.match(value.strip())
         if match is None:
             raise SchemaError(field, value, "not a Kubernetes quantity (e.g. '500m', '2Gi', '1.5')")

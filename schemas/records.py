@@ -830,7 +830,9 @@ class NodeStateChange(Record):
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter(Record):
-    """An input that could not be accepted, with where it came from and its original bytes."""
+    """An input that could not be accepted, with where it came from and its original bytes
+    (on the first letter of a message only: a batch whose shared value is bad fails every
+    member, and each letter carrying the whole message would multiply it by the members)."""
 
     KIND: ClassVar[str] = "DeadLetter"
     error: str
@@ -839,7 +841,7 @@ class DeadLetter(Record):
     topic: str
     partition: int
     offset: int
-    original: str  # base64 of the original message value
+    original: str  # base64 of the original message value; "" on a message's later letters
     # (`field` names a record field here, so the dataclasses helper is reached by module.)
     kind: str = dataclasses.field(default="DeadLetter", init=False)
     schema_version: str = dataclasses.field(default=SCHEMA_VERSION, init=False)

@@ -140,3 +140,72 @@ def test_a_message_of_plain_records_is_read_as_before() -> None:
     records = [_claim(1), Held(uid="p1", attempt=1, node="n1", decision_key="p1")]
     plain = [{**orjson.loads(encode_batch([r], batched=False))[0], "schema_version": "1.0"} for r in records]
     assert decode_message(orjson.dumps(plain)) == records
+
+
+def _mutables(value: Any, found: dict[int, Any]) -> dict[int, Any]:
+    """Every mutable object reachable from a decoded record (maps and lists, in nested records too)."""
+    if isinstance(value, (dict, list)):
+        found[id(value)] = value
+        for item in value.values() if isinstance(value, dict) else value:
+            _mutables(item, found)
+    elif isinstance(value, tuple):
+        for item in value:
+            _mutables(item, found)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            _mutables(getattr(value, f.name), found)
+    return found
+
+
+@settings(max_examples=200)
+@given(MESSAGES)
+def test_records_read_from_a_batch_share_no_mutable_value(records: list[Any]) -> None:
+    decoded = [r for r in decode_message(encode_batch(records)) if not isinstance(r, SchemaError)]
+    seen: dict[int, int] = {}
+    for index, record in enumerate(decoded):
+        for key in _mutables(record, {}):
+            assert seen.setdefault(key, index) == index, f"records {seen[key]} and {index} share a mutable value"
+
+
+def test_a_crafted_batch_sharing_nested_maps_gives_each_member_its_own() -> None:
+    a, b = decode_message(orjson.dumps({"kind": BATCH_KIND, "of": "Pod", "shared": {"name": "p", "affinity": {"t": [1]}},
+                                        "members": [{"uid": "a"}, {"uid": "b"}]}))
+    assert a.affinity == b.affinity == {"t": [1]}  # type: ignore[union-attr]
+    assert a.affinity["t"] is not b.affinity["t"]  # type: ignore[union-attr]
+
+
+def test_a_map_whose_values_differ_in_class_is_not_merged() -> None:
+    records = [_claim(i) for i in range(MIN_BATCH - 1)] + [
+        dataclasses.replace(_claim(9), requests=ResourceList({"cpu": True, "memory": 2**29}))]
+    items = orjson.loads(encode_batch(records))
+    assert "requests" not in items[0]["shared"]
+
+
+def test_an_empty_batch_is_an_error_not_nothing() -> None:
+    out = decode_message(b'[{"kind": "Batch", "of": "Claim", "members": []}]')
+    assert len(out) == 1 and isinstance(out[0], SchemaError) and out[0].field == "[0].members"
+
+
+def test_absurd_numbers_are_errors_never_exceptions() -> None:
+    version = b'[{"kind":"Batch","schema_version":"' + b"1" * 4400 + b'.0","of":"Commit","members":[{}]}]'
+    exponent = b'[{"kind":"Batch","of":"Claim","shared":{"requests":{"cpu":"1e' + b"1" * 4400 + b'"}},"members":[{"uid":"u","attempt":1,"node":"n","decision_key":"u"}]}]'
+    nines = b'{"kind":"Pod","uid":"u","name":"n","requests":{"memory":"' + b"9" * 100_000 + b'"}}'
+    for message, field in ((version, "[0].schema_version"), (exponent, "[0].shared.requests.cpu"),
+                           (nines, "requests.memory")):
+        out = decode_message(message)
+        assert len(out) == 1 and isinstance(out[0], SchemaError) and out[0].field == field, out
+
+
+def test_a_failed_batch_puts_the_message_on_its_first_dead_letter_only() -> None:
+    import base64
+
+    from agents.intake import RawMessage, intake
+
+    items = orjson.loads(encode_batch([_claim(i) for i in range(MIN_BATCH)]))
+    items[0]["shared"]["requests"] = {"cpu": "lots"}
+    raw = orjson.dumps(items)
+    out = intake([RawMessage(raw, "node-inbox", 2, 41)])
+    assert out.records == [] and len(out.dead_letters) == MIN_BATCH
+    letters = [o.record for o in out.dead_letters]
+    assert base64.b64decode(letters[0].original) == raw  # type: ignore[attr-defined]
+    assert all(letter.original == "" and letter.offset == 41 for letter in letters[1:])  # type: ignore[attr-defined]
