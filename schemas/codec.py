@@ -548,7 +548,7 @@ def _fast_batch_decoder(cls: type) -> Callable[[dict[str, Any], list[Any]], list
             head.append(f"    r{index} = get({f.name!r}, M)")
             body += [f"                v = r{index}", f"                if v is M: {_absent(index, f, scope)}",
                      "                else:",
-                     f"{deep}if v.__class__ is dict or v.__class__ is list: v = copied(v)  # each its own",
+                     f"{deep}if (v.__class__ is dict or v.__class__ is list) and v: v = copied(v)  # each its own",
                      *_convert(index, f, tp, keyed, scope, deep)]
         body += ["            else:", *_convert(index, f, tp, keyed, scope, "                "),
                  f"            v{index} = v"]
