@@ -418,6 +418,10 @@ class NodeState:
     # as after a restore; the next batch looks at everything): `NodeOwner._forget`.
     _sweep_after: float | None = field(default=None, init=False, repr=False, compare=False)
     _unstamped: list[str] = field(default_factory=list, init=False, repr=False, compare=False)  # new tombstones
+    # Holds newly held by batches that sent no report (`NodeOwner.apply`), in order: the next
+    # report names them too. Not kept in the table: after a restore the scheduler that claimed
+    # them counts them twice (its assumption and the owner's `used`) until their next report.
+    _unreported: dict[str, None] = field(default_factory=dict, init=False, repr=False, compare=False)
     # (the holds it was made of, their table map, that map's `Entries.token`) as `to_json` last made it
     _holds_plain: tuple[dict[str, HoldEntry], dict[str, dict[str, Any]], object] | None = field(
         default=None, init=False, repr=False, compare=False)
@@ -629,6 +633,14 @@ class OwnerResult:
 R = TypeVar("R", bound=Record)
 
 
+def _quietly_held(claim: Claim, holds: Mapping[str, HoldEntry]) -> bool:
+    """The claim made a plain hold: held, and nothing of it that the report's other fields
+    carry (a gang's held members, devices, reservations, nominations)."""
+    hold = holds.get(claim.hold_id)
+    return (hold is not None and hold.status == HELD and claim.gang_min <= 1 and not claim.devices
+            and not claim.reservation and claim.reserving is None and not claim.nominated_node)
+
+
 def _less(amounts: dict[str, int], taken: dict[str, int]) -> dict[str, int]:
     return {name: max(amount - taken.get(name, 0), 0) for name, amount in amounts.items()}
 
@@ -679,14 +691,30 @@ class NodeOwner:
         report: dict[str, None] = {}  # hold ids the batch is about, in order: reported as they are now
         node_changed = False
         seen = False
+        quiet = True  # only plain claims newly held so far: see below
+        holds = state.holds
         for record, t in zip(records, times if times is not None else repeat(0.0), strict=False):
             seen = True
             now = max(now, t)
+            fresh = quiet and record.__class__ is Claim and record.hold_id not in holds  # type: ignore[attr-defined]
             self._apply_one(state, record, result, report, t, now)
             node_changed |= isinstance(record, (Node, NodeDeleted))
-        if seen:  # every batch reports, so a report lost in a crash is re-sent by the replay
+            quiet = fresh and _quietly_held(record, holds)  # type: ignore[arg-type]
+        if seen:
             state.seq += 1
-            result.outputs.append(Output(topics.STATE_CHANGES, state.name, self._report(state, report, node_changed)))
+            if quiet:
+                # Every batch reports (so a report lost in a crash is re-sent by the replay), except
+                # one whose records only made plain holds (no gang, devices, reservation or
+                # nomination): what it changed, the scheduler that claimed them assumes already,
+                # and the next report (their commit's, at the latest) names them. A spread
+                # placement saves one report of its two a pod (docs/architecture.md, "Reports").
+                state._unreported.update(report)
+            else:
+                if state._unreported:
+                    report = {**state._unreported, **report}
+                    state._unreported.clear()
+                result.outputs.append(Output(topics.STATE_CHANGES, state.name,
+                                             self._report(state, report, node_changed)))
         self._forget(state, report, now)
         return state
 

@@ -17,6 +17,7 @@ from agents.scheduler.core import SchedulerCore
 from agents.state.owner import NodeOwner, NodeState, OwnerResult
 from agents.state.resources import ResourceSpace
 from schemas.records import (
+    Claim,
     Commit,
     Node,
     NodeDeleted,
@@ -40,12 +41,14 @@ def replica() -> SchedulerCore:
 
 
 def view(core: SchedulerCore, moot: set[str]) -> dict[str, Any]:
-    """What a replica knows of the nodes, by name (leaving out the nominations of `moot` pods)."""
+    """What a replica knows of the nodes, by name (leaving out the nominations of `moot` pods):
+    what it counts on each is what the owners reported plus what it assumes and they have not
+    reported yet (a plain hold is reported with the node's next batch)."""
     s = core.state
     rows = {name: s.index[name] for name in s.names}
     return {
-        "nodes": {name: (bool(s.present[r]), bool(s.unschedulable[r]), s.allocatable[r].tolist(), s.used[r].tolist())
-                  for name, r in rows.items()},
+        "nodes": {name: (bool(s.present[r]), bool(s.unschedulable[r]), s.allocatable[r].tolist(),
+                         s.requested[r].tolist()) for name, r in rows.items()},
         "bound": {uid: (s.names[p.row], p.vector.tolist()) for uid, p in s.bound.items()},
         # A pod bound on one node may still be nominated on another until its decider's
         # NominationCleared reaches that owner; a replica clears it at the commit report, and a
@@ -90,7 +93,7 @@ def test_a_replica_started_from_the_changelog_sees_what_one_that_read_every_repo
         batches: list[list[tuple[str, str, int, int]]]) -> None:
     owner = NodeOwner()
     states = {name: NodeState(name) for name in NODES}
-    reports: list[NodeStateChange] = []
+    reports: list[NodeStateChange | Claim] = []  # and the claims, which the replica that sent them assumes
     t, _ = table()
     t.table.image.split = OwnerCore.split
     log = []
@@ -101,13 +104,18 @@ def test_a_replica_started_from_the_changelog_sees_what_one_that_read_every_repo
                 continue
             result = OwnerResult()
             owner.apply(states[name], records, result)
+            reports += [r for r in records if isinstance(r, Claim)]
             reports += [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
             t.put(name, states[name].to_json(), PARTITION, epoch=1)
         log += [(k, None if v is None else orjson.loads(v), PARTITION) for k, v in write(t)]
         t.settle(PARTITION, durable=True)
 
     history = replica()
-    history.apply_state_changes(reports)
+    for read in reports:
+        if isinstance(read, Claim):
+            history.state.assume(read.hold_id, history.state.index[read.node], history.space.pod_request(read.requests))
+        else:
+            history.apply_state_changes([read])
     current = replica()
     reports_now, _ = current_reports(log)
     current.apply_state_changes(reports_now, current=True)

@@ -126,9 +126,32 @@ def test_state_changes_carry_the_node_record_when_it_changed_and_every_nominatio
     [change] = [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
     assert change.node_record is not None and change.node_record.labels == {"zone": "a"}
     assert [n.uid for n in change.nominations] == ["x"]
-    _, result = run([make_claim("a", cpu=10)], state)
+    _, result = run([make_claim("a", cpu=10**9)], state)  # refused: reported
     [change] = [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
     assert change.node_record is None and [n.priority for n in change.nominations] == [7]
+
+
+def test_a_batch_that_only_made_plain_holds_sends_no_report_and_the_next_report_names_them() -> None:
+    def reports(result: OwnerResult) -> list[NodeStateChange]:
+        return [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
+
+    state, _ = run([NODE])
+    _, result = run([make_claim("a", cpu=10), make_claim("b", cpu=10)], state)
+    assert reports(result) == [] and state.holds["a/0/n1"].status == HELD  # the claimer assumes them already
+    _, result = run([make_claim("c", cpu=10**9)], state)  # refused: reported, with the holds not yet reported
+    [change] = reports(result)
+    assert list(change.holds.items()) == [("a/0/n1", HELD), ("b/0/n1", HELD), ("c/0/n1", "rejected")]
+    assert change.used["cpu"] == 20
+    _, result = run([Commit("a", 0, "n1", "a")], state)
+    assert list(reports(result)[0].holds) == ["a/0/n1"]  # named once
+    _, result = run([make_claim("b", cpu=10)], state)  # redelivered: answered from the record, and reported
+    assert list(reports(result)[0].holds) == ["b/0/n1"]
+    for special in (make_claim("g", cpu=10, gang_min=2), make_claim("n", cpu=10, nominated_node="n1"),
+                    make_claim("d", cpu=10, devices=("gpu/0/50/50",))):
+        _, result = run([special], state)
+        assert len(reports(result)) == 1, special  # a gang's holds, a nomination, devices: reported at once
+    _, result = run([make_claim("e", cpu=10), Commit("a", 0, "n1", "a")], state)  # with anything else: reported
+    assert list(reports(result)[0].holds) == ["e/0/n1", "a/0/n1"]
 
 
 def test_a_claims_fields_travel_to_its_held_and_binding_by_name() -> None:

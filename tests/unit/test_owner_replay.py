@@ -63,6 +63,11 @@ def reports(result: OwnerResult) -> list[NodeStateChange]:
     return [o.record for o in result.outputs if isinstance(o.record, NodeStateChange)]
 
 
+def others(result: OwnerResult) -> list[Output]:
+    """The outputs but the reports."""
+    return [o for o in result.outputs if not isinstance(o.record, NodeStateChange)]
+
+
 def of(result: OwnerResult, kind: type[Record]) -> list[Output]:
     return [o for o in result.outputs if isinstance(o.record, kind)]
 
@@ -90,12 +95,12 @@ class Replica:
             self.cluster.apply(change)
 
     def view(self) -> dict[str, Any]:
+        """What the replica counts on each node (what the owners reported plus what it assumes
+        and they have not reported yet: a plain hold is reported with the node's next batch)."""
         c = self.cluster
         rows = range(c.size)
         return {
             "bound": sorted((uid, p.row, p.pod) for uid, p in c.bound.items()),
-            "assumed": sorted(c.assumptions),
-            "used": [c.used[r].tolist() for r in rows],
             "requested": [c.requested[r].tolist() for r in rows],
             "present": [bool(c.present[r]) for r in rows],
             "nominated": sorted(c.nominator.nominated_uids()),
@@ -161,7 +166,9 @@ SCENARIOS: dict[str, list[Record]] = {
 @pytest.mark.parametrize("log", SCENARIOS.values(), ids=SCENARIOS.keys())
 def test_a_redelivered_input_re_sends_exactly_what_it_sent_the_first_time(log: list[Record]) -> None:
     """Crash right after each input's table write: the redelivered input re-sends the same
-    outputs (reports but for their sequence number), and problems, and timers."""
+    outputs, and problems, and timers; and a report (the first time a claim that only made a
+    plain hold sent none, its hold left to the node's next report; the first report may also
+    name such holds of earlier batches, which the restored state no longer knows to name)."""
     for i, record in enumerate(log):
         state = NodeState("n1")
         for earlier in log[:i]:
@@ -169,10 +176,16 @@ def test_a_redelivered_input_re_sends_exactly_what_it_sent_the_first_time(log: l
         first = run([record], state)
         state = restored(state)
         again = run([record], state)
-        assert comparable(again.outputs) == comparable(first.outputs), (i, record)
+        assert comparable(others(again)) == comparable(others(first)), (i, record)
+        [report] = reports(again)
+        if reports(first):
+            [then] = reports(first)
+            assert dataclasses.replace(report, seq=0, holds={}) == dataclasses.replace(then, seq=0, holds={}), i
+            assert report.holds.items() <= then.holds.items(), (i, record)
+        else:
+            assert isinstance(record, Claim) and report.holds == {record.hold_id: HELD}, (i, record)
         assert [(p.field, p.value) for p in again.problems] == [(p.field, p.value) for p in first.problems]
         assert again.timers == first.timers, (i, record)
-        assert reports(again), (i, record)
 
 
 def is_subsequence(needle: list[Any], haystack: list[Any]) -> bool:
@@ -235,7 +248,7 @@ def test_a_lost_report_is_re_sent_and_the_replica_converges(before: list[Record]
     crashed.send(lost)
     clean.send(lost)
     clean.read(run([lost], state))  # the first time: the crashed replica never got it
-    again = run([lost], restored(state))
+    again = run([lost], restored(state))  # a claim's first answer sent no report (a plain hold), its replay one
     [change] = reports(again)
     assert change.holds == {HID: status}
     if status == COMMITTED:

@@ -104,6 +104,10 @@ def test_state_change_forgets_assumption_and_commit_drops_the_pod() -> None:
     [claim] = claims(core.schedule())
     result = OwnerResult()
     owner.apply(state, [claim], result)
+    assert not [o for o in result.outputs if isinstance(o.record, NodeStateChange)]  # a plain hold: no report
+    assert core.state.used[0][0] == 0 and list(core.state.assumptions) == [claim.hold_id]
+    result = OwnerResult()
+    owner.apply(state, [make_node("a", cpu=1200)], result)  # the node's next report names the hold
     core.apply_state_changes([o.record for o in result.outputs if isinstance(o.record, NodeStateChange)])
     assert core.state.assumptions == {} and core.state.used[0][0] == 600
     assert "p" in core.pods
