@@ -635,10 +635,13 @@ R = TypeVar("R", bound=Record)
 
 def _quietly_held(claim: Claim, holds: Mapping[str, HoldEntry]) -> bool:
     """The claim made a plain hold: held, and nothing of it that the report's other fields
-    carry (a gang's held members, devices, reservations, nominations)."""
+    carry (a gang's held members, devices, reservations, nominations), nor counted against an
+    elastic quota (its decider may deny it and requeue the pod at once: the claimer then drops
+    its assumption, and only the report shows the hold until its Release is reported)."""
     hold = holds.get(claim.hold_id)
     return (hold is not None and hold.status == HELD and claim.gang_min <= 1 and not claim.devices
-            and not claim.reservation and claim.reserving is None and not claim.nominated_node)
+            and not claim.reservation and claim.reserving is None and not claim.nominated_node
+            and not claim.quota)
 
 
 def _less(amounts: dict[str, int], taken: dict[str, int]) -> dict[str, int]:

@@ -147,9 +147,9 @@ def test_a_batch_that_only_made_plain_holds_sends_no_report_and_the_next_report_
     _, result = run([make_claim("b", cpu=10)], state)  # redelivered: answered from the record, and reported
     assert list(reports(result)[0].holds) == ["b/0/n1"]
     for special in (make_claim("g", cpu=10, gang_min=2), make_claim("n", cpu=10, nominated_node="n1"),
-                    make_claim("d", cpu=10, devices=("gpu/0/50/50",))):
+                    make_claim("d", cpu=10, devices=("gpu/0/50/50",)), make_claim("q", cpu=10, quota="team")):
         _, result = run([special], state)
-        assert len(reports(result)) == 1, special  # a gang's holds, a nomination, devices: reported at once
+        assert len(reports(result)) == 1, special  # a gang's holds, a nomination, devices, a quota: at once
     _, result = run([make_claim("e", cpu=10), Commit("a", 0, "n1", "a")], state)  # with anything else: reported
     assert list(reports(result)[0].holds) == ["e/0/n1", "a/0/n1"]
 
