@@ -3,7 +3,8 @@
 The no-op limit (`perf.noop`) moves each pod through one hop. The commit protocol (DESIGN.md)
 asks more of every pod, whatever the scheduler decides: a Claim to the node's inbox, a Held
 to the decider, a Commit acknowledged before the Binding, the Binding, a report per touched
-node per batch for the claims and again for the commits (read by every scheduler replica),
+node per batch for the commits (read by every scheduler replica; a batch that only held claims
+reports with the node's next one, as the owners do),
 and the owners' and the deciders' table writes, acknowledged before a batch's outputs. This
 module moves the same pods through exactly those records and waits, on the same broker, with
 the same client (aiokafka), codec, producer (`RecordProducer`) and micro-batch size as the
@@ -139,6 +140,7 @@ async def _state(producer: RecordProducer, consumer: AIOKafkaConsumer, names: di
     applied; the tables' writes are acknowledged before the outputs, the Commits before the
     Bindings."""
     seq = 0
+    unreported: dict[str, dict[str, str]] = {}  # a node's holds of batches that only held claims
     while True:
         reports: dict[str, dict[str, str]] = {}
         outputs: list[Output] = []
@@ -160,8 +162,14 @@ async def _state(producer: RecordProducer, consumer: AIOKafkaConsumer, names: di
         if not outputs and not reports:
             continue
         seq += 1
-        changes = {node: NodeStateChange(node=node, seq=seq, holds=holds) for node, holds in reports.items()}
-        await deliver(producer.outbox, [Output(names["owners"], n, c) for n, c in changes.items()]
+        written = {node: NodeStateChange(node=node, seq=seq, holds=holds) for node, holds in reports.items()}
+        changes = {}
+        for node, holds in reports.items():
+            if all(status == "held" for status in holds.values()):
+                unreported.setdefault(node, {}).update(holds)
+            else:
+                changes[node] = NodeStateChange(node=node, seq=seq, holds={**unreported.pop(node, {}), **holds})
+        await deliver(producer.outbox, [Output(names["owners"], n, c) for n, c in written.items()]
                      + [Output(names["deciders"], h.decision_key, h) for h in accepted])
         await deliver(producer.outbox, outputs + [Output(names["state"], n, c) for n, c in changes.items()])
         await deliver(producer.outbox, [Output(names["bindings"], h.uid, Binding(
