@@ -158,3 +158,17 @@ def test_every_kafka_client_is_made_by_the_connection() -> None:
                     if name in clients or any(k.arg == "bootstrap_servers" for k in node.keywords):
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+async def test_record_batches_reach_every_producer_of_the_connection() -> None:
+    """`kafka.record_batches` (README, "Upgrading"): off while readers of schema 1.0 remain."""
+    from streams.producer import RecordProducer
+
+    on = connect(load_settings(env={}).kafka)
+    off = connect(load_settings(env={"KOORDSTREAM_KAFKA_RECORD_BATCHES": "false"}).kafka)
+    assert on.record_batches and not off.record_batches
+    assert KafkaConnection.of("localhost:9092").record_batches  # a bare address: the default
+    producers = [RecordProducer(on, 4), RecordProducer(off, 4)]  # never started: no broker needed
+    assert [p.outbox.batched for p in producers] == [True, False]
+    for p in producers:
+        await p._producer.stop()
