@@ -90,17 +90,23 @@ BATCH_KIND = "Batch"
 MIN_BATCH = 8
 
 
-def _exact_type(tp: Any) -> bool:
-    """Values of this type are equal only when they encode the same (given one class)."""
+# How a field's values are compared when batched and converted when read (`_comparison`).
+_OTHER, _EXACT, _EXACT_MAP = 0, 1, 2
+
+
+def _comparison(tp: Any) -> int:
+    """`_EXACT`: values of this type are equal only when they encode the same (given one
+    class), `_EXACT_MAP` likewise for a map (its values' classes checked too, and a copy made
+    for each member read), `_OTHER` for the rest (nested records, maps of any values)."""
     inner, _ = _optional(tp)
     origin, args = typing.get_origin(inner), typing.get_args(inner)
-    return (inner in (str, int, float, bool) or inner is ResourceList
-            or (origin is tuple and args[0] is str) or (origin is dict and args[1] in (str, int)))
+    if inner is ResourceList or (origin is dict and args[1] in (str, int)):
+        return _EXACT_MAP
+    return _EXACT if inner in (str, int, float, bool) or (origin is tuple and args[0] is str) else _OTHER
 
 
 _Columns = tuple[tuple[str, ...], tuple[int, ...], Callable[[Any], tuple[Any, ...]]]
 _COLUMNS: dict[type, _Columns] = {}
-_OTHER, _EXACT, _EXACT_MAP = 0, 1, 2  # how a column's values are compared (see `_batch`)
 
 
 def _columns(cls: type) -> _Columns:
@@ -110,14 +116,7 @@ def _columns(cls: type) -> _Columns:
         hints = typing.get_type_hints(cls)
         names = tuple(f.name for _, f in _init_fields(cls) if f.name != "schema_version")
         getter = operator.attrgetter(*names)
-
-        def comparison(tp: Any) -> int:
-            if not _exact_type(tp):
-                return _OTHER
-            inner = _optional(tp)[0]
-            return _EXACT_MAP if inner is ResourceList or typing.get_origin(inner) is dict else _EXACT
-
-        found = names, tuple(comparison(hints[n]) for n in names), (
+        found = names, tuple(_comparison(hints[n]) for n in names), (
             getter if len(names) > 1 else lambda r: (getter(r),))
         _COLUMNS[cls] = found
     return found
@@ -537,10 +536,11 @@ def _fast_batch_decoder(cls: type) -> Callable[[dict[str, Any], list[Any]], list
             continue
         inner, optional = _optional(tp)
         body += [f"            v = get({f.name!r}, M)", "            if v is M:"]
-        if _exact_type(tp) and not optional:
+        comparison = _comparison(tp)
+        if comparison != _OTHER and not optional:
             head += [f"    v = get({f.name!r}, M)", "    if v is not M:",
                      *_convert(index, f, tp, keyed, scope, "        "), f"    s{index} = v"]
-            copy = "RL" if inner is ResourceList else "dict" if typing.get_origin(inner) is dict else ""
+            copy = "" if comparison == _EXACT else "RL" if inner is ResourceList else "dict"
             body += [f"                v = s{index}", f"                if v is M: {_absent(index, f, scope)}"]
             if copy:
                 body.append(f"                else: v = {copy}(v)")

@@ -1201,7 +1201,6 @@ def _replacer(cls: type[Any]) -> Callable[[Any, dict[str, Any]], Any]:
     return replacer
 
 
-
 def _slot(cls: type[Any], name: str) -> Any:
     """The slot descriptor of a field of a slotted class (on the class that declares it)."""
     return next(k.__dict__[name] for k in cls.__mro__ if name in k.__dict__)

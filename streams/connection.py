@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import ssl
+from typing import Any
 
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
@@ -56,12 +57,10 @@ class KafkaAccessRefused(RuntimeError):
 
 def connect(k: KafkaSettings) -> KafkaConnection:
     """The connection the kafka settings describe (validated already, by `load_settings`)."""
-    if not k.uses_sasl:
-        return KafkaConnection(k.bootstrap, k.security_protocol, ssl_context=tls_context(k) if k.uses_tls else None,
-                               record_batches=k.record_batches)
-    return KafkaConnection(k.bootstrap, k.security_protocol, sasl_mechanism=k.sasl_mechanism,
-                           sasl_username=k.sasl_username, sasl_password=k.sasl_secret(),
-                           ssl_context=tls_context(k) if k.uses_tls else None, record_batches=k.record_batches)
+    sasl: dict[str, Any] = dict(sasl_mechanism=k.sasl_mechanism, sasl_username=k.sasl_username,
+                                sasl_password=k.sasl_secret()) if k.uses_sasl else {}
+    return KafkaConnection(k.bootstrap, k.security_protocol, ssl_context=tls_context(k) if k.uses_tls else None,
+                           record_batches=k.record_batches, **sasl)
 
 
 def child_env(k: KafkaSettings) -> dict[str, str]:

@@ -633,12 +633,11 @@ class OwnerResult:
 R = TypeVar("R", bound=Record)
 
 
-def _quietly_held(claim: Claim, holds: Mapping[str, HoldEntry]) -> bool:
+def _quietly_held(claim: Claim, hold: HoldEntry | None) -> bool:
     """The claim made a plain hold: held, and nothing of it that the report's other fields
     carry (a gang's held members, devices, reservations, nominations), nor counted against an
     elastic quota (its decider may deny it and requeue the pod at once: the claimer then drops
     its assumption, and only the report shows the hold until its Release is reported)."""
-    hold = holds.get(claim.hold_id)
     return (hold is not None and hold.status == HELD and claim.gang_min <= 1 and not claim.devices
             and not claim.reservation and claim.reserving is None and not claim.nominated_node
             and not claim.quota)
@@ -699,18 +698,19 @@ class NodeOwner:
         for record, t in zip(records, times if times is not None else repeat(0.0), strict=False):
             seen = True
             now = max(now, t)
-            fresh = quiet and record.__class__ is Claim and record.hold_id not in holds  # type: ignore[attr-defined]
+            hid = record.hold_id if quiet and isinstance(record, Claim) else ""  # a new hold, if any
+            fresh = bool(hid) and hid not in holds
             self._apply_one(state, record, result, report, t, now)
             node_changed |= isinstance(record, (Node, NodeDeleted))
-            quiet = fresh and _quietly_held(record, holds)  # type: ignore[arg-type]
+            quiet = fresh and _quietly_held(record, holds.get(hid))  # type: ignore[arg-type]
         if seen:
             state.seq += 1
             if quiet:
                 # Every batch reports (so a report lost in a crash is re-sent by the replay), except
-                # one whose records only made plain holds (no gang, devices, reservation or
-                # nomination): what it changed, the scheduler that claimed them assumes already,
-                # and the next report (their commit's, at the latest) names them. A spread
-                # placement saves one report of its two a pod (docs/architecture.md, "Reports").
+                # one whose records only made plain holds (`_quietly_held`): what it changed, the
+                # scheduler that claimed them assumes already, and the next report (their
+                # commit's, at the latest) names them. A spread placement saves one report of its
+                # two a pod (docs/architecture.md, "Data flow").
                 state._unreported.update(report)
             else:
                 if state._unreported:
