@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from agents.scheduler.cluster import ClusterState, PodOnNode
 from agents.scheduler.framework.interface import CycleState, Diagnosis, PodInfo, PostFilterResult
@@ -57,6 +58,34 @@ class PreemptionArgs:
             raise ArgsError("minCandidateNodesAbsolute", absolute, "cannot be 0 when minCandidateNodesPercentage is 0")
 
 
+EXACT_SUM = 2**53  # float64 adds integers exactly while every sum stays below this
+
+
+def _sums_by_row(rows: npt.NDArray[np.intp], vectors: npt.NDArray[np.int64], columns: npt.NDArray[np.intp],
+                 n: int, width: int) -> npt.NDArray[np.int64]:
+    """Per row, the sum of the `vectors` on it, in `columns` only (the pod's requested ones, all
+    that the fit reads; the others stay 0). `np.bincount` per column, several times faster
+    than `np.add.at` over every lower-priority pod; it adds in float64, so a column whose total
+    could leave float64's exact integers is summed with `np.add.at`."""
+    out = np.zeros((n, width), dtype=np.int64)
+    for col in columns.tolist():
+        values = vectors[:, col]
+        if _exact(values):
+            out[:, col] = np.bincount(rows, weights=values, minlength=n)
+        else:
+            np.add.at(out[:, col], rows, values)
+    return out
+
+
+def _exact(values: npt.NDArray[np.int64]) -> bool:
+    """Whether float64 sums `values` exactly: none negative, and their total (which bounds
+    every partial sum) below `EXACT_SUM`, summed without int64 overflow."""
+    if not len(values):
+        return True
+    low, high = int(values.min()), int(values.max())
+    return low >= 0 and high * len(values) < 2**63 and int(values.sum()) < EXACT_SUM
+
+
 class DefaultPreemption:
     NAME: ClassVar[str] = NAME
 
@@ -84,8 +113,7 @@ class DefaultPreemption:
             lower &= bound.quotas == quota
         if not potential.any() or not lower.any():
             return None
-        removable = np.zeros((n, len(state.space)), dtype=np.int64)
-        np.add.at(removable, bound.rows[lower], bound.vectors[lower])
+        removable = _sums_by_row(bound.rows[lower], bound.vectors[lower], pod.columns, n, len(state.space))
         promised, yieldable = cycle.read(FIT)  # as NodeResourcesFit counts them
         room = admission.room(state.free, promised, None, yieldable)
         candidates = np.flatnonzero(potential & admission.admits(room + removable, pod.request, pod.columns))

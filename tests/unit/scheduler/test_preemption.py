@@ -107,3 +107,23 @@ def test_nominations_are_cleared_when_the_pod_is_deleted_or_nominated_elsewhere(
     cleared = [(o.key, o.record) for o in outputs if isinstance(o.record, NominationCleared)]
     assert cleared == [("b", NominationCleared(uid="boss", node="b"))]
     assert core.state.nominator.of("boss") is None
+
+
+def test_lower_priority_sums_per_row_are_exact_past_float64() -> None:
+    """The sums preemption counts as removable per node equal `np.add.at`'s, in the requested
+    columns, also where float64 could not add them exactly (the slow path) and where a value
+    is negative."""
+    import numpy as np
+
+    from agents.scheduler.plugins.defaultpreemption import _sums_by_row
+
+    rng = np.random.default_rng(7)
+    rows = rng.integers(0, 50, 4000)
+    for high in (10**6, 2**62 // 4000, 2**62):
+        vectors = rng.integers(0, high, (4000, 4), dtype=np.int64)
+        vectors[0, 3] = -1
+        expected = np.zeros((50, 4), dtype=np.int64)
+        with np.errstate(over="ignore"):
+            np.add.at(expected, rows, vectors)
+        got = _sums_by_row(rows, vectors, np.array([0, 1, 3]), 50, 4)
+        assert (got[:, [0, 1, 3]] == expected[:, [0, 1, 3]]).all() and not got[:, 2].any()
