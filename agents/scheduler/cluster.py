@@ -425,6 +425,7 @@ class ClusterState:
         self._bound = BoundColumns(width)
         self.nominator = Nominator(space, self.index)
         self._usage_seen: dict[int, dict[str, int]] = {}  # per row: the device use last reported
+        self._allocatable_seen: dict[int, Mapping[str, int]] = {}  # per row: the allocatable last reported
         self.gpus = GpuTable(capacity)
         self.nics = NicTable()
         self.cpus = CpuTable()
@@ -475,17 +476,19 @@ class ClusterState:
         """Apply one owner report; returns the cluster events it amounts to."""
         row = self._row(change.node)
         event = ClusterEvent.NONE
-        before = self.allocatable[row].copy()
         was = bool(self.present[row]) and not bool(self.unschedulable[row])
-        self.allocatable[row] = self.space.allocatable(change.allocatable)
+        if change.allocatable != self._allocatable_seen.get(row):  # most reports repeat it
+            before = self.allocatable[row].copy()
+            self.allocatable[row] = self.space.allocatable(change.allocatable)
+            self._allocatable_seen[row] = change.allocatable
+            if bool((self.allocatable[row] > before).any()):
+                event |= ClusterEvent.NODE_CHANGED
         self._set_used(row, self.space.known(change.used))
         self.present[row] = not change.deleted
         self.unschedulable[row] = change.unschedulable
         now = bool(self.present[row]) and not change.unschedulable
         if now and not was:
             event |= ClusterEvent.NODE_ADDED
-        if bool((self.allocatable[row] > before).any()):
-            event |= ClusterEvent.NODE_CHANGED
         if change.node_record is not None and self.records.get(row) != change.node_record:
             self.records[row] = change.node_record
             self.gpus.set_node(row, change.node_record.gpus)
@@ -538,6 +541,7 @@ class ClusterState:
         """Library use: a node as its owner would report it, with nothing on it."""
         row = self._row(node.name)
         self.allocatable[row] = self.space.allocatable(devices.node_gpu_totals(node.allocatable, node.gpus, node.rdma))
+        self._allocatable_seen.pop(row, None)  # no report's any more
         self._set_used(row, self.used[row].copy())
         self.present[row] = True
         self.unschedulable[row] = node.unschedulable

@@ -86,8 +86,12 @@ class ReservationTable:
         return pod.uid in uids_ or any(rsv.owner_matches(owner, pod) for owner in others_)
 
     def candidates(self, pod: Pod, request: Vector) -> dict[int, Candidate]:
-        """Per node, the reservation the pod would consume there (rows without one are absent)."""
+        """Per node, the reservation the pod would consume there (rows without one are absent).
+        A pod that no available reservation may take (most pods) is told so from the owners'
+        index (`matches_any`), without a look at each node's reservations."""
         out: dict[int, Candidate] = {}
+        if not self.matches_any(pod):
+            return out
         requested = request > 0
         pods = self.space.pods_column
         for row, entries in self.by_row.items():
