@@ -356,6 +356,69 @@ class Holds(dict[str, HoldEntry]):
         return self
 
 
+class Tracked(dict[str, Any]):
+    """A map that keeps which keys were set or removed since `NodeState.to_json` last looked
+    (`changed`), so that the table value is made from what changed: the node's tombstones,
+    which a mixed workload piles up by the dozen on a node, each once compared per write."""
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        super().__init__(items or {})
+        self.changed: dict[str, None] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Tracked, (dict(self),)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.changed[key] = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.changed[key] = None
+
+    _MISSING: Any = object()
+
+    def pop(self, key: str, default: Any = _MISSING) -> Any:
+        if key not in self:
+            if default is Tracked._MISSING:
+                raise KeyError(key)
+            return default
+        value = self[key]
+        del self[key]
+        return value
+
+    def popitem(self) -> tuple[str, Any]:
+        key = next(reversed(self))
+        return key, self.pop(key)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def clear(self) -> None:
+        for key in list(self):
+            del self[key]
+
+    def __ior__(self, other: Any) -> Tracked:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+
+def _entries_of(current: dict[str, Any], kept: tuple[dict[str, Any], object] | None,
+                changed: Iterable[str] | None) -> Entries:
+    """`current` as a split field's table value: against the map last made (`kept`: the map
+    it was made from and its token), naming what `changed` since, when it is the same map and
+    its changes are known (else None: the table compares every entry)."""
+    if changed is not None and kept is not None and kept[0] is current:
+        return Entries(current, kept[1], list(changed))
+    return Entries(current)
+
+
 def _quick_hold_init() -> None:
     """Give `HoldEntry` an `__init__` that stores its fields straight into the new object's
     dict: what the dataclass's `__init__` leaves there (through `__setattr__`, which for an
@@ -426,14 +489,21 @@ class NodeState:
     _holds_plain: tuple[dict[str, HoldEntry], dict[str, dict[str, Any]], object] | None = field(
         default=None, init=False, repr=False, compare=False)
 
+    # (the tombstones, the record) as `to_json` last gave them, with their `Entries.token`s
+    _tombstones_made: tuple[dict[str, float], object] | None = field(default=None, init=False, repr=False,
+                                                                    compare=False)
+    _record_made: tuple[dict[str, Any], object] | None = field(default=None, init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         if not isinstance(self.holds, Holds):
             self.holds = Holds(self.holds)
+        if not isinstance(self.tombstones, Tracked):
+            self.tombstones = Tracked(self.tombstones)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy or a pickle makes its next table value afresh: its holds are tallied anew,
         and what changed before the copy (a hold removed) is not known to them."""
-        return {**self.__dict__, "_holds_plain": None}
+        return {**self.__dict__, "_holds_plain": None, "_tombstones_made": None, "_record_made": None}
 
     def nominate(self, nomination: Nomination, at: float) -> None:
         self.nominations[nomination.uid] = nomination
@@ -588,6 +658,23 @@ class NodeState:
         self._holds_plain = (holds, plain, made.token)
         return made  # a copy: the table's value never changes behind it
 
+    def _tombstones_json(self) -> Entries:
+        tombstones = self.tombstones
+        changed = tombstones.changed if isinstance(tombstones, Tracked) else None
+        made = _entries_of(tombstones, self._tombstones_made, changed)
+        if changed is not None:
+            changed.clear()
+        self._tombstones_made = (tombstones, made.token)
+        return made
+
+    def _record_json(self) -> Entries:
+        """The Node record as a map written field by field ({} while none). The cores replace
+        the record whole, never change it in place: the same object is the same record."""
+        record = self.record or {}
+        made = _entries_of(record, self._record_made, () if self.record is not None else None)
+        self._record_made = (record, made.token)
+        return made
+
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -597,9 +684,9 @@ class NodeState:
             "holds": self._holds_json(),
             "nominations": {uid: to_plain(n) for uid, n in self.nominations.items()},
             "nominated_at": self.nominated_at,
-            "tombstones": self.tombstones,
+            "tombstones": self._tombstones_json(),
             "seq": self.seq,
-            "record": self.record or {},  # a map (written field by field), {} while none
+            "record": self._record_json(),
             "reservations": self.reservations,
         }
 

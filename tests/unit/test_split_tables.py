@@ -12,7 +12,7 @@ from typing import Any
 
 import faust
 import orjson
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agents.adapters.loop import Outcome
@@ -305,6 +305,12 @@ step = st.one_of(
     st.tuples(st.just("reread"), st.none()),  # the worker's own durable log read again
     st.tuples(st.just("copy"), st.none()),  # the node copied (a simulated crash keeps a deep copy)
     st.tuples(st.just("delete"), st.none()),
+    # tombstones buried, stamped, forgotten (through every way a map changes); the record replaced
+    st.tuples(st.just("tombstones"), st.lists(st.tuples(st.sampled_from(["bury", "stamp", "stamp", "del", "pop",
+                                                                         "update", "setdefault", "clear"]),
+                                                        st.sampled_from(["t0", "t1"]), st.sampled_from([1.0, 2.0])),
+                                              min_size=1, max_size=4)),
+    st.tuples(st.just("record"), st.sampled_from([None, "a", "b"])),
     # another owner's durable write read into this table (a partition that moved and came back)
     st.tuples(st.just("foreign"), st.lists(st.sampled_from([f"h{i}" for i in range(6)]), max_size=4)),
 )
@@ -312,23 +318,48 @@ step = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(step, min_size=1, max_size=25))
+@example([("tombstones", [("bury", "t0", 0.0), ("bury", "t1", 0.0)]), ("write", True),
+          ("tombstones", [("stamp", "t0", 5.0)]), ("write", True), ("tombstones", [("del", "t0", 0.0)]),
+          ("write", True)])
+@example([("record", "a"), ("write", True), ("record", "b"), ("write", True), ("write", True), ("record", None),
+          ("write", True)])
 def test_a_write_from_what_changed_produces_what_a_write_comparing_every_entry_produces(
         steps: list[tuple[str, Any]]) -> None:
     """A node's holds map says which holds changed since the map before it (`Entries`), and a
-    write whose changelog last carried that map compares only those. Through holds changed in
-    every way the tally test knows, writes durable or not, batches dropped, restores of the
+    write whose changelog last carried that map compares only those; so do its tombstones and
+    its record. Through holds changed in every way the tally test knows, tombstones changed in
+    every way a map changes, records replaced, writes durable or not, batches dropped, restores of the
     worker's own log, copies and deletions, it writes exactly the records of a table that
     compares every entry (each value given as plain dicts), and a restore of its durable log
     gives the last durable state."""
     nodes = [NodeState("n1"), NodeState("n2")]
     epoch = 1
-    quick, full = table()[0], table()[0]
+    quick, full = table(OwnerCore.split)[0], table(OwnerCore.split)[0]
     log: list[tuple[bytes, bytes | None]] = []
     durable: dict[str, Any] = {}
     for seq, (kind, arg) in enumerate(steps):
         if kind == "ops":
             for op in arg:
                 tally.apply(nodes, op)
+        elif kind == "tombstones":
+            tombstones = nodes[0].tombstones
+            for op, uid, at in arg:
+                if op == "bury":
+                    nodes[0].bury(uid)
+                elif op == "stamp":
+                    tombstones[uid] = at
+                elif op == "del" and uid in tombstones:
+                    del tombstones[uid]
+                elif op == "pop":
+                    tombstones.pop(uid, None)
+                elif op == "update":
+                    tombstones.update({uid: at})
+                elif op == "setdefault":
+                    tombstones.setdefault(uid, at)
+                elif op == "clear":
+                    tombstones.clear()
+        elif kind == "record":  # replaced whole, as the cores do (an equal record is another object)
+            nodes[0].record = None if arg is None else {"name": "n1", "labels": {"zone": arg}, "uid": "u1"}
         elif kind in ("write", "dropped"):
             state = {**nodes[0].to_json(), "seq": seq}
             quick.put("n1", state, PARTITION, epoch=epoch)
@@ -348,7 +379,7 @@ def test_a_write_from_what_changed_produces_what_a_write_comparing_every_entry_p
             reread(quick, log)
             reread(full, log)
         elif kind == "foreign":
-            other = table()[0]  # the other owner restored the log, then wrote the node
+            other = table(OwnerCore.split)[0]  # the other owner restored the log, then wrote the node
             reread(other, log)
             epoch += 1
             holds = {hid: HoldEntry(uid=hid, attempt=epoch, decision_key=hid, requests={}, priority=0,
@@ -371,7 +402,7 @@ def test_a_write_from_what_changed_produces_what_a_write_comparing_every_entry_p
             full.settle(PARTITION, durable=True)
             log += records
             durable["n1"] = None
-    restored = restore(log)
+    restored = restore(log, split=OwnerCore.split)
     if "n1" in durable:
         got = restored.get("n1")
         assert (got is None) if durable["n1"] is None else got == durable["n1"]
