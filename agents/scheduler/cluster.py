@@ -332,8 +332,8 @@ class PodOnNode:
 
 @dataclass(frozen=True, slots=True)
 class BoundArrays:
-    """Every bound pod as columns, index `i` of each being `pods[i]`. Views of `BoundColumns`:
-    read them before the state changes again."""
+    """Every bound pod as columns, index `i` of each being `pods[i]`: a copy of `BoundColumns`
+    as they were when asked for (the same object until they change)."""
 
     pods: list[PodOnNode]
     rows: npt.NDArray[np.intp]
@@ -348,9 +348,10 @@ class BoundColumns:
     """The bound pods' rows, priorities, requests, quotas, sandbox flags and warm pools as
     numpy columns, kept as pods are bound and leave: a pod has a slot, and a leaving pod's slot
     takes the last pod's, so the first `len(pods)` entries are always every bound pod. Reading
-    them costs nothing (`arrays`), where rebuilding them after each report was a pass in Python
-    over every bound pod, each time preemption looked (about a third of a mixed workload's
-    cycle). The order of the pods is not the order they came in: no reader depends on it."""
+    them after a change costs a copy of each (`arrays`), where rebuilding them after each report
+    was a pass in Python over every bound pod, each time preemption looked (about a third of a
+    mixed workload's cycle). The order of the pods is not the order they came in: no reader
+    depends on it."""
 
     def __init__(self, width: int, capacity: int = 1024) -> None:
         self.pods: list[PodOnNode] = []
@@ -361,11 +362,13 @@ class BoundColumns:
         self.quotas = np.full(capacity, None, dtype=object)
         self.sandboxes = np.zeros(capacity, dtype=bool)
         self.pools = np.full(capacity, None, dtype=object)
+        self._arrays: BoundArrays | None = None  # the copy last given, until a change
 
     _COLUMNS = ("rows", "priorities", "vectors", "quotas", "sandboxes", "pools")
 
     def put(self, placed: PodOnNode) -> None:
         """Bind a pod, or replace what is known of one bound already (in its slot)."""
+        self._arrays = None
         uid = placed.pod.uid
         i = self.slot.get(uid)
         if i is None:
@@ -390,6 +393,7 @@ class BoundColumns:
         i = self.slot.pop(uid, None)
         if i is None:
             return
+        self._arrays = None
         last = len(self.pods) - 1
         if i != last:
             moved = self.pods[i] = self.pods[last]
@@ -401,10 +405,13 @@ class BoundColumns:
         self.quotas[last] = self.pools[last] = None  # no reference kept to what left
 
     def arrays(self) -> BoundArrays:
-        n = len(self.pods)
-        return BoundArrays(pods=self.pods, rows=self.rows[:n], priorities=self.priorities[:n],
-                           vectors=self.vectors[:n], quotas=self.quotas[:n], sandboxes=self.sandboxes[:n],
-                           pools=self.pools[:n])
+        if self._arrays is None:
+            n = len(self.pods)
+            self._arrays = BoundArrays(pods=list(self.pods), rows=self.rows[:n].copy(),
+                                       priorities=self.priorities[:n].copy(), vectors=self.vectors[:n].copy(),
+                                       quotas=self.quotas[:n].copy(), sandboxes=self.sandboxes[:n].copy(),
+                                       pools=self.pools[:n].copy())
+        return self._arrays
 
 
 class ClusterState:
@@ -480,7 +487,7 @@ class ClusterState:
         if change.allocatable != self._allocatable_seen.get(row):  # most reports repeat it
             before = self.allocatable[row].copy()
             self.allocatable[row] = self.space.allocatable(change.allocatable)
-            self._allocatable_seen[row] = change.allocatable
+            self._allocatable_seen[row] = dict(change.allocatable)  # a copy: the record's map is not ours
             if bool((self.allocatable[row] > before).any()):
                 event |= ClusterEvent.NODE_CHANGED
         self._set_used(row, self.space.known(change.used))

@@ -335,6 +335,8 @@ class Holds(dict[str, HoldEntry]):
         return hold
 
     def popitem(self) -> tuple[str, HoldEntry]:
+        if not self:
+            raise KeyError("popitem(): no holds")
         hid = next(reversed(self))
         return hid, self.pop(hid)
 
@@ -388,6 +390,8 @@ class Tracked(dict[str, Any]):
         return value
 
     def popitem(self) -> tuple[str, Any]:
+        if not self:
+            raise KeyError("popitem(): the map is empty")
         key = next(reversed(self))
         return key, self.pop(key)
 
@@ -497,13 +501,13 @@ class NodeState:
     def __post_init__(self) -> None:
         if not isinstance(self.holds, Holds):
             self.holds = Holds(self.holds)
-        if not isinstance(self.tombstones, Tracked):
-            self.tombstones = Tracked(self.tombstones)
+        self.tombstones = Tracked(self.tombstones)  # its own (`dataclasses.replace` passes the map it had)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy or a pickle makes its next table value afresh: its holds are tallied anew,
         and what changed before the copy (a hold removed) is not known to them."""
-        return {**self.__dict__, "_holds_plain": None, "_tombstones_made": None, "_record_made": None}
+        return {**self.__dict__, "tombstones": Tracked(self.tombstones),  # changes seen by one copy alone
+                "_holds_plain": None, "_tombstones_made": None, "_record_made": None}
 
     def nominate(self, nomination: Nomination, at: float) -> None:
         self.nominations[nomination.uid] = nomination

@@ -406,3 +406,21 @@ def test_a_write_from_what_changed_produces_what_a_write_comparing_every_entry_p
     if "n1" in durable:
         got = restored.get("n1")
         assert (got is None) if durable["n1"] is None else got == durable["n1"]
+
+
+def test_a_shallow_copy_of_a_node_does_not_take_its_tombstones_changes() -> None:
+    """A copy made by `copy.copy` or `dataclasses.replace` has tombstones of its own: what it
+    writes does not clear what the original has still to write."""
+    import dataclasses
+
+    for make in (copy.copy, dataclasses.replace):
+        quick = table(OwnerCore.split)[0]
+        node = NodeState("n1")
+        node.bury("a")
+        quick.put("n1", node.to_json(), PARTITION, epoch=1)
+        write(quick)
+        quick.settle(PARTITION, durable=True)
+        node.bury("b")
+        make(node).to_json()
+        quick.put("n1", node.to_json(), PARTITION, epoch=1)
+        assert (b"n1\x1ftombstones\x1fb") in [k for k, _ in write(quick)]

@@ -72,3 +72,31 @@ def test_columns_grow_past_their_first_capacity() -> None:
         state.add_bound(pod, "n0")
     arrays = state.bound_arrays()
     assert len(arrays.pods) == 2500 and sorted(arrays.priorities.tolist()) == list(range(2500))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 9), st.integers(0, 3)), max_size=50))
+def test_columns_from_one_slot_and_what_was_read_stays_as_it_was(changes: list[tuple[bool, int, int]]) -> None:
+    """From a capacity of one (every growth taken), the columns are the pods put and not
+    removed; arrays read earlier stay what they were through later changes."""
+    from agents.scheduler.cluster import BoundColumns, PodOnNode
+
+    columns_ = BoundColumns(width=2, capacity=1)
+    model: dict[str, tuple[int, int]] = {}
+    read: list[tuple[object, dict[str, tuple[int, int]]]] = []
+    for put, uid_i, row in changes:
+        uid = f"p{uid_i}"
+        if put:
+            pod = BoundPod(uid=uid, name=uid, priority=row, requests=ResourceList(cpu=row + 1))
+            columns_.put(PodOnNode(row, np.array([row + 1, 1], dtype=np.int64), pod))
+            model[uid] = (row, row)
+        else:
+            columns_.remove(uid)
+            model.pop(uid, None)
+        arrays = columns_.arrays()
+        assert {p.pod.uid: (int(r), int(q)) for p, r, q in zip(arrays.pods, arrays.rows, arrays.priorities,
+                                                                strict=True)} == model
+        read.append((arrays, dict(model)))
+    for arrays, then in read:
+        assert {p.pod.uid: (int(r), int(q)) for p, r, q in zip(arrays.pods, arrays.rows, arrays.priorities,  # type: ignore[attr-defined]
+                                                                strict=True)} == then
