@@ -58,7 +58,8 @@ e2e: $(STAMP) kafka kwok-stages koordinator-crds agent-sandbox-crds k8s
 		tests/integration/test_perf_kwok.py tests/integration/test_rebalancer.py tests/integration/test_restart.py \
 		tests/integration/test_transactions.py tests/integration/test_bridge.py tests/integration/test_bridge_adversary.py \
 		tests/integration/test_sandbox_crash.py tests/integration/test_cli.py tests/integration/test_shutdown.py \
-		tests/integration/test_up.py tests/integration/test_kafka_broker.py
+		tests/integration/test_up.py tests/integration/test_kafka_broker.py tests/integration/test_gangs.py \
+		tests/integration/test_bridge_sandbox.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

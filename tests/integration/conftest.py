@@ -89,6 +89,10 @@ E2E_ONLY = {
         "28 s; test_a_restarted_scheduler_knows_the_running_pods_after_their_reports_expired restarts the scheduler",
     "test_cli.py::test_sandbox_claim_prints_the_sandbox_or_the_refusal_and_pools_lists_the_pools[kafka]":
         "31 s; the embedded variant runs",
+    "test_gangs.py::test_a_partial_gang_is_released_when_its_waiting_time_runs_out[embedded]":
+        "21 s; the Kafka variant runs, and tests/unit/test_gangs.py times gangs out in the deciders' core",
+    "test_bridge_sandbox.py::test_the_bridge_killed_while_a_pool_fills_loses_no_sandbox_and_makes_none_twice"
+    "[embedded]": "13 s; test_bridge_adversary.py kills a leading bridge mid-run in make test",
 }
 KAFKA_KINDS = {"kafka", "kafka-container"}
 

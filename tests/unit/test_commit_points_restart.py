@@ -17,7 +17,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agents.intake import RawMessage
@@ -142,12 +142,19 @@ async def run(ops: list[tuple[Any, ...]]) -> None:
             missing = replica.tracked() - fresh.tracked()
             assert not missing, f"pods the old replica still had to place, unknown to the new one: {missing}"
             gone = {uid for uid, at in world.deleted.items() if at < replica.read[topics.PODS]}
-            back = fresh.tracked() & (world.bound | gone)
+            # A deletion read before the replica caught up with the reports, of a pod it knows
+            # no decision key of, waits (`deferred`), and those read after it wait behind it:
+            # their pods are tracked until then, by the old replica as by the new one.
+            waiting = {d.uid for d in fresh.service.deferred}
+            assert waiting <= {d.uid for d in replica.service.deferred}, "a deletion waits only after the restart"
+            back = fresh.tracked() & (world.bound | gone) - waiting
             assert not back, f"bound or deleted pods tracked again after the restart: {back}"
             replica = fresh
 
 
 @settings(max_examples=300, deadline=None)
 @given(OPS)
+@example([("add", 0, "fits"), ("add", 1, "no profile"), ("delete", 1), ("read_pods", 3), ("delete", 0), ("read_pods", 1),
+          ("restart",)])  # found by a CI run: the deletion of u0 waits behind u1's
 def test_a_replica_restarted_from_its_committed_offsets_tracks_every_pod_still_to_place(ops: list[tuple[Any, ...]]) -> None:
     asyncio.run(run(ops))
