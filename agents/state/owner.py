@@ -234,7 +234,66 @@ def _count(total: dict[str, int], names: dict[str, int], amounts: Iterable[tuple
             del names[name], total[name]
 
 
-class Holds(dict[str, HoldEntry]):
+V = TypeVar("V")
+
+
+class Tracked(dict[str, V]):
+    """A map that keeps which keys were set or removed since `NodeState.to_json` last looked
+    (`changed`, in the order they changed), so that the table value is made from what changed:
+    the node's tombstones (a mixed workload piles them up by the dozen on a node), and its
+    holds (`Holds`). Every way of changing it goes through `__setitem__` and `__delitem__`."""
+
+    def __init__(self, items: Mapping[str, V] | None = None) -> None:
+        super().__init__(items or {})
+        self.changed: dict[str, None] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Tracked, (dict(self),)
+
+    def __setitem__(self, key: str, value: V) -> None:
+        self.changed[key] = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.changed[key] = None
+
+    _MISSING: Any = object()
+
+    def pop(self, key: str, default: Any = _MISSING) -> Any:
+        if key not in self:
+            if default is Tracked._MISSING:
+                raise KeyError(key)
+            return default
+        value = self[key]
+        del self[key]
+        return value
+
+    def popitem(self) -> tuple[str, V]:
+        if not self:
+            raise KeyError("popitem(): the map is empty")
+        key = next(reversed(self))
+        return key, self.pop(key)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def clear(self) -> None:
+        for key in list(self):
+            del self[key]
+
+    def __ior__(self, other: Any) -> Tracked[V]:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+
+class Holds(Tracked[HoldEntry]):
     """One node's holds by hold id, keeping what `NodeState.used` sums: the requests of the
     counted holds (held or committed) that reserve nothing, per resource, and how many holds
     reserve (their part depends on the reservation's phase, which changes in place; while
@@ -249,7 +308,7 @@ class Holds(dict[str, HoldEntry]):
     are made afresh from then on (`tracked`). The cores never do either."""
 
     def __init__(self, items: Mapping[str, HoldEntry] | None = None) -> None:
-        super().__init__()
+        super().__init__()  # empty: the holds are put one by one below, tallied
         self.total: dict[str, int] = {}
         self.names: dict[str, int] = {}  # resource -> counted holds that name it (a key of `total` while > 0)
         self.reserving = 0
@@ -261,7 +320,6 @@ class Holds(dict[str, HoldEntry]):
         self.device_marks: dict[str, int] = {}
         self.gang_held = 0
         self.tracked = True
-        self.changed: dict[str, None] = {}  # (a dict: in the order they changed)
         for hid, hold in (items or {}).items():
             self[hid] = hold
 
@@ -311,7 +369,6 @@ class Holds(dict[str, HoldEntry]):
         old = self.get(hid)
         if old is hold:
             return
-        self.changed[hid] = None
         super().__setitem__(hid, hold)
         if old is not None:
             self._leave(hid, old)
@@ -319,98 +376,8 @@ class Holds(dict[str, HoldEntry]):
 
     def __delitem__(self, hid: str) -> None:
         hold = self[hid]
-        self.changed[hid] = None
         super().__delitem__(hid)
         self._leave(hid, hold)
-
-    _MISSING: Any = object()
-
-    def pop(self, hid: str, default: Any = _MISSING) -> Any:
-        if hid not in self:
-            if default is Holds._MISSING:
-                raise KeyError(hid)
-            return default
-        hold = self[hid]
-        del self[hid]
-        return hold
-
-    def popitem(self) -> tuple[str, HoldEntry]:
-        if not self:
-            raise KeyError("popitem(): no holds")
-        hid = next(reversed(self))
-        return hid, self.pop(hid)
-
-    def setdefault(self, hid: str, default: Any = None) -> Any:
-        if hid not in self:
-            self[hid] = default
-        return self[hid]
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for hid, hold in dict(*args, **kwargs).items():
-            self[hid] = hold
-
-    def clear(self) -> None:
-        for hid in list(self):
-            del self[hid]
-
-    def __ior__(self, other: Any) -> Holds:  # type: ignore[override,misc]
-        self.update(other)
-        return self
-
-
-class Tracked(dict[str, Any]):
-    """A map that keeps which keys were set or removed since `NodeState.to_json` last looked
-    (`changed`), so that the table value is made from what changed: the node's tombstones,
-    which a mixed workload piles up by the dozen on a node, each once compared per write."""
-
-    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
-        super().__init__(items or {})
-        self.changed: dict[str, None] = {}
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Tracked, (dict(self),)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.changed[key] = None
-        super().__setitem__(key, value)
-
-    def __delitem__(self, key: str) -> None:
-        super().__delitem__(key)
-        self.changed[key] = None
-
-    _MISSING: Any = object()
-
-    def pop(self, key: str, default: Any = _MISSING) -> Any:
-        if key not in self:
-            if default is Tracked._MISSING:
-                raise KeyError(key)
-            return default
-        value = self[key]
-        del self[key]
-        return value
-
-    def popitem(self) -> tuple[str, Any]:
-        if not self:
-            raise KeyError("popitem(): the map is empty")
-        key = next(reversed(self))
-        return key, self.pop(key)
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for key, value in dict(*args, **kwargs).items():
-            self[key] = value
-
-    def clear(self) -> None:
-        for key in list(self):
-            del self[key]
-
-    def __ior__(self, other: Any) -> Tracked:  # type: ignore[override,misc]
-        self.update(other)
-        return self
 
 
 def _entries_of(current: dict[str, Any], kept: tuple[dict[str, Any], object] | None,
