@@ -22,7 +22,7 @@ changes; filters read them instead of looping over nodes.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Flag, auto
 
@@ -344,8 +344,8 @@ class BoundArrays:
     pools: npt.NDArray[np.object_]  # each one's warm pool ("" for none)
 
 
-class BoundColumns:
-    """The bound pods' rows, priorities, requests, quotas, sandbox flags and warm pools as
+class BoundColumns(Mapping[str, PodOnNode]):
+    """Every bound pod by uid (where it runs), and their rows, priorities, requests, quotas, sandbox flags and warm pools as
     numpy columns, kept as pods are bound and leave: a pod has a slot, and a leaving pod's slot
     takes the last pod's, so the first `len(pods)` entries are always every bound pod. Reading
     them after a change costs a copy of each (`arrays`), where rebuilding them after each report
@@ -365,6 +365,22 @@ class BoundColumns:
         self._arrays: BoundArrays | None = None  # the copy last given, until a change
 
     _COLUMNS = ("rows", "priorities", "vectors", "quotas", "sandboxes", "pools")
+
+    def __getitem__(self, uid: str) -> PodOnNode:
+        return self.pods[self.slot[uid]]
+
+    def get(self, uid: str, default: PodOnNode | None = None) -> PodOnNode | None:  # type: ignore[override]
+        i = self.slot.get(uid)  # (Mapping's `get` goes through a raised KeyError)
+        return default if i is None else self.pods[i]
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self.slot
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.slot)
+
+    def __len__(self) -> int:
+        return len(self.pods)
 
     def put(self, placed: PodOnNode) -> None:
         """Bind a pod, or replace what is known of one bound already (in its slot)."""
@@ -428,8 +444,7 @@ class ClusterState:
         self.unschedulable = np.zeros(capacity, dtype=bool)  # cordoned (spec.unschedulable)
         self.assumptions: dict[str, tuple[int, Vector]] = {}
         self.records: dict[int, Node] = {}
-        self.bound: dict[str, PodOnNode] = {}  # uid -> where it runs
-        self._bound = BoundColumns(width)
+        self.bound = BoundColumns(width)  # uid -> where it runs, and the bound pods' columns
         self.nominator = Nominator(space, self.index)
         self._usage_seen: dict[int, dict[str, int]] = {}  # per row: the device use last reported
         self._allocatable_seen: dict[int, Mapping[str, int]] = {}  # per row: the allocatable last reported
@@ -526,8 +541,7 @@ class ClusterState:
             known = self.bound.get(pod.uid)
             if known is not None:  # a report re-sent after a replay: counted once
                 self._count_quota(known.pod.quota, -known.vector)
-            self.bound[pod.uid] = newly
-            self._bound.put(newly)
+            self.bound.put(newly)
             self._count_quota(pod.quota, newly.vector)
         for hid, status in change.holds.items():
             self.forget(hid)
@@ -539,8 +553,7 @@ class ClusterState:
                     uid = HoldId.parse(hid).uid
                     placed = self.bound.get(uid)
                     if placed is not None and placed.row == row:
-                        del self.bound[uid]
-                        self._bound.remove(uid)
+                        self.bound.remove(uid)
                         self._count_quota(placed.pod.quota, -placed.vector)
         return event
 
@@ -573,8 +586,7 @@ class ClusterState:
         for n in nics:
             used[n.minor] = used.get(n.minor, 0) + n.vfs
         self._set_used(row, self.used[row] + vector)
-        self.bound[pod.uid] = placed = PodOnNode(row, vector, pod)
-        self._bound.put(placed)
+        self.bound.put(PodOnNode(row, vector, pod))
         self._count_quota(pod.quota, vector)
 
     # -- assume / forget ----------------------------------------------------------------------
@@ -727,7 +739,7 @@ class ClusterState:
 
     def bound_arrays(self) -> BoundArrays:
         """Every bound pod as arrays (row, priority, request vector, ...): `BoundColumns`."""
-        return self._bound.arrays()
+        return self.bound.arrays()
 
     @classmethod
     def from_records(cls, space: ResourceSpace, nodes: Iterable[Node],
