@@ -82,6 +82,16 @@ def copies(room: list[int], request: list[int], columns: list[int], limit: int) 
     return max(count, 0)
 
 
+def copies_rows(room: Amounts, request: Amounts, columns: npt.NDArray[np.intp], limit: int) -> Amounts:
+    """`copies` for many rows at once (rows x resources): per row, how many copies of the
+    claim it admits one after another, at most `limit`."""
+    count: Amounts = np.full(len(room), limit, dtype=np.int64)
+    for c in columns.tolist():  # every requested column is positive
+        np.minimum(count, np.maximum(room[:, c], -1) // request[c], out=count)
+    np.maximum(count, 0, out=count)
+    return count
+
+
 def shortfall(allocatable: Mapping[str, int], used: Mapping[str, int], request: Mapping[str, int],
               promised: Iterable[Mapping[str, int]] = (), reserved: Mapping[str, int] | None = None) -> str:
     """The owner's form: the first requested resource (in the request's order) the node cannot

@@ -164,6 +164,14 @@ class DynamicFilterPlugin(FilterPlugin, Protocol):
 
 
 @runtime_checkable
+class TierFilterPlugin(DynamicFilterPlugin, Protocol):
+    def fit_steps_rows(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: npt.NDArray[np.intp],
+                       limit: int) -> npt.NDArray[np.int64]:
+        """`fit_steps` for many nodes at once (numpy), each as if only it took the pods: a pod
+        placed on one node must not change what another takes."""
+
+
+@runtime_checkable
 class PostFilterPlugin(Plugin, Protocol):
     def post_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState,
                     diagnosis: Diagnosis) -> PostFilterResult | None:
@@ -195,6 +203,14 @@ class DynamicScorePlugin(ScorePlugin, Protocol):
     def score_steps(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int, steps: int) -> list[int]:
         """The node's score for the next pod like `pod`, then for the one after (if the first
         went there too), ... `steps` of them, in plain Python. Must agree with `score`."""
+
+
+@runtime_checkable
+class TierScorePlugin(DynamicScorePlugin, Protocol):
+    def score_steps_rows(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: npt.NDArray[np.intp],
+                         steps: int) -> Scores:
+        """`score_steps` for many nodes at once (numpy): rows x steps, each node as if only it
+        took the pods. Must agree with `score`."""
 
 
 @runtime_checkable

@@ -6,7 +6,10 @@ classes"): the class is filtered and scored once over every node, then its pods 
 one after another in order of (score, node index) (`Ranking`); after each placement only the node just
 used is filtered and scored again, and only by the plugins that depend on allocation
 (`DYNAMIC`). Ties break by the lowest node index, as `argmax` does on the full path, so batched
-placement equals one-by-one placement (a property test checks it). When a node leaves the
+placement equals one-by-one placement (a property test checks it). Nodes that share the best
+score (a tier: many equal nodes, as a fresh cluster has) are looked at together, in numpy, when
+every dynamic plugin can (`TierFilterPlugin`, `TierScorePlugin`): each takes pods while its
+score stays at the best, since the next node of that score is its rival. When a node leaves the
 feasible set and a static plugin normalizes over the feasible set, the static scores are
 normalized again and the heap rebuilt, so that equality holds there too.
 
@@ -60,6 +63,8 @@ from agents.scheduler.framework.interface import (
     ScorePlugin,
     Scores,
     SignPlugin,
+    TierFilterPlugin,
+    TierScorePlugin,
 )
 from agents.scheduler.framework.status import Code, Status
 from schemas.records import hold_id
@@ -210,6 +215,36 @@ class Ranking:
 
     def push(self, score: int, row: int) -> None:
         heapq.heappush(self._heap, (-score, row))
+
+    def tier(self, limit: int) -> tuple[int, list[int]]:
+        """The best score, and up to `limit` nodes of the sorted order that have it, in node
+        order, the next ones `pop` would give, each with another node of that score ranking
+        right after it: ([] when none). Such a node keeps taking pods of a class while its
+        score stays at least the best, whatever the others take."""
+        i = self._next
+        if i >= len(self._rows) and not self._more():
+            return 0, []
+        key = self._keys[i]
+        bound = None  # a node in the heap with this score: the tier ends before it
+        if self._heap:
+            if self._heap[0] < (key, self._rows[i]):
+                return 0, []
+            if self._heap[0][0] == key:
+                bound = self._heap[0][1]
+        j = i
+        while j - i <= limit:
+            if j == len(self._rows) and not self._more():
+                break
+            if self._keys[j] != key or (bound is not None and self._rows[j] > bound):
+                break
+            j += 1
+        # Each of rows i..j-1 but the last has the next after it; the last has the heap's node.
+        end = j if bound is not None else j - 1
+        return -key, self._rows[i:min(end, i + limit)]
+
+    def skip(self, count: int) -> None:
+        """Take the next `count` nodes of the sorted order (those `tier` gave)."""
+        self._next += count
 
     def peek(self) -> tuple[int, int] | None:
         """The key (-score, row) of the node `pop` would return next, or None."""
@@ -448,11 +483,42 @@ class Framework:
         dynamic_filters: list[Any] = [p for p in self.profile.filter if p.DYNAMIC and p.NAME not in cycle.skip_filter]
         ranking = Ranking(static_total + dynamic_total, feasible)
         tentative_free = not self._reserving(cycle) and not self.profile.permit
+        tiered = (tentative_free and all(isinstance(p, TierFilterPlugin) for p in dynamic_filters)
+                  and all(isinstance(p, TierScorePlugin) for p, _ in dynamic_scores))
+
+        def settle(row: int, base: int, won: int, fitting: int, after: int) -> None:
+            """The node's run is over: it ranks again by its score for the next pod (`after`),
+            or, full, leaves the feasible set."""
+            nonlocal ranking
+            if won < fitting:
+                dynamic_total[row] = after
+                ranking.push(base + after, row)
+                return
+            feasible[row] = False  # full for this class
+            if renormalize and self._renormalize(cycle, static, raw_static, ev, feasible, static_total):
+                ranking = Ranking(static_total + dynamic_total, feasible)
+
         out: list[Placement] = []
-        k, chunk = 0, 2
+        k, chunk, tier_steps = 0, 2, 4
         while k < len(pods):
             if not ranking:
                 return out + [self.schedule_one(p) for p in pods[k:]]
+            if tiered:
+                runs = self._tier_runs(cycle, first, ranking, static_total, dynamic_filters, dynamic_scores,
+                                       min(tier_steps, len(pods) - k), len(pods) - k)
+                for row, base, won, fitting, after in runs or ():
+                    out += self._place_run(cycle, pods[k:k + won], row)
+                    k += won
+                    if k == len(pods):
+                        return out
+                    version = ranking
+                    settle(row, base, won, fitting, after)
+                    if ranking is not version:
+                        break  # ranked anew: the rest of the tier is in it
+                if runs:
+                    continue
+                if runs is not None:  # its first node may take more: look further next time
+                    tier_steps = min(2 * tier_steps, 1024)
             row = ranking.pop()
             # The node won the next pod. Its scores for the pods after it (with 1, 2, ...
             # more of the class on it) come in one go; it keeps taking pods while it still
@@ -484,15 +550,52 @@ class Framework:
                 chunk = min(2 * steps if won == steps else won + 1, 1024)
                 if won == steps:
                     continue  # it won every step looked at: look further
-                if won < fitting:
-                    dynamic_total[row] = scores[won]
-                    ranking.push(base + scores[won], row)
-                else:
-                    feasible[row] = False  # full for this class
-                    if renormalize and self._renormalize(cycle, static, raw_static, ev, feasible, static_total):
-                        ranking = Ranking(static_total + dynamic_total, feasible)
+                settle(row, base, won, fitting, scores[won] if won < fitting else 0)
                 break
         return out
+
+    def _tier_runs(self, cycle: CycleState, pod: PodInfo, ranking: Ranking, static_total: Scores,
+                   filters: list[Any], scorers: list[tuple[Any, int]], steps: int, pods_left: int
+                   ) -> list[tuple[int, int, int, int, int]] | None:
+        """The runs of the nodes that share the best score (`Ranking.tier`), looked at together
+        over `steps` more pods each, in numpy: each takes pods while its score stays at least
+        the best (the next node of that score is its rival), as one-by-one placement gives
+        them. Returns (row, static score, pods won, pods fitting, score for the next pod) in
+        node order for the nodes decided, which leave the ranking: up to the first that won
+        every step looked at (it may take more), or the one where the pods run out, with its
+        share. [] when none is decided; None when no node shares the best score."""
+        best, rows = ranking.tier(pods_left)
+        if not rows:
+            return None
+        index = np.asarray(rows, dtype=np.intp)
+        fitting = np.full(len(rows), steps, dtype=np.int64)
+        for plugin in filters:
+            t0 = self.timer()
+            np.minimum(fitting, plugin.fit_steps_rows(cycle, pod, self.state, index, steps), out=fitting)
+            self._spent((plugin.NAME, "Filter"), t0)
+        scores = np.zeros((len(rows), steps), dtype=np.int64)
+        for plugin, weight in scorers:
+            t0 = self.timer()
+            scores += weight * plugin.score_steps_rows(cycle, pod, self.state, index, steps)
+            self._spent((plugin.NAME, "Score"), t0)
+        base = static_total[index]
+        takes = (np.arange(steps) < fitting[:, None]) & (base[:, None] + scores >= best)
+        takes[:, 0] = fitting > 0  # the first pod is the node's: it heads the ranking
+        won = np.where(takes.all(axis=1), steps, takes.argmin(axis=1))
+        decided = len(rows)
+        open_ended = np.flatnonzero(won == steps)
+        if open_ended.size:
+            decided = int(open_ended[0])
+        ran_out = np.flatnonzero(np.cumsum(won) >= pods_left)
+        if ran_out.size and ran_out[0] <= decided:
+            decided = int(ran_out[0]) + 1
+            won[decided - 1] = pods_left - int(won[:decided - 1].sum())
+        if not decided:
+            return []
+        ranking.skip(decided)
+        after = scores[np.arange(decided), np.minimum(won[:decided], steps - 1)]
+        return list(zip(rows[:decided], base[:decided].tolist(), won[:decided].tolist(),
+                        fitting[:decided].tolist(), after.tolist(), strict=True))
 
     def _attempt_done(self) -> None:
         if self.attempts_ns is not None:

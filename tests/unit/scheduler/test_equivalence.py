@@ -5,6 +5,9 @@ that fit nowhere."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -114,6 +117,27 @@ def test_batched_placement_equals_one_by_one(node_specs, tpl, runs, nominated, p
     assert batched == one_by_one
 
 
+small_templates = st.lists(st.tuples(
+    st.sampled_from([0, 10, 100, 250, 1000]),        # cpu: small, so that scores stay level for a while
+    st.sampled_from([0, 2**20, 2**26, 2**28]),       # memory
+    st.sampled_from([0, 5, 10]), st.booleans(), st.booleans(), st.sampled_from([{}, {"zone": "z2"}]),
+    st.sampled_from([0, 0, 0, 30, 100]), st.booleans(),
+), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=2, max_size=40), nodes, small_templates,
+       st.lists(st.tuples(st.integers(0, 3), st.integers(1, 60)), min_size=1, max_size=4),
+       st.booleans(), st.sampled_from(["default-scheduler", "packer"]))
+def test_classes_over_many_equal_nodes_equal_one_by_one(kinds, node_specs, tpl, runs, nominated, profile) -> None:  # type: ignore[no-untyped-def]
+    """Nodes of a few kinds, many of each, and long classes: the nodes that share the best
+    score are decided together (`Framework._tier_runs`), through ties with nodes scored again,
+    nodes filling up and the pods running out."""
+    many = [node_specs[k % len(node_specs)] for k in kinds]
+    pods = pods_from(tpl, runs)
+    assert place(many, nominated, pods, profile, batching=True) == place(many, nominated, pods, profile, batching=False)
+
+
 @settings(max_examples=200)
 @given(nodes, templates, st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6)), min_size=1, max_size=8),
        st.booleans(), st.sampled_from(["default-scheduler", "packer"]))
@@ -153,3 +177,42 @@ def test_cell_memory_limits_a_class_like_one_by_one() -> None:
     batched = place(node_specs, False, pods, "default-scheduler", batching=True)
     assert batched == place(node_specs, False, pods, "default-scheduler", batching=False)
     assert sorted(p[1] for p in batched if p[1]) == ["n00"] * 4 + ["n01"] * 2
+
+
+class _ThirdWhenFirstIsFull:
+    """A static score normalized over the feasible nodes, made so that the first node leaving
+    the feasible set lifts the third above the rest: the ranking must be built again there."""
+
+    NAME = "ThirdWhenFirstIsFull"
+    DYNAMIC = False
+    NORMALIZES = True
+    SIGNATURE_FREE = True
+
+    def score(self, cycle, pod, state, rows):  # type: ignore[no-untyped-def]
+        return np.zeros(state.size, dtype=np.int64)[rows]
+
+    def normalize(self, cycle, raw, feasible):  # type: ignore[no-untyped-def]
+        out = np.zeros(len(raw), dtype=np.int64)
+        if not feasible[0]:
+            out[2] = 100
+        return out
+
+
+def test_a_node_filling_up_inside_a_tier_ranks_the_rest_anew() -> None:
+    """Four equal nodes of two pods each share the best score; the first fills up, the static
+    score lifts the third, so the next pods go there, as one by one gives (not to the second,
+    as the tier's runs computed before it would)."""
+    base = PROFILES["default-scheduler"]
+    profile = replace(base, score=base.score + ((_ThirdWhenFirstIsFull(), 1),))
+    node_specs = [(4000, 2**33, "z1", False, None, False, 0, None)] * 4
+    pods = pods_from([(0, 0, 0, False, False, {}, 0, False)], [(0, 5)])
+    nodes_of = []
+    for batching in (True, False):
+        state = build(node_specs, nominated=False)
+        for row in range(4):  # two pods a node: four taken of its six
+            for k in range(4):
+                state.assume(f"x{row}/{k}", row, info(pods[0]).request)
+        fw = Framework(profile, state, timer=lambda: 0)
+        assert fw.batching
+        nodes_of.append([p.node for p in fw.schedule([info(p) for p in pods], batching=batching)])
+    assert nodes_of[0] == nodes_of[1] == ["n00", "n00", "n02", "n02", "n01"]

@@ -45,3 +45,37 @@ def test_ties_across_the_head_boundary_go_in_node_order() -> None:
         while ranking:
             got.append(ranking.pop())
         assert got == sorted(np.flatnonzero(feasible).tolist(), key=lambda r: (-total[r], r))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), min_size=1, max_size=3 * Ranking.HEAD),
+       st.lists(st.tuples(st.integers(0, 200), st.integers(-1, 4), st.integers(0, 8)), max_size=40))
+def test_a_tier_is_the_next_pops_each_followed_by_one_of_its_score(
+        nodes: list[tuple[int, bool]], steps: list[tuple[int, int, int]]) -> None:
+    """`tier` gives the nodes `pop` would give next, all at the best score, and after each of
+    them the next node in the reference order has that score too (its rival); `skip` takes
+    them. Mixed with pops and pushes at few scores, so that ties with the heap happen."""
+    total = np.array([score for score, _ in nodes], dtype=np.int64)
+    feasible = np.array([ok for _, ok in nodes], dtype=bool)
+    ranking = Ranking(total, feasible)
+    reference = [(-int(total[r]), r) for r in np.flatnonzero(feasible).tolist()]
+    heapq.heapify(reference)
+    for _, score, limit in steps:
+        if not ranking:
+            break
+        best, rows = ranking.tier(limit)
+        ordered = heapq.nsmallest(len(rows) + 1, reference)
+        assert rows == [r for _, r in ordered[:len(rows)]]
+        assert all(-key == best for key, _ in ordered[:len(rows) + 1]) if rows else True
+        assert len(rows) <= limit
+        for _ in rows:
+            heapq.heappop(reference)
+        ranking.skip(len(rows))
+        if ranking:  # one more pop, and the node comes back at a (tied) score
+            row = ranking.pop()
+            assert heapq.heappop(reference)[1] == row
+            ranking.push(score, row)
+            heapq.heappush(reference, (-score, row))
+    while ranking:
+        assert ranking.pop() == heapq.heappop(reference)[1]
+    assert not reference

@@ -33,6 +33,7 @@ from agents.scheduler.plugins.noderesources.resources import (
     DEFAULT_SPECS,
     Counted,
     ResourceSpec,
+    after_steps,
     request_list,
     specs_from,
     validate_specs,
@@ -138,6 +139,13 @@ class BalancedAllocation:
                 std = 0.0
             out.append(int((1.0 - std) * MAX_NODE_SCORE))
         return out
+
+    def score_steps_rows(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: npt.NDArray[np.intp],
+                         steps: int) -> Scores:
+        c: Counted = cycle.read(NAME)
+        after, allocatable = after_steps(state.requested[rows][:, c.columns], pod.request[c.columns],
+                                         state.allocatable_view[rows][:, c.columns], steps)
+        return balanced_score(after, allocatable).reshape(len(rows), steps)
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
         return raw

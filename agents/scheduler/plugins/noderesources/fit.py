@@ -44,6 +44,7 @@ from agents.scheduler.plugins.noderesources.resources import (
     DEFAULT_SPECS,
     Counted,
     ResourceSpec,
+    after_steps,
     column_sum,
     request_list,
     specs_from,
@@ -151,6 +152,10 @@ class Fit:
             room = self._room(cycle, state, row).tolist()
         return admission.copies(room, request, columns, limit)
 
+    def fit_steps_rows(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: npt.NDArray[np.intp],
+                       limit: int) -> npt.NDArray[np.int64]:
+        return admission.copies_rows(self._room(cycle, state, rows), pod.request, pod.columns, limit)
+
     def explain(self, cycle: CycleState, pod: PodInfo, state: ClusterState, failed: Mask) -> dict[str, int]:
         room = self._room(cycle, state, failed)
         reasons: dict[str, int] = {}
@@ -196,6 +201,13 @@ class Fit:
                 total += per * weight
             out.append(total // weight_sum)
         return out
+
+    def score_steps_rows(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: npt.NDArray[np.intp],
+                         steps: int) -> Scores:
+        c = self._counted(cycle, pod, state)
+        after, allocatable = after_steps(state.requested[rows][:, c.columns], pod.request[c.columns],
+                                         state.allocatable_view[rows][:, c.columns], steps)
+        return self._scorer(after, allocatable, c.weights).reshape(len(rows), steps)
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:
         return raw

@@ -83,6 +83,17 @@ def request_list(pod: PodInfo) -> tuple[list[int], list[int]]:
     return cached  # type: ignore[no-any-return]
 
 
+def after_steps(requested: npt.NDArray[np.int64], request: npt.NDArray[np.int64],
+                allocatable: npt.NDArray[np.int64], steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Nodes (rows) as they would be after 1, 2, ... `steps` more pods of `request` each: one
+    row per node and step, node by node (`steps` rows for the first node, then the next), with
+    each node's allocatable repeated alongside; for a vectorized score to read as it reads one
+    placement (`score_steps_rows`)."""
+    k = np.arange(1, steps + 1, dtype=np.int64)
+    after = (requested[:, None, :] + k[None, :, None] * request[None, None, :]).reshape(-1, requested.shape[1])
+    return after, np.repeat(allocatable, steps, axis=0)
+
+
 def column_sum(matrix: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Per row, the sum over the (few) columns; see `fits` for why not `.sum(axis=1)`."""
     out: npt.NDArray[np.int64] = matrix[:, 0].copy()
