@@ -499,13 +499,15 @@ class Framework:
                 ranking = Ranking(static_total + dynamic_total, feasible)
 
         out: list[Placement] = []
-        k, chunk, tier_steps = 0, 2, 4
+        k, chunk, tier_steps, tier_rows = 0, 2, 4, 64
         while k < len(pods):
             if not ranking:
                 return out + [self.schedule_one(p) for p in pods[k:]]
             if tiered:
                 runs = self._tier_runs(cycle, first, ranking, static_total, dynamic_filters, dynamic_scores,
-                                       min(tier_steps, len(pods) - k), len(pods) - k)
+                                       min(tier_steps, len(pods) - k), len(pods) - k, tier_rows)
+                if runs:  # look at as many nodes next time as the pods left would need at this pace
+                    tier_rows = (len(pods) - k) * len(runs) // max(1, sum(run[2] for run in runs)) + 2
                 for row, base, won, fitting, after in runs or ():
                     out += self._place_run(cycle, pods[k:k + won], row)
                     k += won
@@ -555,16 +557,17 @@ class Framework:
         return out
 
     def _tier_runs(self, cycle: CycleState, pod: PodInfo, ranking: Ranking, static_total: Scores,
-                   filters: list[Any], scorers: list[tuple[Any, int]], steps: int, pods_left: int
-                   ) -> list[tuple[int, int, int, int, int]] | None:
+                   filters: list[Any], scorers: list[tuple[Any, int]], steps: int, pods_left: int,
+                   nodes: int) -> list[tuple[int, int, int, int, int]] | None:
         """The runs of the nodes that share the best score (`Ranking.tier`), looked at together
         over `steps` more pods each, in numpy: each takes pods while its score stays at least
         the best (the next node of that score is its rival), as one-by-one placement gives
         them. Returns (row, static score, pods won, pods fitting, score for the next pod) in
         node order for the nodes decided, which leave the ranking: up to the first that won
         every step looked at (it may take more), or the one where the pods run out, with its
-        share. [] when none is decided; None when no node shares the best score."""
-        best, rows = ranking.tier(pods_left)
+        share; up to `nodes` of them. [] when none is decided; None when no node shares the
+        best score."""
+        best, rows = ranking.tier(min(nodes, pods_left))
         if not rows:
             return None
         index = np.asarray(rows, dtype=np.intp)
