@@ -50,13 +50,16 @@ def kube_qos(pod: Pod) -> str:
     return GUARANTEED
 
 
+_QOS_OF_KUBE = {GUARANTEED: "LSR", BURSTABLE: "LS", BEST_EFFORT: "BE"}
+
+
 def qos_class(pod: Pod) -> str:
     label = pod.labels.get(QOS_LABEL) or pod.qos_class
     if label:
         if label not in QOS_CLASSES:
             raise KoordinatorError(f"labels.{QOS_LABEL}", label, f"must be one of {', '.join(QOS_CLASSES)}")
         return label
-    return {GUARANTEED: "LSR", BURSTABLE: "LS", BEST_EFFORT: "BE"}[kube_qos(pod)]
+    return _QOS_OF_KUBE[kube_qos(pod)]
 
 
 def priority_class(pod: Pod, qos: str | None = None) -> str:

@@ -98,6 +98,8 @@ def pod_cpu_request(qos: str, pod: Pod) -> CpuRequest | None:
     requests, never by the pod's overhead; so an LSR sandbox asking whole CPUs is bound to
     them. (Koordinator counts the overhead in and refuses such a pod: "the requested CPUs
     must be integer".)"""
+    if qos not in BOUND_QOS and RESOURCE_SPEC not in pod.annotations:
+        return None  # not bound, and no spec to check
     requests, overhead = pod.requests, pod.overhead
     return cpu_request(qos, requests.get("cpu", 0) - overhead.get("cpu", 0), pod.annotations,
                        requests.get("memory", 0) - overhead.get("memory", 0))

@@ -41,6 +41,7 @@ GPU_RATIO = "koordinator.sh/gpu-memory-ratio"
 GPU_MEMORY = "koordinator.sh/gpu-memory"
 GPU_SHARED = "koordinator.sh/gpu.shared"
 RDMA = "koordinator.sh/rdma"
+DEVICE_RESOURCES = frozenset({NVIDIA_GPU, GPU_CORE, GPU_RATIO, GPU_MEMORY, GPU_SHARED, RDMA})  # all a device ask reads
 DEVICE_ALLOCATED = "scheduling.koordinator.sh/device-allocated"
 WHOLE = 100
 

@@ -25,7 +25,7 @@ says `SIGNATURE_FREE = True` instead of signing.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -235,6 +235,13 @@ class BindPlugin(Plugin, Protocol):
     def bind(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> list[Output] | None:
         """The records that bind the pod (a Claim into the commit protocol), or None to pass
         to the next Bind plugin."""
+
+
+@runtime_checkable
+class RunBindPlugin(BindPlugin, Protocol):
+    def bind_run(self, cycle: CycleState, pods: Sequence[PodInfo], state: ClusterState, row: int) -> list[list[Output]]:
+        """`bind` for pods of one class placed on `row` together (a profile's only Bind
+        plugin): each pod's records, in order."""
 
 
 @runtime_checkable

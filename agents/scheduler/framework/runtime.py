@@ -60,6 +60,7 @@ from agents.scheduler.framework.interface import (
     PreScorePlugin,
     ReservePlugin,
     Rows,
+    RunBindPlugin,
     ScorePlugin,
     Scores,
     SignPlugin,
@@ -269,6 +270,8 @@ class Framework:
         self.calls: dict[tuple[str, str], int] = defaultdict(int)
         self.waiting: dict[str, Waiting] = {}
         self._signers = [p for p in plugins.all() if isinstance(p, SignPlugin)]
+        only = plugins.bind[0] if len(plugins.bind) == 1 else None  # binds a run of pods at once
+        self._run_binder: RunBindPlugin | None = only if isinstance(only, RunBindPlugin) else None
         unsigned = [p for p in plugins.all() if not isinstance(p, SignPlugin) and not getattr(p, "SIGNATURE_FREE", False)
                     and isinstance(p, (FilterPlugin, ScorePlugin, PreFilterPlugin))]
         self.batching = (not unsigned
@@ -288,9 +291,9 @@ class Framework:
         finally:
             self._spent((plugin.NAME, point), t0)
 
-    def _spent(self, key: tuple[str, str], t0: int) -> None:
+    def _spent(self, key: tuple[str, str], t0: int, calls: int = 1) -> None:
         self.timings[key] += self.timer() - t0
-        self.calls[key] += 1
+        self.calls[key] += calls
 
     # -- signatures ---------------------------------------------------------------------------
 
@@ -665,7 +668,15 @@ class Framework:
             return []
         node = self.state.names[row]
         self.state.assume_many([hold_id(p.uid, p.attempt, node) for p in pods], row, pods[0].request)
-        out = [Placement(pod, status.SUCCESS, row, node, self._bind(cycle, pod, row), batched=True) for pod in pods]
+        binder = self._run_binder
+        if binder is not None:
+            t0 = self.timer()
+            bound = binder.bind_run(cycle, pods, self.state, row)
+            self._spent((binder.NAME, "Bind"), t0, len(pods))
+        else:
+            bound = [self._bind(cycle, pod, row) for pod in pods]
+        out = [Placement(pod, status.SUCCESS, row, node, outputs, batched=True)
+               for pod, outputs in zip(pods, bound, strict=True)]
         if self.attempts_ns is not None:  # decided together: each gets an equal share of the run
             now = self.timer()
             self.attempts_ns += [(now - self._attempt_start) // len(pods)] * len(pods)

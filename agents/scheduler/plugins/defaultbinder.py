@@ -11,6 +11,7 @@ is the decider's to write, once the owner holds the claim.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from agents.ports import Output
@@ -33,22 +34,33 @@ class DefaultBinder:
         self._requests: dict[bytes, ResourceList] = {}  # equal requests share one (immutable) map
 
     def bind(self, cycle: CycleState, pod: PodInfo, state: ClusterState, row: int) -> list[Output]:
+        return self.bind_run(cycle, (pod,), state, row)[0]
+
+    def bind_run(self, cycle: CycleState, pods: Sequence[PodInfo], state: ClusterState, row: int) -> list[list[Output]]:
+        """`bind` for pods of one class placed on one node together: what they share (the
+        node, the request map, the devices and reservation of the cycle) is looked up once."""
         node = state.names[row]
-        key = pod.request_key or pod.request.tobytes()
+        first = pods[0]
+        key = first.request_key or first.request.tobytes()
         requests = self._requests.get(key)
         if requests is None:
             if len(self._requests) > 4096:
                 self._requests.clear()
-            requests = self._requests[key] = ResourceList(state.space.to_map(pod.request))
-        p = pod.pod
-        gang = pod.derived.get("gang") or gang_spec(p.annotations)  # validated when the pod was queued
-        nominated = state.nominator.of(p.uid) if p.uid in state.nominator.nominated_uids() else None
-        return [Output(topics.NODE_INBOX, node, Claim(
-            uid=p.uid, attempt=pod.attempt, node=node, decision_key=pod.decision_key, requests=requests,
-            priority=pod.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
-            gang_min=gang.min_available, gang_waiting_s=gang.waiting_s, gang_strict=gang.strict,
-            nominated_node=nominated.node if nominated is not None else "",
-            devices=cycle.allocated(), quota=p.labels.get(QUOTA_LABEL, ""),
-            reservation=cycle.reservation, reserving=pod.derived.get(reservation.DERIVED),
-            sandbox=is_sandbox(p), warm_pool=p.labels.get(SANDBOX_POOL_LABEL, ""),
-        ))]
+            requests = self._requests[key] = ResourceList(state.space.to_map(first.request))
+        nominated = state.nominator.nominated_uids()
+        devices, consumed = cycle.allocated(), cycle.reservation
+        out = []
+        for pod in pods:
+            p = pod.pod
+            gang = pod.derived.get("gang") or gang_spec(p.annotations)  # validated when the pod was queued
+            nomination = state.nominator.of(p.uid) if p.uid in nominated else None
+            out.append([Output(topics.NODE_INBOX, node, Claim(
+                uid=p.uid, attempt=pod.attempt, node=node, decision_key=pod.decision_key, requests=requests,
+                priority=pod.priority, namespace=p.namespace, name=p.name, creation_timestamp=p.creation_timestamp,
+                gang_min=gang.min_available, gang_waiting_s=gang.waiting_s, gang_strict=gang.strict,
+                nominated_node=nomination.node if nomination is not None else "",
+                devices=devices, quota=p.labels.get(QUOTA_LABEL, ""),
+                reservation=consumed, reserving=pod.derived.get(reservation.DERIVED),
+                sandbox=is_sandbox(p), warm_pool=p.labels.get(SANDBOX_POOL_LABEL, ""),
+            ))])
+        return out

@@ -85,9 +85,10 @@ class DeviceShare(ParsedPlugin):
     def parse(self, pod: PodInfo) -> DeviceAsk | None:
         """What the pod asks of devices: GPUs and RDMA virtual functions (None: nothing). A
         reservation holds GPUs by totals only, so the pods it is for may take any GPU."""
-        if reservation.DERIVED in pod.derived:
+        requests = pod.pod.requests
+        if reservation.DERIVED in pod.derived or devices.DEVICE_RESOURCES.isdisjoint(requests):
             return None
-        gpu, vfs = devices.gpu_request(pod.pod.requests), devices.rdma_request(pod.pod.requests)
+        gpu, vfs = devices.gpu_request(requests), devices.rdma_request(requests)
         return (gpu, vfs) if gpu is not None or vfs else None
 
     def pre_filter(self, cycle: CycleState, pod: PodInfo, state: ClusterState) -> Status:
