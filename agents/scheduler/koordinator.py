@@ -27,6 +27,7 @@ PRIORITY_CLASSES: dict[str, tuple[int, int, int]] = {
     BATCH: (5000, 5999, 5500),
     FREE: (3000, 3999, 3500),
 }
+_LOWEST = min(low for low, _, _ in PRIORITY_CLASSES.values())  # below it, a priority is in no class
 GUARANTEED, BURSTABLE, BEST_EFFORT = "Guaranteed", "Burstable", "BestEffort"
 _COMPUTE = ("cpu", "memory")
 
@@ -39,7 +40,7 @@ def kube_qos(pod: Pod) -> str:
     """Kubernetes' QoS class from the containers' cpu and memory requests and limits."""
     containers: tuple[ContainerResources, ...] = pod.containers + pod.init_containers
     if not containers:  # a record built without containers: only the effective request is known
-        return BURSTABLE if any(pod.requests.get(r) for r in _COMPUTE) else BEST_EFFORT
+        return BURSTABLE if pod.requests.get("cpu") or pod.requests.get("memory") else BEST_EFFORT
     if not any(c.requests.get(r) or c.limits.get(r) for c in containers for r in _COMPUTE):
         return BEST_EFFORT
     for c in containers:
@@ -66,9 +67,10 @@ def priority_class(pod: Pod, qos: str | None = None) -> str:
     """The pod's Koordinator priority class (`qos`: its QoS class, when already known)."""
     if pod.priority_class_name in PRIORITY_CLASSES:
         return pod.priority_class_name
-    for name, (low, high, _) in PRIORITY_CLASSES.items():
-        if low <= pod.priority <= high:
-            return name
+    if pod.priority >= _LOWEST:
+        for name, (low, high, _) in PRIORITY_CLASSES.items():
+            if low <= pod.priority <= high:
+                return name
     return BATCH if (qos or qos_class(pod)) == "BE" else PROD
 
 

@@ -1,6 +1,8 @@
 """The scheduling queue, like kube-scheduler's: active, backoff and unschedulable pods.
 
-- active: a heap ordered by the QueueSort plugin (PrioritySort: priority, then arrival).
+- active: ordered by the QueueSort plugin (PrioritySort: priority, then arrival): a run of the
+  pods that came in order (most do: new pods of one priority), popped from its front at no
+  cost, and a heap for the others; `pop` takes the smaller of the two heads.
 - backoff: pods that failed an attempt wait `initial x 2^(attempts-1)` seconds (capped), by
   the injected clock, then go back to active.
 - unschedulable: pods that fit nowhere, each with the cluster events that could change that
@@ -14,6 +16,7 @@ Entries are keyed by pod uid; stale heap entries (a pod moved or removed) are sk
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +48,8 @@ class SchedulingQueue:
         self.backoff_max_s = backoff_max_s
         self.flush_s = flush_s
         self.entries: dict[str, Entry] = {}
-        self._active: list[tuple[tuple[Any, ...], int, str]] = []
+        self._active: list[tuple[tuple[Any, ...], int, str]] = []  # a heap
+        self._active_run: deque[tuple[tuple[Any, ...], int, str]] = deque()  # in order already
         self._backoff: list[tuple[float, int, str]] = []
         self._tickets = 0
         self._oldest_parked = float("inf")  # a lower bound: flushing rescans only when due
@@ -87,7 +91,12 @@ class SchedulingQueue:
 
     def _to_active(self, entry: Entry) -> None:
         entry.where = ACTIVE
-        heapq.heappush(self._active, (self.sort_key(entry.info), self._ticket(entry), entry.info.uid))
+        item = (self.sort_key(entry.info), self._ticket(entry), entry.info.uid)
+        run = self._active_run
+        if not run or item > run[-1]:
+            run.append(item)
+        else:
+            heapq.heappush(self._active, item)
 
     def _to_backoff(self, entry: Entry) -> None:
         entry.where = BACKOFF
@@ -147,8 +156,9 @@ class SchedulingQueue:
                     else:
                         self._oldest_parked = min(self._oldest_parked, entry.parked_at)
         out: list[PodInfo] = []
-        while self._active and len(out) < limit:
-            _, ticket, uid = heapq.heappop(self._active)
+        run, heap = self._active_run, self._active
+        while (run or heap) and len(out) < limit:
+            _, ticket, uid = run.popleft() if run and (not heap or run[0] < heap[0]) else heapq.heappop(heap)
             entry = self._current(uid, ticket, ACTIVE)
             if entry is not None:
                 out.append(entry.info)

@@ -3,6 +3,9 @@ cluster events that move them, the periodic flush."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agents.scheduler.cluster import ClusterEvent
 from agents.scheduler.plugins.prioritysort import PrioritySort
 from agents.scheduler.queue import SchedulingQueue
@@ -93,3 +96,35 @@ def test_removed_pods_are_never_popped() -> None:
     q.add(pod("b"))
     assert q.remove("a") is not None
     assert [p.uid for p in q.pop(10)] == ["b"]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(st.tuples(st.just("add"), st.integers(0, 3)), st.tuples(st.just("pop"), st.integers(1, 4)),
+                          st.tuples(st.just("remove"), st.integers(0, 30)),
+                          st.tuples(st.just("update"), st.integers(0, 30))), max_size=60))
+def test_pops_come_in_sort_order_whatever_the_order_pods_came_in(ops: list[tuple[str, int]]) -> None:
+    """Pods in order go to the run, the others to the heap: every pop gives the smallest keys
+    of the pods active then, as one sorted list would (updates keep their place)."""
+    q = queue(Clock())
+    active: dict[str, tuple[int, int]] = {}  # uid -> (-priority, arrival): the reference
+    uids: list[str] = []
+    for op, n in ops:
+        if op == "add":
+            uid = f"p{len(uids)}"
+            uids.append(uid)
+            q.add(pod(uid, n, len(uids)))
+            active[uid] = (-n, len(uids))
+        elif op == "pop":
+            want = sorted(active, key=active.__getitem__)[:n]
+            assert [p.uid for p in q.pop(n)] == want
+            for uid in want:
+                del active[uid]
+        elif uids:
+            uid = uids[n % len(uids)]
+            if op == "remove":
+                q.remove(uid)
+                active.pop(uid, None)
+            elif uid in active:
+                priority, arrival = -active[uid][0], active[uid][1]
+                assert q.update(pod(uid, priority, arrival))
+    assert [p.uid for p in q.pop(len(uids) + 1)] == sorted(active, key=active.__getitem__)
