@@ -304,7 +304,10 @@ class Framework:
             return None
         if self.state.reservations and self.state.reservations.matches_any(record):
             return None  # each placement changes what the reservation leaves for the next
-        parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), pod.priority]
+        # A gang member's room includes what lower-ranked gangs would yield to its gang
+        # (NodeResourcesFit): members of different gangs are different classes.
+        gang = pod.decision_key if pod.decision_key != record.uid else ""
+        parts: list[Hashable] = [pod.request_key or pod.request.tobytes(), pod.priority, gang]
         for plugin in self._signers:
             part = plugin.sign(pod)
             if part is UNSIGNABLE:

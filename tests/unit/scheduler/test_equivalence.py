@@ -17,6 +17,7 @@ from agents.scheduler.framework.runtime import Framework, gathered
 from agents.state.cpus import NUMA_POLICY_LABEL
 from agents.state.devices import GPU_CORE, GPU_RATIO
 from schemas.records import (
+    GangHold,
     GpuDevice,
     Node,
     Nomination,
@@ -217,3 +218,25 @@ def test_a_node_filling_up_inside_a_tier_ranks_the_rest_anew() -> None:
         assert fw.batching
         nodes_of.append([p.node for p in fw.schedule([info(p) for p in pods], batching=batching)])
     assert nodes_of[0] == nodes_of[1] == ["n00", "n00", "n02", "n02", "n01"]
+
+
+def test_members_of_different_gangs_are_different_classes() -> None:
+    """Gang b holds a CPU on n0, not accepted: gang a outranks it (wound-wait: b would yield
+    it to a), gang c does not. A class of a's and c's pods would give c's pods a's room
+    (found by an adversarial review); their signatures differ, and batched placement equals
+    one by one."""
+    gangs = ["a", "c", "c"]
+    pods = [Pod(uid=f"p{i}", name=f"p{i}", requests=ResourceList(cpu=1000, memory=2**20),
+                annotations={"gang.scheduling.koordinator.sh/name": gang,
+                             "gang.scheduling.koordinator.sh/min-available": "1"}) for i, gang in enumerate(gangs)]
+    placed = []
+    for batching in (True, False):
+        nodes = [Node(name=f"n{i}", allocatable=ResourceList(cpu=2000, memory=2**32, pods=10)) for i in range(2)]
+        state = ClusterState.from_records(SPACE, nodes)
+        state.assume("hold-b", 0, SPACE.pod_request({"cpu": 1000}))
+        state.gang_holds[0] = (GangHold("hold-b", "default/b", 0, 0.0, ResourceList(cpu=1000)),)
+        fw = Framework(PROFILES["packer"], state, timer=lambda: 0)
+        infos = [info(p) for p in pods]
+        assert len({fw.signature(p) for p in infos}) == 2
+        placed.append([p.node for p in fw.schedule(infos, batching=batching)])
+    assert placed[0] == placed[1] == ["n0", "n1", "n1"]
