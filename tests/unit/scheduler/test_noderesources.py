@@ -17,12 +17,7 @@ from agents.scheduler.plugins.noderesources import (
     FitArgs,
 )
 from agents.scheduler.plugins.noderesources.balanced_allocation import balanced_score
-from agents.scheduler.plugins.noderesources.fit import (
-    EXACT_QUOTIENT,
-    _quotients,
-    least_allocated,
-    most_allocated,
-)
+from agents.scheduler.plugins.noderesources.fit import least_allocated, most_allocated
 from agents.scheduler.plugins.noderesources.resources import ResourceSpec
 from schemas.records import BoundPod, Node, Nomination, Pod, ResourceList
 from tests.builders import make_node, make_pod
@@ -186,16 +181,3 @@ def test_balanced_score_matches_the_formula_for_three_resources() -> None:
     got = balanced_score(np.array([[1, 2, 3]]), np.array([[4, 4, 4]]))
     fractions = np.array([0.25, 0.5, 0.75])
     assert got.tolist() == [int((1 - fractions.std()) * 100)]
-
-
-@given(st.lists(st.tuples(st.one_of(st.integers(1, 2**20), st.integers(EXACT_QUOTIENT - 2**20, EXACT_QUOTIENT - 1),
-                                    st.integers(1, EXACT_QUOTIENT - 1), st.integers(EXACT_QUOTIENT, 2**55)),
-                          st.integers(0, 100), st.sampled_from([-1, 0, 1, None])), min_size=1, max_size=20))
-def test_quotients_in_float_equal_integer_division(cells: list[tuple[int, int, int | None]]) -> None:
-    """The scores' per-resource quotient, in float64 below `EXACT_QUOTIENT` (int64 above), is
-    numerator // allocatable everywhere, also just below each integer (k x alloc - 1) and at
-    the largest allocatables."""
-    allocatable = np.array([a for a, _, _ in cells], dtype=np.int64)
-    numerator = np.array([min(max(k * a + (d if d is not None else a // 3), 0), 100 * a) for a, k, d in cells],
-                         dtype=np.int64)
-    assert (_quotients(numerator, allocatable) == numerator // allocatable).all()

@@ -92,27 +92,12 @@ def most_allocated(requested: npt.NDArray[np.int64], allocatable: npt.NDArray[np
     return _weighted_mean(used, allocatable, weights)
 
 
-EXACT_QUOTIENT = 2**46  # float64 floors numerator / allocatable exactly below it (`_quotients`)
-
-
-def _quotients(numerator: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """numerator // allocatable, for 0 <= numerator <= 100 x allocatable and allocatable > 0.
-    In float64 (a third of int64 division's time) while every allocatable is below
-    `EXACT_QUOTIENT`: both convert exactly (below 2^53), the quotient (at most 100) is rounded
-    by at most 100 x 2^-53, less than its distance to the next integer when it is not one (at
-    least 1 / allocatable), so truncating it gives the floor."""
-    if allocatable.max(initial=0) < EXACT_QUOTIENT:
-        out: npt.NDArray[np.int64] = (numerator / allocatable).astype(np.int64)
-        return out
-    return numerator // allocatable
-
-
 def _weighted_mean(numerator: npt.NDArray[np.int64], allocatable: npt.NDArray[np.int64],
                    weights: npt.NDArray[np.int64]) -> Scores:
     """sum(weight x (numerator // alloc)) // sum(weight), over the resources the node has."""
     has = allocatable > 0
     if has.all():  # the common case: no masking needed
-        per = _quotients(numerator, allocatable)
+        per = numerator // allocatable
         if weights.size and (weights == weights[0]).all():
             out: Scores = column_sum(per) // per.shape[1]
             return out
