@@ -143,8 +143,7 @@ class BalancedAllocation:
     def score_steps_rows(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: npt.NDArray[np.intp],
                          steps: int) -> Scores:
         c: Counted = cycle.read(NAME)
-        after, allocatable = after_steps(state.requested[rows][:, c.columns], pod.request[c.columns],
-                                         state.allocatable_view[rows][:, c.columns], steps)
+        after, allocatable = after_steps(state, rows, c.columns, pod.request, steps)
         return balanced_score(after, allocatable).reshape(len(rows), steps)
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:

@@ -205,8 +205,7 @@ class Fit:
     def score_steps_rows(self, cycle: CycleState, pod: PodInfo, state: ClusterState, rows: npt.NDArray[np.intp],
                          steps: int) -> Scores:
         c = self._counted(cycle, pod, state)
-        after, allocatable = after_steps(state.requested[rows][:, c.columns], pod.request[c.columns],
-                                         state.allocatable_view[rows][:, c.columns], steps)
+        after, allocatable = after_steps(state, rows, c.columns, pod.request, steps)
         return self._scorer(after, allocatable, c.weights).reshape(len(rows), steps)
 
     def normalize(self, cycle: CycleState, raw: Scores, feasible: Mask) -> Scores:

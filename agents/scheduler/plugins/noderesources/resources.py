@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from agents.scheduler.cluster import ClusterState
 from agents.scheduler.framework.interface import PodInfo
 from agents.scheduler.plugins.args import ArgsError
 from agents.state.resources import DEFAULT_RESOURCES, Vector
@@ -83,15 +84,16 @@ def request_list(pod: PodInfo) -> tuple[list[int], list[int]]:
     return cached  # type: ignore[no-any-return]
 
 
-def after_steps(requested: npt.NDArray[np.int64], request: npt.NDArray[np.int64],
-                allocatable: npt.NDArray[np.int64], steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Nodes (rows) as they would be after 1, 2, ... `steps` more pods of `request` each: one
-    row per node and step, node by node (`steps` rows for the first node, then the next), with
-    each node's allocatable repeated alongside; for a vectorized score to read as it reads one
-    placement (`score_steps_rows`)."""
+def after_steps(state: ClusterState, rows: npt.NDArray[np.intp], columns: npt.NDArray[np.intp],
+                request: Vector, steps: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The nodes `rows` as they would be after 1, 2, ... `steps` more pods of `request` each,
+    in `columns`: what they request, one row per node and step, node by node (`steps` rows for
+    the first node, then the next), and their allocatable repeated alongside; for a vectorized
+    score to read as it reads one placement (`score_steps_rows`)."""
+    requested = state.requested[rows][:, columns]
     k = np.arange(1, steps + 1, dtype=np.int64)
-    after = (requested[:, None, :] + k[None, :, None] * request[None, None, :]).reshape(-1, requested.shape[1])
-    return after, np.repeat(allocatable, steps, axis=0)
+    after = (requested[:, None, :] + k[None, :, None] * request[columns][None, None, :]).reshape(-1, len(columns))
+    return after, np.repeat(state.allocatable_view[rows][:, columns], steps, axis=0)
 
 
 def column_sum(matrix: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
